@@ -1,0 +1,33 @@
+"""dispatcher: run the tool calls a model asks for, safely and fast.
+
+Read-only calls run together; calls that may mutate run alone, in the order the model asked; what a tool
+may do is read from its MCP annotations, and only from servers the user trusts.
+"""
+
+from ._calls import CallStatus as CallStatus
+from ._calls import ToolCall as ToolCall
+from ._calls import ToolResult as ToolResult
+from ._catalog import ToolEntry as ToolEntry
+from ._errors import BatchError as BatchError
+from ._errors import ConfigurationError as ConfigurationError
+from ._errors import DispatcherClosedError as DispatcherClosedError
+from ._errors import DispatcherError as DispatcherError
+from ._scheduler import Batch as Batch
+from ._scheduler import Dispatcher as Dispatcher
+from ._scheduler import PendingCall as PendingCall
+
+__all__ = [
+    "Batch",
+    "BatchError",
+    "CallStatus",
+    "ConfigurationError",
+    "Dispatcher",
+    "DispatcherClosedError",
+    "DispatcherError",
+    "PendingCall",
+    "ToolCall",
+    "ToolEntry",
+    "ToolResult",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,57 @@
+"""Effective annotations: what the scheduler may believe about a tool.
+
+MCP tool annotations are a server's self-report. The spec fixes a worst-case default for each hint and
+says a client must not act on hints from a server it does not trust. The functions here turn what a server
+declared, whether the user trusts it, and the user's own overrides into one `ToolAnnotations` with every
+hint filled in.
+"""
+
+from __future__ import annotations
+
+from mcp.types import ToolAnnotations
+
+__all__ = ["SPEC_DEFAULTS", "effective_annotations"]
+
+#: The spec's value for each hint when it is absent: mutating, destructive, non-idempotent, open-world.
+SPEC_DEFAULTS = ToolAnnotations(
+    read_only_hint=False,
+    destructive_hint=True,
+    idempotent_hint=False,
+    open_world_hint=True,
+)
+
+_HINTS = ("read_only_hint", "destructive_hint", "idempotent_hint", "open_world_hint")
+
+
+def effective_annotations(
+    declared: ToolAnnotations | None,
+    *,
+    trusted: bool,
+    override: ToolAnnotations | None = None,
+) -> ToolAnnotations:
+    """Combine declared hints, trust and a user override into fully specified annotations.
+
+    Precedence for each hint: the user's override if it sets the hint, else the server's declaration if
+    the server is trusted, else the spec default. The title is display-only and is kept from the override
+    or the declaration whatever the trust.
+
+    Args:
+        declared: The annotations the server sent, or None.
+        trusted: Whether the user trusts the server that declared them.
+        override: The user's own declaration for this tool; it is trusted by definition.
+
+    Returns:
+        Annotations whose four hints are all booleans, never None.
+    """
+    values: dict[str, bool] = {}
+    for hint in _HINTS:
+        value: bool | None = None
+        if override is not None:
+            value = getattr(override, hint)
+        if value is None and trusted and declared is not None:
+            value = getattr(declared, hint)
+        if value is None:
+            value = bool(getattr(SPEC_DEFAULTS, hint))
+        values[hint] = value
+    title = (override.title if override is not None else None) or (declared.title if declared else None)
+    return ToolAnnotations(title=title, **values)

@@ -1,0 +1,103 @@
+"""Tool calls in, results out: `ToolCall`, `ToolResult` and `CallStatus`."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import KW_ONLY, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from mcp.types import CallToolResult
+
+__all__ = ["CallStatus", "ToolCall", "ToolResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call the model asked for.
+
+    Args:
+        id: The call's identifier, unique within a batch (the model's tool-use id).
+        name: The tool to call: a catalogue name from `Dispatcher.tools()`, or a server's own tool
+            name when that is unambiguous or `server` is given.
+        arguments: The call's arguments, a JSON object. Anything that is not a mapping gives the call a
+            FAILED result rather than an exception.
+        server: Restrict the lookup to the server registered under this name.
+    """
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any] | None = None
+    _: KW_ONLY
+    server: str | None = None
+
+
+class CallStatus(enum.Enum):
+    """How a call ended."""
+
+    OK = "ok"
+    """The tool ran and returned a result."""
+    TOOL_ERROR = "tool_error"
+    """The tool ran and reported an error (`CallToolResult.is_error`); the model should see it."""
+    FAILED = "failed"
+    """The call never ran or failed outright: unknown tool, bad arguments, a dead server."""
+    TIMEOUT = "timeout"
+    """The call ran out of time; the tool may or may not have done its work."""
+    CANCELLED = "cancelled"
+    """The caller gave up on the call before it ended."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """The outcome of one `ToolCall`.
+
+    Times are readings of the event loop's clock (`anyio.current_time()`), comparable with each other.
+
+    Attributes:
+        call: The call this result answers.
+        status: How the call ended.
+        result: The tool's `CallToolResult` when the tool answered (OK or TOOL_ERROR), else None.
+        error: A readable explanation for any status other than OK, else None.
+        attempts: How many attempts reached the tool (0 when it never ran).
+        tool: The catalogue name the call resolved to, or None when it resolved to nothing.
+        server: The server of that tool (None for local functions or unresolved calls).
+        queued_at: When the call was submitted.
+        started_at: When its first attempt started, or None if it never started.
+        finished_at: When its result was settled.
+        attempt_errors: Why each earlier attempt failed, oldest first, when the call was retried.
+    """
+
+    call: ToolCall
+    status: CallStatus
+    _: KW_ONLY
+    result: CallToolResult | None = None
+    error: str | None = None
+    attempts: int = 0
+    tool: str | None = None
+    server: str | None = None
+    queued_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float = 0.0
+    attempt_errors: tuple[str, ...] = ()
+
+    @property
+    def call_id(self) -> str:
+        """The id of the call this result answers."""
+        return self.call.id
+
+    @property
+    def ok(self) -> bool:
+        """Whether the tool ran and returned a non-error result."""
+        return self.status is CallStatus.OK
+
+    @property
+    def queue_time(self) -> float:
+        """Seconds between submission and start (or the end, for a call that never started)."""
+        return (self.started_at if self.started_at is not None else self.finished_at) - self.queued_at
+
+    @property
+    def run_time(self) -> float:
+        """Seconds between start and end, 0.0 for a call that never started."""
+        return 0.0 if self.started_at is None else self.finished_at - self.started_at

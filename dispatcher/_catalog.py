@@ -1,0 +1,218 @@
+"""The catalogue: every tool the dispatcher can call, under a name a model can use.
+
+Each registered tool gets a catalogue name that is unique in the dispatcher and matches
+``^[A-Za-z0-9_-]{1,64}$`` (what LLM APIs accept). A tool keeps its own name when that name is valid and
+no other server offers it; otherwise it is prefixed with its server's name (``server__tool``) and
+shortened with a hash when it would be too long. A call resolves to exactly one tool or to a readable
+error, never to a guess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import re
+from dataclasses import KW_ONLY, dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+    from mcp.types import CallToolResult, ToolAnnotations
+
+__all__ = ["Catalog", "Resolution", "ToolEntry", "ToolImpl"]
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_INVALID = re.compile(r"[^A-Za-z0-9_-]")
+_MAX_NAME = 64
+
+
+class ToolImpl(Protocol):
+    """How the executor runs one tool (a local function or a tool on an MCP server)."""
+
+    def prepare(self, arguments: Mapping[str, Any]) -> Any:
+        """Check arguments before the call is queued; raise `ArgumentError` to reject them."""
+        ...
+
+    async def invoke(self, prepared: Any) -> CallToolResult:
+        """Run the tool once with prepared arguments."""
+        ...
+
+
+class ArgumentError(Exception):
+    """Arguments that the tool would reject: the call is FAILED without running."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolEntry:
+    """One tool in the catalogue, as the scheduler sees it.
+
+    Attributes:
+        name: The name to show the model: unique in this dispatcher, ``^[A-Za-z0-9_-]{1,64}$``.
+        server: The name the user registered the tool's server under; None for a local function.
+        tool: The tool's own name on its server.
+        annotations: The effective annotations: spec defaults applied, untrusted hints discarded,
+            overrides applied. Every hint is a bool.
+        declared_annotations: What the server declared, unfiltered (None when it declared nothing).
+        trusted: Whether the tool's own hints are believed (a trusted server or a local function).
+        description: The tool's description, for the model.
+        input_schema: The JSON Schema of the arguments.
+        output_schema: The JSON Schema of structured results, if the tool declares one.
+        title: A display name, if any.
+    """
+
+    name: str
+    server: str | None
+    tool: str
+    annotations: ToolAnnotations
+    _: KW_ONLY
+    declared_annotations: ToolAnnotations | None = None
+    trusted: bool = False
+    description: str | None = None
+    input_schema: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
+    output_schema: Mapping[str, Any] | None = None
+    title: str | None = None
+
+    @property
+    def concurrent(self) -> bool:
+        """Whether calls may overlap other concurrent calls (effective readOnlyHint)."""
+        return bool(self.annotations.read_only_hint)
+
+    @property
+    def exclusive(self) -> bool:
+        """Whether each call must run alone, in request order."""
+        return not self.annotations.read_only_hint
+
+    @property
+    def idempotent(self) -> bool:
+        """Whether repeating a call is declared harmless by a trusted source (effective idempotentHint)."""
+        return bool(self.annotations.idempotent_hint)
+
+
+@dataclass(slots=True)
+class _Registered:
+    entry: ToolEntry
+    impl: ToolImpl
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """A call's tool, or why it has none."""
+
+    entry: ToolEntry | None
+    impl: ToolImpl | None
+    error: str | None
+
+
+def _sanitize(text: str) -> str:
+    return _INVALID.sub("_", text) or "_"
+
+
+def _shorten(name: str, key: str) -> str:
+    if len(name) <= _MAX_NAME:
+        return name
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
+    return f"{name[: _MAX_NAME - 9]}_{digest}"
+
+
+class Catalog:
+    """Registered tools, indexed for resolution by catalogue name, server or bare tool name."""
+
+    def __init__(self) -> None:
+        # (server, tool) -> registration; insertion order is registration order.
+        self._tools: dict[tuple[str | None, str], _Registered] = {}
+        self._by_name: dict[str, _Registered] = {}
+        self._by_tool: dict[str, list[_Registered]] = {}
+        self._servers: set[str] = set()
+
+    @property
+    def servers(self) -> frozenset[str]:
+        return frozenset(self._servers)
+
+    def entries(self) -> list[ToolEntry]:
+        return [registered.entry for registered in self._by_name.values()]
+
+    def has(self, server: str | None, tool: str) -> bool:
+        return (server, tool) in self._tools
+
+    def add_server(self, server: str) -> None:
+        self._servers.add(server)
+
+    def remove_server(self, server: str) -> None:
+        self._servers.discard(server)
+        for key in [key for key in self._tools if key[0] == server]:
+            del self._tools[key]
+        self._rebuild()
+
+    def put(self, entries: Iterable[tuple[ToolEntry, ToolImpl]]) -> None:
+        """Add or replace tools, then recompute every catalogue name."""
+        for entry, impl in entries:
+            self._tools[(entry.server, entry.tool)] = _Registered(entry, impl)
+        self._rebuild()
+
+    def remove(self, server: str | None, tool: str) -> None:
+        self._tools.pop((server, tool), None)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        by_tool: dict[str, list[_Registered]] = {}
+        for registered in self._tools.values():
+            by_tool.setdefault(registered.entry.tool, []).append(registered)
+        by_name: dict[str, _Registered] = {}
+        # Unprefixed names first, so a prefixed name can never take a tool's own name.
+        for tool, group in by_tool.items():
+            if len(group) == 1 and NAME_PATTERN.match(tool):
+                by_name[tool] = group[0]
+        for (server, tool), registered in self._tools.items():
+            if len(by_tool[tool]) == 1 and NAME_PATTERN.match(tool):
+                continue
+            key = f"{server}/{tool}"
+            base = _shorten(f"{_sanitize(server or 'local')}__{_sanitize(tool)}", key)
+            name = base
+            counter = 2
+            while name in by_name:
+                name = _shorten(f"{base}_{counter}", f"{key}#{counter}")
+                counter += 1
+            by_name[name] = registered
+        for name, registered in by_name.items():
+            if registered.entry.name != name:
+                registered.entry = dataclasses.replace(registered.entry, name=name)
+        # Keep registration order, so the catalogue reads the way the user built it.
+        position = {id(registered): i for i, registered in enumerate(self._tools.values())}
+        self._by_name = dict(sorted(by_name.items(), key=lambda item: position[id(item[1])]))
+        self._by_tool = by_tool
+
+    def resolve(self, name: str, server: str | None = None) -> Resolution:
+        """Find the one tool a call means, or explain why there is none."""
+        if server is not None:
+            if server not in self._servers:
+                known = ", ".join(sorted(self._servers)) or "none"
+                return Resolution(None, None, f"unknown server {server!r} (servers: {known})")
+            registered = self._tools.get((server, name))
+            if registered is None:
+                by_name = self._by_name.get(name)
+                if by_name is not None and by_name.entry.server == server:
+                    registered = by_name
+            if registered is None:
+                return Resolution(None, None, f"server {server!r} has no tool {name!r}")
+            return Resolution(registered.entry, registered.impl, None)
+        registered = self._by_name.get(name)
+        if registered is not None:
+            return Resolution(registered.entry, registered.impl, None)
+        group = self._by_tool.get(name)
+        if group is not None:
+            if len(group) == 1:
+                return Resolution(group[0].entry, group[0].impl, None)
+            choices = ", ".join(repr(r.entry.name) for r in group)
+            return Resolution(
+                None,
+                None,
+                f"tool name {name!r} is ambiguous: it is offered by {len(group)} servers; "
+                f"call one of {choices}, or set ToolCall.server",
+            )
+        message = f"unknown tool {name!r}"
+        close = difflib.get_close_matches(name, list(self._by_name), n=3)
+        if close:
+            message += f"; did you mean {', '.join(repr(c) for c in close)}?"
+        return Resolution(None, None, message)

@@ -1,0 +1,31 @@
+"""The exceptions `dispatcher` raises, for mistakes of the caller.
+
+A tool call that fails is not an exception: it is a `ToolResult` with a status. Exceptions are
+kept for misuse of the API, and they all derive from one base class::
+
+    DispatcherError
+    ├── BatchError (also ValueError)       a batch that cannot run: duplicate ids, non-ToolCall items
+    ├── ConfigurationError (also ValueError)  a tool or server that cannot be registered
+    └── DispatcherClosedError (also RuntimeError)  the dispatcher is not open
+
+Errors that come from the MCP SDK or anyio while a call runs are translated into results at the
+boundary; cancellation is never caught or converted.
+"""
+
+from __future__ import annotations
+
+
+class DispatcherError(Exception):
+    """Base class of every exception `dispatcher` raises."""
+
+
+class BatchError(DispatcherError, ValueError):
+    """A batch was rejected before anything in it ran."""
+
+
+class ConfigurationError(DispatcherError, ValueError):
+    """A tool, server or setting cannot be registered as given."""
+
+
+class DispatcherClosedError(DispatcherError, RuntimeError):
+    """The dispatcher was used outside its `async with` block."""

@@ -1,0 +1,665 @@
+"""The dispatcher: registration, submission, and a worker pool that carries out the gate's decisions.
+
+Calls are admitted by `_gate.Gate` (a fair readers-writer discipline with limits) and run by a pool of
+worker tasks that lives in the dispatcher's task group. A worker that finishes a call takes the next
+admitted call itself, so a stream of short calls costs no task creation per call; workers are created
+on demand up to the concurrency limit and park when there is nothing to run.
+
+Every call settles exactly once into a `ToolResult`. Failures are results, never exceptions that could
+cancel siblings. Cancelling a waiting caller cancels that caller's calls, waits until they have ended,
+and then lets the cancellation propagate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Self
+
+import anyio
+
+from ._annotations import effective_annotations
+from ._calls import CallStatus, ToolCall, ToolResult
+from ._catalog import ArgumentError, Catalog, ToolEntry, ToolImpl
+from ._errors import BatchError, ConfigurationError, DispatcherClosedError
+from ._functions import FunctionTool
+from ._gate import Gate, Ticket
+from ._mcp import MCPTool, describe_failure, list_all_tools
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from anyio.abc import TaskGroup
+    from mcp import Client
+    from mcp.types import CallToolResult, ToolAnnotations
+
+__all__ = ["Batch", "Dispatcher", "PendingCall"]
+
+# Parked workers kept for reuse when there is no concurrency limit; beyond this, idle workers exit.
+_IDLE_WORKERS_UNLIMITED = 64
+
+
+class PendingCall:
+    """A submitted call. `await pending.wait()` gives its result once it has ended."""
+
+    __slots__ = (
+        "_batch",
+        "_cancel_requested",
+        "_entry",
+        "_event",
+        "_impl",
+        "_prepared",
+        "_result",
+        "_scope",
+        "_ticket",
+        "call",
+        "queued_at",
+        "started_at",
+    )
+
+    def __init__(self, call: ToolCall, batch: Batch, queued_at: float) -> None:
+        self.call = call
+        self.queued_at = queued_at
+        self.started_at: float | None = None
+        self._batch = batch
+        self._entry: ToolEntry | None = None
+        self._impl: ToolImpl | None = None
+        self._prepared: Any = None
+        self._ticket: Ticket[PendingCall] | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._cancel_requested = False
+        self._result: ToolResult | None = None
+        self._event: anyio.Event | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the call has a result."""
+        return self._result is not None
+
+    def result(self) -> ToolResult:
+        """The call's result; raises `RuntimeError` if it has not ended yet."""
+        if self._result is None:
+            raise RuntimeError(f"call {self.call.id!r} has not finished; await wait() first")
+        return self._result
+
+    async def wait(self) -> ToolResult:
+        """Wait for the call to end and return its result."""
+        if self._result is None:
+            if self._event is None:
+                self._event = anyio.Event()
+            await self._event.wait()
+        assert self._result is not None
+        return self._result
+
+    def _settle(
+        self,
+        status: CallStatus,
+        *,
+        result: CallToolResult | None = None,
+        error: str | None = None,
+        attempts: int = 0,
+        attempt_errors: tuple[str, ...] = (),
+    ) -> None:
+        entry = self._entry
+        self._result = ToolResult(
+            self.call,
+            status,
+            result=result,
+            error=error,
+            attempts=attempts,
+            tool=entry.name if entry is not None else None,
+            server=entry.server if entry is not None else None,
+            queued_at=self.queued_at,
+            started_at=self.started_at,
+            finished_at=anyio.current_time(),
+            attempt_errors=attempt_errors,
+        )
+        self._prepared = None
+        if self._event is not None:
+            self._event.set()
+        self._batch._settled()
+
+    def __repr__(self) -> str:
+        state = self._result.status.value if self._result is not None else "pending"
+        return f"<PendingCall {self.call.id!r} {self.call.name!r} {state}>"
+
+
+class Batch:
+    """Calls submitted one by one, for example as a model streams them.
+
+    Each call is queued as soon as it is submitted and starts as soon as the scheduling rules allow.
+    Use it as an async context manager: leaving the block normally waits for every call; leaving it with
+    an exception (or a cancellation) cancels the calls that have not ended, waits for them, and lets the
+    exception propagate.
+
+    Example:
+        async with dispatcher.batch() as batch:
+            async for call in model_stream():
+                batch.submit(call)
+        results = batch.results()
+    """
+
+    __slots__ = ("_dispatcher", "_event", "_ids", "_remaining", "_works")
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
+        self._works: list[PendingCall] = []
+        self._ids: set[str] = set()
+        self._remaining = 0
+        self._event: anyio.Event | None = None
+
+    def __len__(self) -> int:
+        return len(self._works)
+
+    @property
+    def done(self) -> bool:
+        """Whether every submitted call has a result."""
+        return self._remaining == 0
+
+    def submit(self, call: ToolCall) -> PendingCall:
+        """Queue one call behind everything submitted before it.
+
+        Raises:
+            BatchError: The item is not a `ToolCall`, or its id is empty or already used in this batch.
+            DispatcherClosedError: The dispatcher is not open.
+        """
+        self._check(call, len(self._works))
+        self._ids.add(call.id)
+        return self._dispatcher._submit(self, call)
+
+    def submit_all(self, calls: Iterable[ToolCall]) -> list[PendingCall]:
+        """Check every call first, then queue them all in order; nothing is queued if one is bad.
+
+        Raises:
+            BatchError: One of the items is not a `ToolCall` or has an empty or duplicate id.
+        """
+        calls = list(calls)
+        seen = set(self._ids)
+        for position, call in enumerate(calls, start=len(self._works)):
+            self._check(call, position, seen)
+            seen.add(call.id)
+        self._dispatcher._check_open()
+        self._ids = seen
+        submit = self._dispatcher._submit
+        return [submit(self, call) for call in calls]
+
+    def _check(self, call: object, position: int, seen: set[str] | None = None) -> None:
+        if not isinstance(call, ToolCall):
+            raise BatchError(f"item {position} is a {type(call).__name__}, not a ToolCall")
+        if not isinstance(call.id, str) or not call.id:
+            raise BatchError(f"item {position} has an empty or non-string id: {call.id!r}")
+        if call.id in (self._ids if seen is None else seen):
+            raise BatchError(f"duplicate call id {call.id!r} (item {position}); every call needs its own id")
+
+    def results(self) -> list[ToolResult]:
+        """The results in submission order; raises `RuntimeError` if some call has not ended."""
+        return [work.result() for work in self._works]
+
+    def cancel(self) -> None:
+        """Cancel every call of this batch that has not ended; each gets a CANCELLED result."""
+        self._dispatcher._cancel(self._works)
+
+    async def wait(self) -> list[ToolResult]:
+        """Wait for every call submitted so far; return all results in submission order.
+
+        If the waiting task is cancelled, the batch's unfinished calls are cancelled and awaited before
+        the cancellation propagates.
+        """
+        if self._remaining:
+            if self._event is None:
+                self._event = anyio.Event()
+            event = self._event
+            try:
+                await event.wait()
+            finally:
+                if self._remaining:
+                    with anyio.CancelScope(shield=True):
+                        self.cancel()
+                        await event.wait()
+        return [work._result for work in self._works]  # type: ignore[misc]
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None and self._remaining:
+            self.cancel()
+        await self.wait()
+
+    def _added(self) -> None:
+        self._remaining += 1
+        if self._remaining == 1:
+            self._event = None
+            self._dispatcher._live.add(self)
+
+    def _settled(self) -> None:
+        self._remaining -= 1
+        if self._remaining == 0:
+            self._dispatcher._live.discard(self)
+            if self._event is not None:
+                self._event.set()
+
+
+class _Slot:
+    """A parked worker waiting to be handed a call."""
+
+    __slots__ = ("event", "ticket")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.ticket: Ticket[PendingCall] | None = None
+
+
+class Dispatcher:
+    """Runs batches of tool calls: reads together, writes alone and in order.
+
+    Args:
+        max_concurrency: The most calls in flight at once across the dispatcher, or None for no limit.
+        call_timeout: Seconds each call may take before it is abandoned as TIMEOUT (its server-side
+            handler is cancelled), or None for no timeout.
+
+    Use it as an async context manager; calls run in its task group::
+
+        async with Dispatcher() as dispatcher:
+            await dispatcher.add_mcp_server("files", client, trusted=True)
+            results = await dispatcher.dispatch(calls)
+    """
+
+    def __init__(self, *, max_concurrency: int | None = 16, call_timeout: float | None = 60.0) -> None:
+        if max_concurrency is not None and (
+            not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1
+        ):
+            raise ConfigurationError(
+                f"max_concurrency must be an int >= 1, got {max_concurrency!r}; use None for no limit"
+            )
+        if call_timeout is not None and not (call_timeout > 0 and math.isfinite(call_timeout)):
+            raise ConfigurationError(
+                f"call_timeout must be a positive number of seconds, got {call_timeout!r}; use None for none"
+            )
+        self._max_concurrency = max_concurrency
+        self._call_timeout = call_timeout
+        self._catalog = Catalog()
+        self._gate: Gate[PendingCall] = Gate(max_concurrency)
+        self._tg: TaskGroup | None = None
+        self._open = False
+        self._idle: list[_Slot] = []
+        self._idle_cap = max_concurrency if max_concurrency is not None else _IDLE_WORKERS_UNLIMITED
+        self._workers = 0
+        self._live: set[Batch] = set()
+        self._watched: deque[PendingCall] = deque()
+        self._watchdog_wake: anyio.Event | None = None
+
+    @property
+    def max_concurrency(self) -> int | None:
+        """The dispatcher-wide limit on calls in flight (None: unlimited)."""
+        return self._max_concurrency
+
+    @property
+    def call_timeout(self) -> float | None:
+        """The time limit of each call in seconds (None: unlimited)."""
+        return self._call_timeout
+
+    async def __aenter__(self) -> Self:
+        if self._tg is not None:
+            raise DispatcherClosedError("this Dispatcher is already open; create one per async with block")
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        self._open = True
+        if self._call_timeout is not None:
+            tg.start_soon(self._watchdog, self._call_timeout)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        tg = self._tg
+        assert tg is not None
+        self._open = False
+        # Outstanding calls end as CANCELLED; waiters get their results instead of hanging.
+        for batch in list(self._live):
+            batch.cancel()
+        for slot in self._idle:
+            slot.event.set()
+        self._idle.clear()
+        tg.cancel_scope.cancel()
+        return await tg.__aexit__(exc_type, exc, tb)
+
+    # Registration ----------------------------------------------------------------------------------
+
+    def add_function(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        annotations: ToolAnnotations | None = None,
+        description: str | None = None,
+    ) -> ToolEntry:
+        """Register a local sync or async callable as a tool.
+
+        The user declares a local function, so its annotations are trusted; hints it leaves out take the
+        spec defaults (a function with no annotations is treated as mutating and runs alone). The input
+        schema comes from the signature; sync functions run in a worker thread.
+
+        Args:
+            fn: The callable. Its parameters must be JSON-representable (pydantic-validatable) types.
+            name: The tool's name (default: the function's name).
+            annotations: The tool's hints; set ``readOnlyHint=True`` for calls that may run together.
+            description: Overrides the docstring as the description shown to the model.
+
+        Returns:
+            The catalogue entry.
+
+        Raises:
+            ConfigurationError: The name is taken by another local function or is not usable.
+        """
+        tool_name = name if name is not None else getattr(fn, "__name__", None)
+        if not isinstance(tool_name, str) or not tool_name or tool_name == "<lambda>":
+            raise ConfigurationError("a tool needs a name: pass name=... for lambdas and callable objects")
+        if self._catalog.has(None, tool_name):
+            raise ConfigurationError(f"a local function named {tool_name!r} is already registered")
+        impl = FunctionTool(fn)
+        entry = ToolEntry(
+            tool_name,
+            None,
+            tool_name,
+            effective_annotations(annotations, trusted=True),
+            declared_annotations=annotations,
+            trusted=True,
+            description=description if description is not None else (fn.__doc__ or "").strip() or None,
+            input_schema=impl.input_schema,
+            output_schema=impl.output_schema,
+            title=annotations.title if annotations is not None else None,
+        )
+        self._catalog.put([(entry, impl)])
+        return self._entry(None, tool_name)
+
+    async def add_mcp_server(
+        self,
+        name: str,
+        client: Client,
+        *,
+        trusted: bool = False,
+        max_concurrency: int | None = None,
+        overrides: Mapping[str, ToolAnnotations] | None = None,
+    ) -> list[ToolEntry]:
+        """Register the tools of an MCP server reached through an entered `mcp.Client`.
+
+        The server's tools are listed once, now. The dispatcher does not own the client: keep it open
+        while the dispatcher runs calls on it, and close it yourself.
+
+        Args:
+            name: Your name for this server: its identity for trust and for `ToolCall.server`. It is
+                never taken from the server itself, since a server can call itself anything.
+            client: An entered `mcp.Client`.
+            trusted: Whether to believe the server's tool annotations. An untrusted server's tools are
+                all scheduled as the spec's worst case: exclusive, never retried.
+            max_concurrency: The most calls in flight on this server at once, or None for no limit.
+            overrides: Your own annotations for some of its tools, by the server's tool name. They are
+                trusted even for an untrusted server; hints an override leaves unset fall back to the
+                server's (if trusted) or the spec defaults.
+
+        Returns:
+            The server's catalogue entries.
+
+        Raises:
+            ConfigurationError: The name is taken or empty, a limit is invalid, or an override names a
+                tool the server does not have.
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"a server needs a non-empty name, got {name!r}")
+        if name in self._catalog.servers:
+            raise ConfigurationError(f"a server named {name!r} is already registered")
+        if max_concurrency is not None and (
+            not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1
+        ):
+            raise ConfigurationError(
+                f"max_concurrency for server {name!r} must be an int >= 1, got {max_concurrency!r}; "
+                "use None for no limit"
+            )
+        overrides = dict(overrides or {})
+        tools = await list_all_tools(client)
+        unknown = sorted(set(overrides) - {tool.name for tool in tools})
+        if unknown:
+            have = ", ".join(sorted(tool.name for tool in tools)) or "no tools"
+            raise ConfigurationError(f"overrides name tools server {name!r} does not have: {unknown} (it has {have})")
+        registrations: list[tuple[ToolEntry, ToolImpl]] = []
+        for tool in tools:
+            entry = ToolEntry(
+                tool.name,
+                name,
+                tool.name,
+                effective_annotations(tool.annotations, trusted=trusted, override=overrides.get(tool.name)),
+                declared_annotations=tool.annotations,
+                trusted=trusted,
+                description=tool.description,
+                input_schema=tool.input_schema,
+                output_schema=tool.output_schema,
+                title=tool.title or (tool.annotations.title if tool.annotations else None),
+            )
+            registrations.append((entry, MCPTool(client, tool.name, tool.input_schema)))
+        self._catalog.add_server(name)
+        self._catalog.put(registrations)
+        self._gate.set_server_limit(name, max_concurrency)
+        return [entry for entry in self._catalog.entries() if entry.server == name]
+
+    def tools(self) -> list[ToolEntry]:
+        """The catalogue: every callable tool, in registration order."""
+        return self._catalog.entries()
+
+    def _entry(self, server: str | None, tool: str) -> ToolEntry:
+        resolution = self._catalog.resolve(tool, server)
+        assert resolution.entry is not None
+        return resolution.entry
+
+    # Dispatch --------------------------------------------------------------------------------------
+
+    def batch(self) -> Batch:
+        """Start an incremental batch: submit calls one by one, as they arrive."""
+        self._check_open()
+        return Batch(self)
+
+    async def dispatch(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        """Run a batch of calls and return one result per call, in call order.
+
+        Concurrent calls (effective readOnlyHint) run together within the limits; every other call
+        waits for everything submitted before it and runs alone. This holds across concurrent
+        `dispatch()` calls too. A failing call never affects its siblings.
+
+        Raises:
+            BatchError: An item is not a `ToolCall`, or two calls share an id; nothing was run.
+            DispatcherClosedError: The dispatcher is not open.
+        """
+        batch = Batch(self)
+        batch.submit_all(calls)
+        return await batch.wait()
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise DispatcherClosedError("the Dispatcher is not open: use it inside `async with Dispatcher() as d:`")
+
+    def _submit(self, batch: Batch, call: ToolCall) -> PendingCall:
+        self._check_open()
+        work = PendingCall(call, batch, anyio.current_time())
+        batch._works.append(work)
+        batch._added()
+        resolution = self._catalog.resolve(call.name, call.server)
+        if resolution.entry is None or resolution.impl is None:
+            work._settle(CallStatus.FAILED, error=resolution.error)
+            return work
+        work._entry = entry = resolution.entry
+        work._impl = impl = resolution.impl
+        arguments = call.arguments if call.arguments is not None else {}
+        if not isinstance(arguments, Mapping):
+            work._settle(
+                CallStatus.FAILED,
+                error=f"invalid arguments: expected a JSON object, got {type(arguments).__name__}",
+            )
+            return work
+        try:
+            work._prepared = impl.prepare(arguments)
+        except ArgumentError as exc:
+            work._settle(CallStatus.FAILED, error=str(exc))
+            return work
+        except Exception as exc:
+            work._settle(CallStatus.FAILED, error=f"invalid arguments: {type(exc).__name__}: {exc}")
+            return work
+        work._ticket = self._gate.submit(work, exclusive=entry.exclusive, server=entry.server)
+        self._pump()
+        return work
+
+    def _cancel(self, works: Iterable[PendingCall]) -> None:
+        withdrew = False
+        for work in works:
+            if work._result is not None:
+                continue
+            ticket = work._ticket
+            if ticket is not None and self._gate.withdraw(ticket):
+                withdrew = True
+                work._settle(CallStatus.CANCELLED, error="cancelled before it started")
+            else:
+                work._cancel_requested = True
+                if work._scope is not None:
+                    work._scope.cancel()
+        if withdrew and self._open:
+            self._pump()
+
+    def _pump(self) -> None:
+        """Hand every call the gate admits now to a parked worker, or to a new one."""
+        gate = self._gate
+        idle = self._idle
+        while True:
+            ticket = gate.take()
+            if ticket is None:
+                return
+            if idle:
+                slot = idle.pop()
+                slot.ticket = ticket
+                slot.event.set()
+            else:
+                assert self._tg is not None
+                self._workers += 1
+                self._tg.start_soon(self._worker, ticket)
+
+    async def _next(self) -> Ticket[PendingCall] | None:
+        """The next admitted call for a worker that just finished one, parking if there is none."""
+        # Take a call before waking others: a worker with work to do never parks.
+        ticket = self._gate.take()
+        self._pump()
+        if ticket is None and self._open and len(self._idle) < self._idle_cap:
+            slot = _Slot()
+            self._idle.append(slot)
+            await slot.event.wait()
+            ticket = slot.ticket
+        return ticket
+
+    async def _worker(self, ticket: Ticket[PendingCall] | None) -> None:
+        """Run admitted calls one after another until there is nothing left to run.
+
+        A cancel scope per call would cost more than the rest of a short call's bookkeeping, so a worker
+        runs its calls inside one scope and only opens a new one after that scope was cancelled to
+        interrupt a call (a timeout, or its caller giving up).
+        """
+        gate = self._gate
+        try:
+            while ticket is not None:
+                with anyio.CancelScope() as scope:
+                    while ticket is not None:
+                        await self._run(ticket.item, scope)
+                        gate.finish(ticket)
+                        ticket = None
+                        if scope.cancel_called:
+                            break  # the scope is spent; open a fresh one
+                        ticket = await self._next()
+                if ticket is not None:
+                    # The call was interrupted by its scope: settle it, free its place, go on.
+                    work = ticket.item
+                    work._scope = None
+                    if work._result is None:
+                        if work._cancel_requested:
+                            work._settle(CallStatus.CANCELLED, error="cancelled while running", attempts=1)
+                        else:
+                            timeout = self._call_timeout
+                            work._settle(
+                                CallStatus.TIMEOUT, error=f"no result within call_timeout={timeout}s", attempts=1
+                            )
+                    gate.finish(ticket)
+                ticket = await self._next()
+        finally:
+            self._workers -= 1
+            if ticket is not None and ticket.item._result is None:
+                # The dispatcher is closing under this worker.
+                ticket.item._settle(CallStatus.CANCELLED, error="the dispatcher closed", attempts=1)
+
+    async def _run(self, work: PendingCall, scope: anyio.CancelScope) -> None:
+        """Run one admitted call and settle it, unless its scope interrupts it."""
+        if work._cancel_requested:
+            work._settle(CallStatus.CANCELLED, error="cancelled before it started")
+            return
+        impl = work._impl
+        assert impl is not None
+        work.started_at = anyio.current_time()
+        work._scope = scope
+        if self._call_timeout is not None:
+            self._watch(work)
+        try:
+            result = await impl.invoke(work._prepared)
+        except Exception as exc:
+            work._scope = None
+            status, error = describe_failure(exc)
+            work._settle(status, error=error, attempts=1)
+            return
+        work._scope = None
+        if result.is_error:
+            work._settle(CallStatus.TOOL_ERROR, result=result, error=_error_text(result), attempts=1)
+        else:
+            work._settle(CallStatus.OK, result=result, attempts=1)
+
+    # Timeouts --------------------------------------------------------------------------------------
+
+    def _watch(self, work: PendingCall) -> None:
+        """Put a started call under the watchdog.
+
+        Every call has the same timeout, so deadlines arrive in start order and a FIFO is a complete
+        timer queue. Entries of calls that already ended are dropped as they reach the front.
+        """
+        queue = self._watched
+        while queue and queue[0]._result is not None:
+            queue.popleft()
+        queue.append(work)
+        if self._watchdog_wake is not None:
+            self._watchdog_wake.set()
+            self._watchdog_wake = None
+
+    async def _watchdog(self, call_timeout: float) -> None:
+        queue = self._watched
+        while True:
+            while queue and (queue[0]._result is not None or queue[0]._scope is None):
+                queue.popleft()
+            if not queue:
+                wake = self._watchdog_wake = anyio.Event()
+                await wake.wait()
+                continue
+            head = queue[0]
+            assert head.started_at is not None
+            remaining = head.started_at + call_timeout - anyio.current_time()
+            if remaining > 0:
+                await anyio.sleep(remaining)
+                continue
+            queue.popleft()
+            if head._result is None and head._scope is not None:
+                head._scope.cancel()
+
+
+def _error_text(result: CallToolResult) -> str:
+    texts = [block.text for block in result.content if getattr(block, "type", None) == "text"]  # type: ignore[union-attr]
+    return " ".join(texts).strip() or "the tool reported an error"
