@@ -1,0 +1,109 @@
+"""Run the example workspace server as a process: `python -m dispatcher.examples.workspace`.
+
+Over stdio (the default), an MCP client launches it as a subprocess::
+
+    python -m dispatcher.examples.workspace --latency 0.05 --saturation 4
+
+Over streamable HTTP it prints its URL on one line of stdout (`MCP_URL=http://127.0.0.1:PORT/mcp`),
+so a parent process can start it on a free port with `--port 0` and read where to connect::
+
+    python -m dispatcher.examples.workspace --http --port 0 --fault-rate 0.2 --fault-seed 7
+
+It serves until SIGINT or SIGTERM. The library's names are importable from here too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import signal
+import sys
+from typing import TYPE_CHECKING
+
+import anyio
+
+from ._http import serve_http
+from ._workspace import Execution, FaultConfig, FaultKind, Outcome, Workspace, saturated_latency
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = [
+    "Execution",
+    "FaultConfig",
+    "FaultKind",
+    "Outcome",
+    "Workspace",
+    "main",
+    "saturated_latency",
+    "serve_http",
+]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse the command line and serve the workspace until told to stop.
+
+    Args:
+        argv: The arguments, without the program name; `None` reads `sys.argv`.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        # Built even at rate 0, so a misspelt tool or kind is reported rather than ignored.
+        faults = FaultConfig(
+            rate=args.fault_rate,
+            seed=args.fault_seed,
+            tools=None if args.fault_tools is None else frozenset(_split(args.fault_tools)),
+            kinds=tuple(_split(args.fault_kinds)),  # type: ignore[arg-type]  # checked by FaultConfig
+        )
+        workspace = Workspace(
+            root=args.root,
+            latency=args.latency,
+            saturation=args.saturation,
+            faults=faults,
+            name=args.name,
+        )
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+    if args.http:
+        anyio.run(_serve_http_until_signalled, workspace, args.host, args.port)
+    else:
+        anyio.run(workspace.server.run_stdio_async)
+
+
+async def _serve_http_until_signalled(workspace: Workspace, host: str, port: int) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with serve_http(workspace.server, host, port) as url:
+            print(f"MCP_URL={url}", flush=True)
+            async for _ in signals:
+                break
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m dispatcher.examples.workspace",
+        description="The dispatcher example workspace: a notes MCP server with honest tool annotations.",
+    )
+    parser.add_argument("--root", type=pathlib.Path, help="mirror the notes to this folder")
+    parser.add_argument("--name", default="workspace", help="the server name announced to clients")
+    parser.add_argument("--latency", type=float, default=0.0, metavar="S", help="seconds per tool call")
+    parser.add_argument("--saturation", type=int, metavar="N", help="concurrent calls at which latency starts to grow")
+    faults = parser.add_argument_group("fault injection")
+    faults.add_argument("--fault-rate", type=float, default=0.0, metavar="R", help="probability 0..1")
+    faults.add_argument("--fault-seed", type=int, default=0, metavar="S")
+    faults.add_argument("--fault-tools", metavar="A,B", help="tools that may fail (default: all)")
+    faults.add_argument("--fault-kinds", default="error", metavar="K,L", help="error, tool_error, hang")
+    transport = parser.add_mutually_exclusive_group()
+    transport.add_argument("--stdio", action="store_true", help="serve over stdin/stdout (the default)")
+    transport.add_argument("--http", action="store_true", help="serve over streamable HTTP")
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP address (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port, 0 for a free one (default: 8000)")
+    return parser
+
+
+def _split(names: str) -> list[str]:
+    return [name.strip() for name in names.split(",") if name.strip()]
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
