@@ -136,6 +136,11 @@ class Catalog:
     def has(self, server: str | None, tool: str) -> bool:
         return (server, tool) in self._tools
 
+    def get(self, server: str | None, tool: str) -> ToolEntry | None:
+        """The entry of a server's tool, by the server's own tool name."""
+        registered = self._tools.get((server, tool))
+        return registered.entry if registered is not None else None
+
     def add_server(self, server: str) -> None:
         self._servers.add(server)
 

@@ -457,9 +457,9 @@ class Dispatcher:
         return self._catalog.entries()
 
     def _entry(self, server: str | None, tool: str) -> ToolEntry:
-        resolution = self._catalog.resolve(tool, server)
-        assert resolution.entry is not None
-        return resolution.entry
+        entry = self._catalog.get(server, tool)
+        assert entry is not None
+        return entry
 
     # Dispatch --------------------------------------------------------------------------------------
 

@@ -1,0 +1,23 @@
+"""The public surface is exactly what `__all__` lists."""
+
+from __future__ import annotations
+
+import dispatcher
+
+
+def test_all_is_sorted_and_complete() -> None:
+    """`__all__` is sorted, and every public attribute of the package is in it (and nothing else)."""
+    assert dispatcher.__all__ == sorted(dispatcher.__all__)
+    public = {
+        name
+        for name, value in vars(dispatcher).items()
+        if not name.startswith("_") and not isinstance(value, type(dispatcher))
+    }
+    assert public == set(dispatcher.__all__)
+
+
+def test_public_names_come_from_the_package() -> None:
+    """Every exported name is defined in dispatcher's own modules and reports the package as its home."""
+    for name in dispatcher.__all__:
+        value = getattr(dispatcher, name)
+        assert getattr(value, "__module__", "dispatcher").startswith("dispatcher")
