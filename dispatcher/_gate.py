@@ -14,6 +14,10 @@ ordered barriers in `_plan`:
 Limits are a global cap on running calls and optional per-server caps. A read whose server is at its
 cap is parked, letting later reads for other servers go first; it goes back to the front of the queue
 as soon as its server has room.
+
+A call can be submitted *held* (waiting for something else, such as a person's approval): it keeps its
+place in the order, an exclusive held call blocks everything behind it, and a held read is skipped by
+its segment until `release` makes it admissible.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ T = TypeVar("T")
 
 
 class TicketState(enum.Enum):
+    HELD = "held"
     PENDING = "pending"
     RUNNING = "running"
     DONE = "done"
@@ -51,14 +56,18 @@ class _Segment:
 class Ticket(Generic[T]):
     """A call's place in the gate."""
 
-    __slots__ = ("_segment", "exclusive", "item", "server", "state")
+    __slots__ = ("_queued", "_segment", "exclusive", "item", "server", "state")
 
-    def __init__(self, item: T, exclusive: bool, server: Hashable | None, segment: _Segment) -> None:
+    def __init__(
+        self, item: T, exclusive: bool, server: Hashable | None, segment: _Segment, state: TicketState
+    ) -> None:
         self.item = item
         self.exclusive = exclusive
         self.server = server
-        self.state = TicketState.PENDING
+        self.state = state
         self._segment = segment
+        # Whether the ticket sits in its segment's pending deque (held reads leave it until released).
+        self._queued = True
 
 
 class Gate(Generic[T]):
@@ -91,15 +100,15 @@ class Gate(Generic[T]):
         """Whether no call is pending or running."""
         return not self._segments
 
-    def submit(self, item: T, *, exclusive: bool, server: Hashable | None = None) -> Ticket[T]:
-        """Queue a call behind everything submitted before it."""
+    def submit(self, item: T, *, exclusive: bool, server: Hashable | None = None, held: bool = False) -> Ticket[T]:
+        """Queue a call behind everything submitted before it; a held call waits for `release`."""
         segments = self._segments
         if exclusive or not segments or segments[-1].exclusive:
             segment = _Segment(exclusive)
             segments.append(segment)
         else:
             segment = segments[-1]
-        ticket = Ticket(item, exclusive, server, segment)
+        ticket = Ticket(item, exclusive, server, segment, TicketState.HELD if held else TicketState.PENDING)
         segment.pending.append(ticket)  # type: ignore[arg-type]
         segment.open += 1
         return ticket
@@ -113,7 +122,7 @@ class Gate(Generic[T]):
         segment = self._segments[0]
         pending = segment.pending
         if segment.exclusive:
-            if self.running or not pending:
+            if self.running or not pending or pending[0].state is not TicketState.PENDING:
                 return None
             ticket = pending.popleft()
             return self._start(ticket)  # type: ignore[arg-type]
@@ -121,9 +130,11 @@ class Gate(Generic[T]):
         while pending:
             ticket = pending.popleft()
             if ticket.state is not TicketState.PENDING:
+                ticket._queued = False
                 continue
             server = ticket.server
             if server is not None and server in limits and self._server_running.get(server, 0) >= limits[server]:
+                ticket._queued = False
                 segment.parked.setdefault(server, deque()).append(ticket)
                 continue
             return self._start(ticket)  # type: ignore[arg-type]
@@ -152,15 +163,25 @@ class Gate(Generic[T]):
                 while parked:
                     waiting = parked.popleft()
                     if waiting.state is TicketState.PENDING:
+                        waiting._queued = True
                         segment.pending.appendleft(waiting)
                         break
                 if not parked:
                     del segment.parked[server]
         self._close(segment)
 
+    def release(self, ticket: Ticket[T]) -> None:
+        """Make a held call admissible; it keeps its original place in the order."""
+        if ticket.state is not TicketState.HELD:
+            raise RuntimeError(f"release() on a ticket that is {ticket.state.value}, not held")
+        ticket.state = TicketState.PENDING
+        if not ticket._queued:
+            ticket._queued = True
+            ticket._segment.pending.appendleft(ticket)  # type: ignore[arg-type]
+
     def withdraw(self, ticket: Ticket[T]) -> bool:
         """Remove a call that has not started; returns False if it already started or ended."""
-        if ticket.state is not TicketState.PENDING:
+        if ticket.state is not TicketState.PENDING and ticket.state is not TicketState.HELD:
             return False
         ticket.state = TicketState.WITHDRAWN
         segment = ticket._segment

@@ -37,6 +37,8 @@ def test_ideal_makespan_counts_rounds() -> None:
 operations = st.lists(
     st.one_of(
         st.tuples(st.just("submit"), st.booleans(), st.sampled_from([None, "a", "b"])),
+        st.tuples(st.just("submit_held"), st.booleans(), st.sampled_from([None, "a", "b"])),
+        st.tuples(st.just("release"), st.integers(0, 1000), st.none()),
         st.tuples(st.just("finish"), st.integers(0, 1000), st.none()),
         st.tuples(st.just("withdraw"), st.integers(0, 1000), st.none()),
     ),
@@ -78,21 +80,31 @@ def test_gate_invariants(ops: list[tuple[str, object, object]], limit: int | Non
         assert not any(t.exclusive for t in others), "a call started while an exclusive call ran"
         # No call starts before an earlier exclusive call that is still waiting.
         for earlier in tickets[:index]:
-            assert not (earlier.exclusive and earlier.state is TicketState.PENDING)
+            assert not (earlier.exclusive and earlier.state in (TicketState.PENDING, TicketState.HELD))
+        assert ticket.state is TicketState.RUNNING
 
     for op, arg, server in ops:
-        if op == "submit":
-            tickets.append(gate.submit(len(tickets), exclusive=bool(arg), server=server))
+        if op in ("submit", "submit_held"):
+            held = op == "submit_held"
+            tickets.append(gate.submit(len(tickets), exclusive=bool(arg), server=server, held=held))
+        elif op == "release":
+            waiting = [t for t in tickets if t.state is TicketState.HELD]
+            if waiting:
+                gate.release(waiting[int(arg) % len(waiting)])  # type: ignore[call-overload]
         elif op == "finish" and running:
             ticket = running.pop(int(arg) % len(running))  # type: ignore[call-overload]
             gate.finish(ticket)
             finished.add(ticket.item)
         elif op == "withdraw" and tickets:
             ticket = tickets[int(arg) % len(tickets)]  # type: ignore[call-overload]
-            was_pending = ticket.state is TicketState.PENDING
-            assert gate.withdraw(ticket) == was_pending
+            was_waiting = ticket.state in (TicketState.PENDING, TicketState.HELD)
+            assert gate.withdraw(ticket) == was_waiting
         admit()
-    # Drain: everything still pending eventually runs; nothing is lost or run twice.
+    # Drain: once released, everything still waiting eventually runs; nothing is lost or run twice.
+    for ticket in tickets:
+        if ticket.state is TicketState.HELD:
+            gate.release(ticket)
+    admit()
     while running:
         gate.finish(running.pop(0))
         admit()
@@ -144,3 +156,33 @@ def test_withdrawing_a_queued_write_releases_later_calls() -> None:
     assert gate.withdraw(w)
     gate.finish(r1)
     assert gate.take() is r2
+
+
+def test_held_write_blocks_later_calls_until_released() -> None:
+    """A held write keeps its place: later calls wait for it, earlier ones are unaffected."""
+    gate: Gate[str] = Gate(None)
+    r1 = gate.submit("r1", exclusive=False)
+    w = gate.submit("w", exclusive=True, held=True)
+    r2 = gate.submit("r2", exclusive=False)
+    assert gate.take() is r1
+    gate.finish(r1)
+    assert gate.take() is None
+    gate.release(w)
+    assert gate.take() is w
+    gate.finish(w)
+    assert gate.take() is r2
+
+
+def test_held_read_is_skipped_by_its_group() -> None:
+    """A held read lets the other reads of its group run, and runs itself once released."""
+    gate: Gate[str] = Gate(None)
+    r1 = gate.submit("r1", exclusive=False, held=True)
+    r2 = gate.submit("r2", exclusive=False)
+    w = gate.submit("w", exclusive=True)
+    assert gate.take() is r2
+    assert gate.take() is None
+    gate.release(r1)
+    assert gate.take() is r1
+    gate.finish(r2)
+    gate.finish(r1)
+    assert gate.take() is w
