@@ -16,8 +16,8 @@ import anyio
 import anyio.to_thread
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, _convert_to_content, func_metadata
 from mcp.shared.exceptions import MCPError
-from mcp.types import CallToolResult, TextContent
-from pydantic import ValidationError
+from mcp.types import CallToolResult, InputRequiredResult, TextContent
+from pydantic import BaseModel, ValidationError
 
 from ._catalog import ArgumentError
 
@@ -37,9 +37,27 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 
 class FunctionTool:
-    """A sync or async callable run as a tool; sync callables run in a worker thread."""
+    """A sync or async callable run as a tool; sync callables run in a worker thread.
 
-    __slots__ = ("fn", "input_schema", "is_async", "metadata", "output_schema")
+    Arguments and results go through the SDK's `FuncMetadata`, as on an `MCPServer`. The common cases
+    take a shortcut with the same outcome: reading a pydantic model's fields and private attributes on
+    every call (as `validate_arguments` and `convert_result` do) costs more than the validation itself,
+    so what they read is read once here. Anything unusual (an argument that may hold JSON in a string,
+    a `CallToolResult` or `InputRequiredResult` return value) goes through the SDK's own methods.
+    """
+
+    __slots__ = (
+        "_arg_model",
+        "_fields",
+        "_json_keys",
+        "_output_adapter",
+        "_wrap_output",
+        "fn",
+        "input_schema",
+        "is_async",
+        "metadata",
+        "output_schema",
+    )
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
@@ -47,14 +65,31 @@ class FunctionTool:
             getattr(fn, "__call__", None)  # noqa: B004 - an instance with an async __call__ is async too
         )
         self.metadata: FuncMetadata = func_metadata(fn)
-        self.input_schema: dict[str, Any] = self.metadata.arg_model.model_json_schema(by_alias=True)
-        self.output_schema: dict[str, Any] | None = self.metadata.output_schema
+        metadata = self.metadata
+        self.input_schema: dict[str, Any] = metadata.arg_model.model_json_schema(by_alias=True)
+        self.output_schema: dict[str, Any] | None = metadata.output_schema
+        self._arg_model = metadata.arg_model
+        fields = metadata.arg_model.model_fields
+        # (field name, key in the kwargs), as `ArgModelBase.model_dump_one_level` builds them.
+        self._fields = tuple((name, info.alias or name) for name, info in fields.items())
+        # Keys whose string values `FuncMetadata.pre_parse_json` may parse as JSON.
+        self._json_keys = frozenset(
+            key for name, info in fields.items() if info.annotation is not str for key in (name, info.alias) if key
+        )
+        output_model = metadata.output_model if metadata.output_schema is not None else None
+        self._output_adapter = None if output_model is None else metadata._output_adapter(output_model)
+        self._wrap_output = metadata.wrap_output
 
     def prepare(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        data = dict(arguments)
+        json_keys = self._json_keys
         try:
-            return self.metadata.validate_arguments(dict(arguments))
+            if any(isinstance(value, str) and key in json_keys for key, value in data.items()):
+                return self.metadata.validate_arguments(data)
+            model = self._arg_model.model_validate(data)
         except ValidationError as exc:
             raise ArgumentError(describe_validation_error(exc)) from exc
+        return {key: getattr(model, name) for name, key in self._fields}
 
     async def invoke(self, prepared: dict[str, Any]) -> CallToolResult:
         try:
@@ -66,8 +101,10 @@ class FunctionTool:
                 converted: object = value if self.output_schema is None else self.metadata.convert_result(value)
             elif self.output_schema is None:
                 converted = CallToolResult(content=_convert_to_content(value))
-            else:
+            elif isinstance(value, InputRequiredResult):
                 converted = self.metadata.convert_result(value)
+            else:
+                converted = self._convert(value)
         except MCPError:
             # A protocol-level error is the tool saying "this request failed", as on an MCP server.
             raise
@@ -78,3 +115,19 @@ class FunctionTool:
         if not isinstance(converted, CallToolResult):
             raise TypeError(f"the function returned {type(value).__name__}, which is not a tool result")
         return converted
+
+    def _convert(self, value: Any) -> CallToolResult:
+        """`FuncMetadata.convert_result` for a plain return value, with the output adapter built once."""
+        content = _convert_to_content(value)
+        adapter = self._output_adapter
+        if adapter is None:
+            return CallToolResult(content=content)
+        if self._wrap_output:
+            value = {"result": value}
+        validated = adapter.validate_python(value, by_alias=True, by_name=True)
+        if isinstance(validated, BaseModel):
+            # Dump via the instance so a returned subclass keeps its own fields.
+            structured = validated.model_dump(mode="json", by_alias=True)
+        else:
+            structured = adapter.dump_python(validated, mode="json", by_alias=True)
+        return CallToolResult(content=content, structured_content=structured)
