@@ -1,11 +1,12 @@
-# Two entry points: `make bench` (the benchmark suite) and `make test` (lint, types, tests).
+# Entry points: `make bench` (the benchmark suite), `make test` (lint, types, tests) and `make demo`
+# (a scripted agent loop against the example server).
 # Each creates .venv on first use and reinstalls only when pyproject.toml changes.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: bench bench-quick test lint typecheck pytest clean
+.PHONY: bench bench-quick demo test lint typecheck pytest clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +19,9 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks --quick
+
+demo: $(STAMP)
+	$(BIN)/python -m dispatcher.examples.demo
 
 test: lint typecheck pytest
 
