@@ -1,0 +1,316 @@
+"""Showing and saving results: progress lines, the terminal table, JSON files and plots."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ._measure import Stat
+    from ._results import WorkloadResult
+
+__all__ = ["Progress", "machine_info", "render", "save_plots", "write_results"]
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+_PACKAGES = ("dispatcher", "anyio", "mcp", "pydantic", "pydantic-core", "tenacity", "trio", "uvicorn", "matplotlib")
+
+
+class Progress:
+    """Progress on stderr: one rewritten line on a terminal, one line per step elsewhere (CI logs).
+
+    Args:
+        stream: Where to write (default: stderr).
+        enabled: False silences it (the smoke test).
+    """
+
+    def __init__(self, stream: TextIO | None = None, *, enabled: bool = True) -> None:
+        self._stream = stream if stream is not None else sys.stderr
+        self._enabled = enabled
+        self._tty = enabled and self._stream.isatty()
+        self._section = ""
+        self._started = time.perf_counter()
+        self._width = 0
+
+    def section(self, title: str) -> None:
+        """A workload starts."""
+        self._section = title
+        self._started = time.perf_counter()
+        self._write(f"{title} ...", final=not self._tty)
+
+    def update(self, text: str) -> None:
+        """A step within the workload (shown live on a terminal only, to keep logs short)."""
+        if self._tty:
+            self._write(f"{self._section}: {text}", final=False)
+
+    def done(self, summary: str = "") -> None:
+        """The workload finished."""
+        elapsed = time.perf_counter() - self._started
+        tail = f" {summary}" if summary else ""
+        self._write(f"{self._section}: done in {elapsed:.1f} s.{tail}", final=True)
+
+    def note(self, text: str) -> None:
+        """A message that stays (a skipped part, a missing optional package)."""
+        self._write(text, final=True)
+
+    def _write(self, text: str, *, final: bool) -> None:
+        if not self._enabled:
+            return
+        if self._tty:
+            padded = text.ljust(self._width)
+            self._width = len(text)
+            self._stream.write("\r" + padded + ("\n" if final else ""))
+            if final:
+                self._width = 0
+        else:
+            self._stream.write(text + "\n")
+        self._stream.flush()
+
+
+# The table --------------------------------------------------------------------------------------------
+
+
+def _number(value: float) -> str:
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    magnitude = abs(value)
+    if magnitude >= 10_000:
+        return f"{value:,.0f}"
+    if magnitude >= 100:
+        return f"{value:.1f}"
+    if magnitude >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def _spread(stat: Stat) -> str:
+    return f"{_number(stat.q1)}-{_number(stat.q3)}"
+
+
+def _range(stat: Stat) -> str:
+    return f"{_number(stat.min)}-{_number(stat.max)}"
+
+
+def _tables(result: WorkloadResult) -> list[tuple[str, list[str], list[list[str]]]]:
+    tables: list[tuple[str, list[str], list[list[str]]]] = []
+    if result.rows:
+        rows = [
+            [row.case, row.variant, _number(row.stat.median), _spread(row.stat), _range(row.stat), row.unit, row.note]
+            for row in result.rows
+        ]
+        tables.append(("", ["case", "variant", "median", "IQR", "min-max", "unit", ""], rows))
+    if result.comparisons:
+        rows = [
+            [
+                c.case,
+                f"{c.numerator} / {c.denominator}",
+                f"{_number(c.ratio.median)}x",
+                _range(c.ratio),
+                f"{c.better} is better",
+            ]
+            for c in result.comparisons
+        ]
+        tables.append(
+            ("ratios (median and min-max over paired repetitions)", ["case", "ratio", "median", "min-max", ""], rows)
+        )
+    if result.targets:
+        rows = [
+            [t.name, f"{_number(t.value)} {t.op} {_number(t.threshold)}", "met" if t.met else "NOT MET", t.detail]
+            for t in result.targets
+        ]
+        tables.append(("targets", ["target", "check", "", ""], rows))
+    return tables
+
+
+def _plain_table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+    numeric = {2, 3, 4} if headers and headers[0] == "case" else set()
+
+    def line(cells: list[str]) -> str:
+        parts = [
+            cell.rjust(width) if i in numeric else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(parts).rstrip()
+
+    out = [line(headers), line(["-" * width for width in widths])]
+    out.extend(line(row) for row in rows)
+    return "\n".join(out)
+
+
+def render(results: Sequence[WorkloadResult], stream: TextIO | None = None) -> None:
+    """Print every workload's tables, with `rich` when it is installed, as plain text otherwise."""
+    stream = stream if stream is not None else sys.stdout
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        Console = None
+    if Console is not None and stream.isatty():
+        console = Console(file=stream)
+        for result in results:
+            console.rule(f"[bold]{result.title}")
+            for title, headers, rows in _tables(result):
+                table = Table(*headers, title=title or None, title_justify="left")
+                for row in rows:
+                    table.add_row(*row)
+                console.print(table)
+            for note in result.notes:
+                console.print(f"note: {note}")
+        return
+    for result in results:
+        stream.write(f"\n== {result.title} ==\n")
+        for title, headers, rows in _tables(result):
+            if title:
+                stream.write(f"\n{title}:\n")
+            stream.write(_plain_table(headers, rows) + "\n")
+        for note in result.notes:
+            stream.write(f"note: {note}\n")
+    stream.flush()
+
+
+# JSON -------------------------------------------------------------------------------------------------
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine, interpreter and package versions the figures come from."""
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": sys.version.split()[0],
+        "python_implementation": platform.python_implementation(),
+        "packages": {name: _version(name) for name in _PACKAGES},
+        "git_commit": _git_commit(),
+    }
+
+
+def write_results(
+    results: Sequence[WorkloadResult],
+    *,
+    command: str,
+    quick: bool,
+    elapsed: float,
+    directory: Path = RESULTS_DIR,
+) -> tuple[Path, Path]:
+    """Write `<timestamp>.json` and `latest.json` into `directory`; returns both paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+    document = {
+        "created": now.isoformat(timespec="seconds"),
+        "command": command,
+        "quick": quick,
+        "elapsed_seconds": round(elapsed, 1),
+        "machine": machine_info(),
+        "workloads": {result.name: result.to_json() for result in results},
+    }
+    text = json.dumps(document, indent=2, default=str) + "\n"
+    stamped = directory / f"{now.strftime('%Y%m%dT%H%M%SZ')}.json"
+    latest = directory / "latest.json"
+    stamped.write_text(text)
+    latest.write_text(text)
+    return stamped, latest
+
+
+# Plots ------------------------------------------------------------------------------------------------
+
+
+def save_plots(results: Sequence[WorkloadResult], directory: Path = RESULTS_DIR) -> list[Path] | str:
+    """Draw the PNG plots; returns their paths, or why none were drawn (matplotlib is optional)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install -e '.[plot]'), so no plots were drawn"
+    directory.mkdir(parents=True, exist_ok=True)
+    by_name = {result.name: result for result in results}
+    paths: list[Path] = []
+    parallel = by_name.get("parallel")
+    if parallel is not None and parallel.series.get("makespan"):
+        points = parallel.series["makespan"]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        labels = [str(point["limit"]) for point in points]
+        positions = list(range(len(points)))
+        for key, label, style in (
+            ("ideal_ms", "ideal: ceil(64/limit) x latency", "k--"),
+            ("reference_ms", "anyio tasks + CapacityLimiter", "s-"),
+            ("dispatcher_ms", "dispatcher", "o-"),
+        ):
+            ax.plot(positions, [point[key] for point in points], style, label=label)
+        ax.set_xticks(positions, labels)
+        ax.set_yscale("log")
+        ax.set_xlabel("max_concurrency")
+        ax.set_ylabel("makespan (ms, median)")
+        ax.set_title(f"64 read-only calls of {parallel.params.get('latency_ms', '?')} ms")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        path = directory / "makespan_vs_concurrency.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    scale = by_name.get("scale")
+    if scale is not None and scale.series.get("time_per_call"):
+        points = scale.series["time_per_call"]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        sizes = [point["calls"] for point in points]
+        ax.plot(sizes, [point["dispatcher_us"] for point in points], "o-", label="dispatcher")
+        ax.plot(sizes, [point["reference_us"] for point in points], "s-", label="anyio task per call (same adapter)")
+        ax.plot(sizes, [point["reference_bare_us"] for point in points], "^-", label="anyio task per call (bare)")
+        ax.set_xscale("log")
+        ax.set_xlabel("calls in one batch")
+        ax.set_ylabel("time per call (us, median)")
+        ax.set_ylim(bottom=0)
+        ax.set_title("Zero-latency read-only calls: time per call against batch size")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        path = directory / "time_per_call_vs_batch_size.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths

@@ -1,0 +1,131 @@
+"""Workload 4, many small batches: 2,000 batches of 4 zero-latency read-only calls, one after the other.
+
+This is the agent-loop pattern: the model asks for a few calls, waits for all of them, asks again. The
+dispatcher (default settings, one instance for the whole run) dispatches each batch in turn; the
+reference opens one anyio task group per batch with one task per call, bare or through the same
+function-tool adapter (see `overhead`). Throughput is batches per second.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from dispatcher import Dispatcher
+
+from ._measure import Stat, interleave
+from ._results import Comparison, Target, WorkloadResult
+from ._tools import READ_ONLY, Adapter, lookup, zero_calls
+
+if TYPE_CHECKING:
+    from ._report import Progress
+
+__all__ = ["FULL", "QUICK", "Config", "run"]
+
+DISPATCHER = "dispatcher"
+TASKS_BARE = "anyio task group per batch (bare)"
+TASKS_ADAPTER = "anyio task group per batch (same adapter)"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    batches: int = 2000
+    size: int = 4
+    repeat: int = 9
+    backend: str = "asyncio"
+
+
+FULL = Config()
+QUICK = Config(repeat=5)
+
+
+async def _measure(config: Config, progress: Progress) -> dict[str, list[float]]:
+    batches = [zero_calls(config.size, prefix=f"b{b}-") for b in range(config.batches)]
+    adapter = Adapter(lookup)
+    async with Dispatcher() as dispatcher:
+        dispatcher.add_function(lookup, annotations=READ_ONLY)
+
+        async def run_dispatcher() -> float:
+            dispatch = dispatcher.dispatch
+            start = time.perf_counter()
+            for calls, _ in batches:
+                await dispatch(calls)
+            return time.perf_counter() - start
+
+        async def run_tasks_bare() -> float:
+            async def one(results: list[Any], i: int, args: dict[str, Any]) -> None:
+                results[i] = await lookup(**args)
+
+            start = time.perf_counter()
+            for _, arguments in batches:
+                results: list[Any] = [None] * len(arguments)
+                async with anyio.create_task_group() as tg:
+                    for i, args in enumerate(arguments):
+                        tg.start_soon(one, results, i, args)
+            return time.perf_counter() - start
+
+        async def run_tasks_adapter() -> float:
+            async def one(results: list[Any], i: int, args: dict[str, Any]) -> None:
+                results[i] = await adapter.call(args)
+
+            start = time.perf_counter()
+            for _, arguments in batches:
+                results: list[Any] = [None] * len(arguments)
+                async with anyio.create_task_group() as tg:
+                    for i, args in enumerate(arguments):
+                        tg.start_soon(one, results, i, args)
+            return time.perf_counter() - start
+
+        return await interleave(
+            {DISPATCHER: run_dispatcher, TASKS_BARE: run_tasks_bare, TASKS_ADAPTER: run_tasks_adapter},
+            config.repeat,
+            progress,
+            label=f"{config.batches} batches of {config.size}",
+        )
+
+
+def run(config: Config, progress: Progress) -> WorkloadResult:
+    """Measure batches per second."""
+    result = WorkloadResult(
+        name="batches",
+        title=f"4. Many small batches: {config.batches:,} batches of {config.size} zero-latency read-only calls",
+        params={
+            "batches": config.batches,
+            "size": config.size,
+            "repeat": config.repeat,
+            "backend": config.backend,
+        },
+    )
+    samples = anyio.run(_measure, config, progress, backend=config.backend)
+    rates = {name: [config.batches / s for s in values] for name, values in samples.items()}
+    case = config.backend
+    for name, values in rates.items():
+        median = Stat.of(values).median
+        result.row(case, name, "batches/s", values, note=f"{1e6 / median:.1f} us/batch")
+    for reference in (TASKS_BARE, TASKS_ADAPTER):
+        result.comparisons.append(
+            Comparison.paired(case, (DISPATCHER, rates[DISPATCHER]), (reference, rates[reference]), better="higher")
+        )
+    ratios = {c.denominator: c.ratio.median for c in result.comparisons}
+    result.targets.append(
+        Target(
+            name=f"batches/s: dispatcher / {TASKS_ADAPTER}",
+            value=ratios[TASKS_ADAPTER],
+            op=">=",
+            threshold=0.8,
+            detail="same per-call tool work on both sides",
+        )
+    )
+    result.targets.append(
+        Target(
+            name=f"batches/s: dispatcher / {TASKS_BARE}",
+            value=ratios[TASKS_BARE],
+            op=">=",
+            threshold=0.8,
+            detail="includes the adapter's validation and result conversion, which the bare tasks skip",
+        )
+    )
+    return result

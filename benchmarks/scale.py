@@ -1,0 +1,183 @@
+"""Workload 5, scale: one batch of 10 to 100,000 zero-latency read-only calls.
+
+Two passes per batch size. The timing pass (batches under 1,000 calls are run back to back until a
+measurement spans 1,000 calls) interleaves the dispatcher (default settings) with one
+anyio task per call (bare, and through the same function-tool adapter) and reports time per call. The
+memory pass, run separately because tracing allocations slows everything down, measures with
+`tracemalloc` the peak of memory allocated during one dispatch above what was allocated before it,
+divided by the number of calls: queued calls, in-flight state and the results (the ToolCalls
+themselves are built before the pass and not counted). The same is measured for the reference.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import tracemalloc
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from dispatcher import Dispatcher
+
+from ._measure import Stat, interleave
+from ._results import Comparison, Target, WorkloadResult
+from ._tools import READ_ONLY, Adapter, lookup, zero_calls
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from dispatcher import ToolCall
+
+    from ._report import Progress
+
+__all__ = ["FULL", "QUICK", "Config", "run"]
+
+DISPATCHER = "dispatcher"
+TASKS_BARE = "anyio task per call (bare)"
+TASKS_ADAPTER = "anyio task per call (same adapter)"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    sizes: tuple[int, ...] = (10, 100, 1000, 10_000, 100_000)
+    repeat: int = 5
+    # Fewer repetitions for batches this large or larger (each one takes seconds).
+    large: int = 100_000
+    large_repeat: int = 3
+    memory: bool = True
+    # Small batches are timed in runs of at least this many calls.
+    min_calls_per_sample: int = 1000
+    backend: str = "asyncio"
+
+
+FULL = Config()
+QUICK = Config(sizes=(10, 100, 1000, 10_000), repeat=3)
+
+
+def _variants(
+    dispatcher: Dispatcher, calls: list[ToolCall], arguments: list[dict[str, Any]], adapter: Adapter
+) -> dict[str, Callable[[], Awaitable[float]]]:
+    """Each variant runs the batch once and returns the seconds it took."""
+    n = len(calls)
+
+    async def run_dispatcher() -> float:
+        start = time.perf_counter()
+        results = await dispatcher.dispatch(calls)
+        elapsed = time.perf_counter() - start
+        assert len(results) == n and results[-1].ok
+        return elapsed
+
+    async def run_tasks_bare() -> float:
+        results: list[Any] = [None] * n
+
+        async def one(i: int, args: dict[str, Any]) -> None:
+            results[i] = await lookup(**args)
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for i, args in enumerate(arguments):
+                tg.start_soon(one, i, args)
+        return time.perf_counter() - start
+
+    async def run_tasks_adapter() -> float:
+        results: list[Any] = [None] * n
+
+        async def one(i: int, args: dict[str, Any]) -> None:
+            results[i] = await adapter.call(args)
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for i, args in enumerate(arguments):
+                tg.start_soon(one, i, args)
+        return time.perf_counter() - start
+
+    return {DISPATCHER: run_dispatcher, TASKS_BARE: run_tasks_bare, TASKS_ADAPTER: run_tasks_adapter}
+
+
+async def _measure(config: Config, n: int, progress: Progress) -> tuple[dict[str, list[float]], dict[str, float]]:
+    calls, arguments = zero_calls(n)
+    adapter = Adapter(lookup)
+    repeat = config.large_repeat if n >= config.large else config.repeat
+    async with Dispatcher() as dispatcher:
+        dispatcher.add_function(lookup, annotations=READ_ONLY)
+        variants = _variants(dispatcher, calls, arguments, adapter)
+        # A small batch takes microseconds: time a run of them, so one measurement spans ~1,000 calls.
+        rounds = max(1, config.min_calls_per_sample // n)
+
+        def repeated(variant: Callable[[], Awaitable[float]]) -> Callable[[], Awaitable[float]]:
+            async def run_rounds() -> float:
+                return sum([await variant() for _ in range(rounds)]) / (rounds * n)
+
+            return run_rounds
+
+        samples = await interleave(
+            {name: repeated(variant) for name, variant in variants.items()}, repeat, progress, label=f"{n:,} calls"
+        )
+        memory: dict[str, float] = {}
+        if config.memory:
+            for name in (DISPATCHER, TASKS_ADAPTER):
+                progress.update(f"{n:,} calls: memory pass, {name}")
+                gc.collect()
+                tracemalloc.start()
+                try:
+                    base, _ = tracemalloc.get_traced_memory()
+                    tracemalloc.reset_peak()
+                    await variants[name]()
+                    _, peak = tracemalloc.get_traced_memory()
+                finally:
+                    tracemalloc.stop()
+                memory[name] = (peak - base) / n
+    return samples, memory
+
+
+def run(config: Config, progress: Progress) -> WorkloadResult:
+    """Measure time and memory per call for each batch size."""
+    result = WorkloadResult(
+        name="scale",
+        title=f"5. Scale: one batch of {', '.join(f'{n:,}' for n in config.sizes)} zero-latency read-only calls",
+        params={
+            "sizes": list(config.sizes),
+            "repeat": config.repeat,
+            "large_repeat": config.large_repeat,
+            "backend": config.backend,
+        },
+    )
+    per_call: dict[int, Stat] = {}
+    for n in config.sizes:
+        samples, memory = anyio.run(_measure, config, n, progress, backend=config.backend)
+        us = {name: [s * 1e6 for s in values] for name, values in samples.items()}
+        case = f"{n:,} calls"
+        stats: dict[str, Stat] = {}
+        for name, values in us.items():
+            note = f"peak {memory[name]:,.0f} B/call" if name in memory else ""
+            stats[name] = result.row(case, name, "us/call", values, note=note)
+        per_call[n] = stats[DISPATCHER]
+        for reference in (TASKS_BARE, TASKS_ADAPTER):
+            result.comparisons.append(
+                Comparison.paired(case, (DISPATCHER, us[DISPATCHER]), (reference, us[reference]), better="lower")
+            )
+        result.series.setdefault("time_per_call", []).append(
+            {
+                "calls": n,
+                "dispatcher_us": stats[DISPATCHER].median,
+                "reference_us": stats[TASKS_ADAPTER].median,
+                "reference_bare_us": stats[TASKS_BARE].median,
+                "dispatcher_peak_bytes_per_call": memory.get(DISPATCHER),
+                "reference_peak_bytes_per_call": memory.get(TASKS_ADAPTER),
+            }
+        )
+    largest = max(config.sizes)
+    if 1000 in per_call and largest > 1000:
+        result.targets.append(
+            Target(
+                name=f"time per call at {largest:,} / at 1,000",
+                value=per_call[largest].median / per_call[1000].median,
+                op="<=",
+                threshold=1.5,
+                detail="the cost per call stays flat as the batch grows"
+                + ("" if largest >= 100_000 else " (the issue asks at 100,000; this run stopped earlier)"),
+            )
+        )
+    return result
