@@ -1,0 +1,141 @@
+"""The agent loops of docs/agent-loop.md run as written, against scripted fakes of the model SDKs.
+
+Each fake stands in for the `anthropic` or `openai` package: it answers the first request with a turn
+of three tool calls (a write, then two reads that must see it) as the SDK's response objects, checks
+that the next request answers every call, and then ends the conversation with a text that quotes a
+tool result, so the test sees that the results reached the model.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import sys
+import types
+from pathlib import Path
+from types import SimpleNamespace as Obj
+from typing import Any
+
+import anyio
+import pytest
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "agent-loop.md"
+PROMPT = "Note that the launch moved to Tuesday, then tell me what my notes say."
+TURN = [
+    ("call_1", "set_note", {"name": "launch", "text": "Launch on Tuesday."}),
+    ("call_2", "read_note", {"name": "launch"}),
+    ("call_3", "search_notes", {"query": "Tuesday"}),
+]
+ANSWER = "Your notes say: Launch on Tuesday."
+
+
+def _loop(heading: str) -> str:
+    match = re.search(rf"## {re.escape(heading)}\n\n(?:.*?\n\n)?```python\n(.*?)```", DOC.read_text(), re.S)
+    assert match is not None, f"docs/agent-loop.md lost its {heading!r} loop"
+    return match.group(1)
+
+
+def _final_answer(outputs: dict[str, str]) -> str:
+    assert list(outputs) == [call_id for call_id, _, _ in TURN], "every call answered, in order"
+    assert outputs["call_1"] == "set note 'launch'"
+    assert outputs["call_3"] == "launch"
+    return f"Your notes say: {outputs['call_2']}"
+
+
+class _Anthropic:
+    def __init__(self) -> None:
+        self.messages = self
+        self.requests = 0
+
+    async def create(self, *, model: str, max_tokens: int, tools: list[Any], messages: list[Any]) -> Obj:
+        self.requests += 1
+        assert {tool["name"] for tool in tools} >= {"set_note", "read_note", "search_notes"}
+        json.dumps(tools)
+        if self.requests == 1:
+            assert messages == [{"role": "user", "content": PROMPT}]
+            blocks = [Obj(type="text", text="Updating the note, then reading it back.")]
+            blocks += [Obj(type="tool_use", id=i, name=name, input=args) for i, name, args in TURN]
+            return Obj(id="msg_1", role="assistant", content=blocks, stop_reason="tool_use")
+        results = messages[-1]["content"]
+        assert all(block["type"] == "tool_result" and "is_error" not in block for block in results)
+        text = _final_answer({block["tool_use_id"]: block["content"] for block in results})
+        return Obj(id="msg_2", role="assistant", content=[Obj(type="text", text=text)], stop_reason="end_turn")
+
+
+class _OpenAIChat:
+    def __init__(self) -> None:
+        self.completions = self
+        self.requests = 0
+
+    async def create(self, *, model: str, tools: list[Any], messages: list[Any]) -> Obj:
+        self.requests += 1
+        assert all(tool["type"] == "function" for tool in tools)
+        json.dumps(tools)
+        if self.requests == 1:
+            calls = [
+                Obj(id=i, type="function", function=Obj(name=name, arguments=json.dumps(args)))
+                for i, name, args in TURN
+            ]
+            message = Obj(role="assistant", content=None, tool_calls=calls)
+        else:
+            outputs = {m["tool_call_id"]: m["content"] for m in messages if isinstance(m, dict) and m["role"] == "tool"}
+            message = Obj(role="assistant", content=_final_answer(outputs), tool_calls=None)
+        return Obj(id=f"chatcmpl-{self.requests}", choices=[Obj(index=0, message=message, finish_reason="stop")])
+
+
+class _OpenAIResponses:
+    def __init__(self) -> None:
+        self.requests = 0
+
+    async def create(self, *, model: str, tools: list[Any], input: list[Any]) -> Obj:
+        self.requests += 1
+        assert all(tool["type"] == "function" and "name" in tool for tool in tools)
+        if self.requests == 1:
+            output = [Obj(type="reasoning", id="rs_1", summary=[])]
+            output += [
+                Obj(type="function_call", id=f"fc_{i}", call_id=i, name=name, arguments=json.dumps(args))
+                for i, name, args in TURN
+            ]
+            return Obj(id="resp_1", output=output, output_text="")
+        outputs = {
+            item["call_id"]: item["output"]
+            for item in input
+            if isinstance(item, dict) and item.get("type") == "function_call_output"
+        }
+        text = _final_answer(outputs)
+        message = Obj(type="message", role="assistant", content=[Obj(type="output_text", text=text)])
+        return Obj(id="resp_2", output=[message], output_text=text)
+
+
+def _fake_sdks() -> tuple[types.ModuleType, types.ModuleType]:
+    anthropic = types.ModuleType("anthropic")
+    anthropic.AsyncAnthropic = _Anthropic  # type: ignore[attr-defined]
+    openai = types.ModuleType("openai")
+
+    def async_openai() -> Obj:
+        return Obj(chat=_OpenAIChat(), responses=_OpenAIResponses())
+
+    openai.AsyncOpenAI = async_openai  # type: ignore[attr-defined]
+    return anthropic, openai
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("heading", ["Anthropic Messages", "OpenAI Chat Completions", "OpenAI Responses"])
+def test_agent_loop_runs_as_written(
+    heading: str, backend: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The loop runs its turns through the dispatcher and prints the model's final answer."""
+    code = _loop(heading)
+    anthropic, openai = _fake_sdks()
+    monkeypatch.setitem(sys.modules, "anthropic", anthropic)
+    monkeypatch.setitem(sys.modules, "openai", openai)
+    monkeypatch.setattr(anyio, "run", functools.partial(anyio.run, backend=backend))
+    exec(compile(code, f"docs/agent-loop.md ({heading})", "exec"), {"__name__": "__main__"})
+    assert capsys.readouterr().out == f"{ANSWER}\n"
+
+
+@pytest.mark.parametrize("heading", ["Anthropic Messages", "OpenAI Chat Completions", "OpenAI Responses"])
+def test_agent_loop_is_short(heading: str) -> None:
+    """Each loop is complete in under 40 lines."""
+    assert len(_loop(heading).strip().splitlines()) < 40
