@@ -12,6 +12,7 @@ from ._errors import BatchError as BatchError
 from ._errors import ConfigurationError as ConfigurationError
 from ._errors import DispatcherClosedError as DispatcherClosedError
 from ._errors import DispatcherError as DispatcherError
+from ._retry import RetryPolicy as RetryPolicy
 from ._scheduler import Batch as Batch
 from ._scheduler import Dispatcher as Dispatcher
 from ._scheduler import PendingCall as PendingCall
@@ -25,6 +26,7 @@ __all__ = [
     "DispatcherClosedError",
     "DispatcherError",
     "PendingCall",
+    "RetryPolicy",
     "ToolCall",
     "ToolEntry",
     "ToolResult",

@@ -13,11 +13,13 @@ and then lets the cancellation propagate.
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 import anyio
+import anyio.lowlevel
 
 from ._annotations import effective_annotations
 from ._calls import CallStatus, ToolCall, ToolResult
@@ -26,6 +28,7 @@ from ._errors import BatchError, ConfigurationError, DispatcherClosedError
 from ._functions import FunctionTool
 from ._gate import Gate, Ticket
 from ._mcp import MCPTool, describe_failure, list_all_tools
+from ._retry import Attempt, Budget, Retrier, RetryPolicy, eligible, is_transient
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -38,6 +41,8 @@ __all__ = ["Batch", "Dispatcher", "PendingCall"]
 
 # Parked workers kept for reuse when there is no concurrency limit; beyond this, idle workers exit.
 _IDLE_WORKERS_UNLIMITED = 64
+
+_DEFAULT_RETRY = RetryPolicy()
 
 
 class PendingCall:
@@ -262,7 +267,10 @@ class Dispatcher:
     Args:
         max_concurrency: The most calls in flight at once across the dispatcher, or None for no limit.
         call_timeout: Seconds each call may take before it is abandoned as TIMEOUT (its server-side
-            handler is cancelled), or None for no timeout.
+            handler is cancelled), or None for no timeout. For a call that is retried, the limit of
+            each attempt.
+        retry: When to try a failed call again, or None to never retry. Only calls of tools declared
+            idempotent by a trusted source are retried, and only after failures that may be transient.
 
     Use it as an async context manager; calls run in its task group::
 
@@ -271,7 +279,13 @@ class Dispatcher:
             results = await dispatcher.dispatch(calls)
     """
 
-    def __init__(self, *, max_concurrency: int | None = 16, call_timeout: float | None = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        max_concurrency: int | None = 16,
+        call_timeout: float | None = 60.0,
+        retry: RetryPolicy | None = _DEFAULT_RETRY,
+    ) -> None:
         if max_concurrency is not None and (
             not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1
         ):
@@ -282,8 +296,13 @@ class Dispatcher:
             raise ConfigurationError(
                 f"call_timeout must be a positive number of seconds, got {call_timeout!r}; use None for none"
             )
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigurationError(f"retry must be a RetryPolicy or None, got {type(retry).__name__}")
         self._max_concurrency = max_concurrency
         self._call_timeout = call_timeout
+        self._retry = retry
+        self._budgets: dict[str | None, Budget] = {}
+        self._rng = random.Random(retry.seed if retry is not None else None)
         self._catalog = Catalog()
         self._gate: Gate[PendingCall] = Gate(max_concurrency)
         self._tg: TaskGroup | None = None
@@ -304,6 +323,11 @@ class Dispatcher:
     def call_timeout(self) -> float | None:
         """The time limit of each call in seconds (None: unlimited)."""
         return self._call_timeout
+
+    @property
+    def retry(self) -> RetryPolicy | None:
+        """The retry policy (None: calls are never retried)."""
+        return self._retry
 
     async def __aenter__(self) -> Self:
         if self._tg is not None:
@@ -607,6 +631,10 @@ class Dispatcher:
             return
         impl = work._impl
         assert impl is not None
+        retry = self._retry
+        if retry is not None and work._entry is not None and eligible(retry, work._entry):
+            await self._run_retrying(work, scope, retry)
+            return
         work.started_at = anyio.current_time()
         work._scope = scope
         if self._call_timeout is not None:
@@ -623,6 +651,75 @@ class Dispatcher:
             work._settle(CallStatus.TOOL_ERROR, result=result, error=_error_text(result), attempts=1)
         else:
             work._settle(CallStatus.OK, result=result, attempts=1)
+
+    async def _run_retrying(self, work: PendingCall, scope: anyio.CancelScope, policy: RetryPolicy) -> None:
+        """Run a call that may be repeated, attempt after attempt, and settle it.
+
+        The call keeps its place in the gate through every attempt and every wait, so an exclusive
+        call keeps its exclusive turn and nothing overtakes it. Each attempt has its own cancel scope
+        with its deadline instead of the watchdog, since a timed-out attempt must leave the call
+        running; `scope` is still what its caller's cancellation (or the dispatcher closing)
+        cancels, and that always propagates.
+        """
+        entry = work._entry
+        impl = work._impl
+        assert entry is not None and impl is not None
+        prepared = work._prepared
+        server = entry.server
+        budget = None
+        if policy.budget is not None:
+            budget = self._budgets.get(server)
+            if budget is None:
+                budget = self._budgets[server] = Budget(policy.budget, policy.budget_refill)
+        retrier = Retrier(policy, budget, self._rng, server)
+        call_timeout = self._call_timeout
+
+        async def attempt(start: float, limit: float) -> Attempt:
+            deadline = limit if call_timeout is None else min(limit, start + call_timeout)
+            with anyio.CancelScope(deadline=deadline):
+                try:
+                    result = await impl.invoke(prepared)
+                except Exception as exc:
+                    status, error = describe_failure(exc)
+                    return Attempt(status, error=error, transient=is_transient(exc))
+                if result.is_error:
+                    return Attempt(CallStatus.TOOL_ERROR, result, _error_text(result))
+                return Attempt(CallStatus.OK, result)
+            # Only the attempt's own deadline is absorbed by its scope; a cancellation of the call
+            # (or of the dispatcher) is still pending and is raised here.
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            if call_timeout is None or deadline == limit:
+                return Attempt(
+                    CallStatus.TIMEOUT,
+                    error=f"no result before the retry deadline (RetryPolicy.timeout={policy.timeout}s)",
+                    transient=True,
+                )
+            return Attempt(CallStatus.TIMEOUT, error=f"no result within call_timeout={call_timeout}s", transient=True)
+
+        work.started_at = started = anyio.current_time()
+        work._scope = scope
+        try:
+            last = await retrier.run(attempt, started)
+        except BaseException:
+            # Cancelled: settled now with the attempts made so far, then propagated, never retried.
+            work._scope = None
+            if work._result is None:
+                work._settle(
+                    CallStatus.CANCELLED,
+                    error="cancelled while running" if work._cancel_requested else "the dispatcher closed",
+                    attempts=retrier.attempts,
+                    attempt_errors=tuple(retrier.errors),
+                )
+            raise
+        work._scope = None
+        errors = retrier.errors if last.error is None else retrier.errors[:-1]
+        work._settle(
+            last.status,
+            result=last.result,
+            error=last.error,
+            attempts=retrier.attempts,
+            attempt_errors=tuple(errors),
+        )
 
     # Timeouts --------------------------------------------------------------------------------------
 

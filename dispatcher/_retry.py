@@ -1,0 +1,346 @@
+"""Retries: which calls may be repeated, after which failures, how often and how soon.
+
+A call is repeated only when repeating it is known to be harmless and its failure may be transient:
+
+- eligible: the tool's effective idempotentHint is true. Effective annotations hold only trusted
+  information (a trusted server's hints, the user's overrides, a local function's annotations), so an
+  untrusted server cannot buy retries by claiming idempotence. `RetryPolicy.retry_read_only` lets
+  trusted read-only tools count as idempotent too;
+- transient: the outcome is unknown or the server may recover (a timeout, a lost connection or
+  transport error, JSON-RPC -32603, the SDK's -32000 and -32001). A tool that answered (even with
+  ``isError``), a request the server rejected (-32601, -32602, or any other code) and cancellation are
+  final.
+
+tenacity is the engine: `Retrier` builds a fresh `tenacity.AsyncRetrying` for every call, sleeping with
+`anyio.sleep`. Its stop condition reads the event loop's clock (`anyio.current_time`), never tenacity's
+wall-clock stops, so virtual clocks drive backoff and deadlines in tests. No tenacity type leaves
+this module.
+
+A `Budget` per server caps how much retrying can add to a server's load (a token bucket like the AWS
+SDKs' retry quota): each retry spends one token; a first-attempt success earns a fraction of one back and
+a successful retry returns the token it spent. At a moderate fault rate the bucket stays nearly full; in
+an outage it drains and calls stop being retried, so the attempts per call fall back towards one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import anyio
+from mcp.shared.exceptions import MCPError
+from tenacity import AsyncRetrying
+from tenacity.retry import retry_if_result
+
+from ._errors import ConfigurationError
+from ._mcp import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
+
+if TYPE_CHECKING:
+    import random
+    from collections.abc import Awaitable, Callable
+
+    from mcp.types import CallToolResult
+    from tenacity import RetryCallState
+
+    from ._calls import CallStatus
+    from ._catalog import ToolEntry
+
+__all__ = ["MAX_ATTEMPTS", "Attempt", "Budget", "Retrier", "RetryPolicy", "eligible", "is_transient"]
+
+MAX_ATTEMPTS = 10
+"""The most attempts a call ever gets, whatever the policy says (gRPC clamps its own to 5)."""
+
+_TRANSIENT_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT, INTERNAL_ERROR})
+_TRANSIENT_ERRORS = (
+    anyio.ClosedResourceError,
+    anyio.BrokenResourceError,
+    anyio.EndOfStream,
+    OSError,  # TimeoutError and ConnectionError are OSErrors
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetryPolicy:
+    """When and how a failed call is tried again.
+
+    Only calls whose tool is declared idempotent by a trusted source are ever retried, and only after
+    a failure that may be transient (docs/retries.md has the full rules). Everything else runs at most
+    once, whatever this policy says.
+
+    Args:
+        attempts: The most attempts per call, the first included; 1 turns retrying off. Values above 10
+            are lowered to 10.
+        wait_initial: Seconds before the first retry (without jitter), and the shortest wait.
+        wait_max: The longest wait between two attempts, in seconds.
+        timeout: One deadline for all the attempts of a call, in seconds from the start of its first
+            attempt: no attempt starts after it, and the attempts after the first are cut off at it.
+            The first attempt is bounded by the dispatcher's ``call_timeout`` alone, like any call.
+            None for no overall deadline.
+        jitter: Randomise the waits (full jitter). Without jitter the k-th retry waits
+            ``min(wait_max, wait_initial * 2**(k-1))``; with it, a uniformly random time between
+            ``wait_initial`` and twice that, capped at ``wait_max``, so that calls that failed together
+            do not retry together.
+        budget: The retries each server may have outstanding in a burst (a token bucket, one token per
+            retry), or None for no budget. A drained budget makes further transient failures of that
+            server final until successes refill it.
+        budget_refill: Tokens a call earns back for its server when its first attempt succeeds; a
+            successful retry returns the token it spent. The defaults (100 tokens, 0.2 per success) are
+            the AWS SDKs' retry quota (500 tokens, 5 per retry, 1 per success) in units of one retry.
+        retry_read_only: Also retry tools whose only trusted hint is readOnlyHint. Off by default:
+            idempotentHint is the spec's signal that repeating a call is harmless, and a read-only tool
+            that is open-world may still have effects elsewhere (a metered API, a visit log).
+        seed: Seeds the random source of the jitter, for reproducible waits; None seeds from the system.
+
+    Raises:
+        ConfigurationError: A value is out of range; the message says what to use instead.
+    """
+
+    attempts: int = 3
+    wait_initial: float = 0.1
+    wait_max: float = 5.0
+    timeout: float | None = 30.0
+    jitter: bool = True
+    budget: float | None = 100.0
+    budget_refill: float = 0.2
+    retry_read_only: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        attempts = self.attempts
+        if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
+            raise ConfigurationError(
+                f"attempts must be an int >= 1, got {attempts!r}; use Dispatcher(retry=None) to turn retries off"
+            )
+        if attempts > MAX_ATTEMPTS:
+            object.__setattr__(self, "attempts", MAX_ATTEMPTS)
+        if not _is_number(self.wait_initial) or not 0 <= self.wait_initial < math.inf:
+            raise ConfigurationError(f"wait_initial must be a finite number of seconds >= 0, got {self.wait_initial!r}")
+        if not _is_number(self.wait_max) or not self.wait_initial <= self.wait_max < math.inf:
+            raise ConfigurationError(
+                f"wait_max must be a finite number of seconds >= wait_initial ({self.wait_initial!r}), "
+                f"got {self.wait_max!r}"
+            )
+        if self.timeout is not None and (not _is_number(self.timeout) or not 0 < self.timeout < math.inf):
+            raise ConfigurationError(
+                f"timeout must be a positive number of seconds, got {self.timeout!r}; use None for no overall deadline"
+            )
+        if self.budget is not None and (not _is_number(self.budget) or not 1 <= self.budget < math.inf):
+            raise ConfigurationError(
+                f"budget must be a number of retries >= 1, got {self.budget!r}; use None for no budget"
+            )
+        if not _is_number(self.budget_refill) or not 0 <= self.budget_refill < math.inf:
+            raise ConfigurationError(
+                f"budget_refill must be a finite number of retries >= 0, got {self.budget_refill!r}"
+            )
+        for name in ("jitter", "retry_read_only"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigurationError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise ConfigurationError(f"seed must be an int or None, got {self.seed!r}")
+
+    def backoff(self, retry: int, rng: random.Random) -> float:
+        """Seconds to wait before the `retry`-th retry (1 for the wait after the first attempt)."""
+        ceiling = min(self.wait_max, self.wait_initial * 2.0 ** min(retry - 1, 64))
+        if not self.jitter:
+            return ceiling
+        return rng.uniform(self.wait_initial, min(self.wait_max, 2.0 * ceiling))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def eligible(policy: RetryPolicy, entry: ToolEntry) -> bool:
+    """Whether the calls of a tool may be repeated under this policy.
+
+    `entry.annotations` are the effective annotations, which hold only trusted hints: an untrusted
+    server's claims were replaced by the spec defaults (not idempotent, not read-only) when it was
+    registered, while the user's overrides for it were kept.
+    """
+    annotations = entry.annotations
+    return bool(annotations.idempotent_hint) or (policy.retry_read_only and bool(annotations.read_only_hint))
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether an exception raised by one attempt may go away if the call is made again.
+
+    Cancellation is not transient: it is never passed here, and it would not qualify if it were.
+    """
+    if isinstance(exc, MCPError):
+        return exc.error.code in _TRANSIENT_CODES
+    return isinstance(exc, _TRANSIENT_ERRORS)
+
+
+class Budget:
+    """One server's retry tokens. Single-threaded: only the event loop's tasks touch it."""
+
+    __slots__ = ("capacity", "refill", "tokens")
+
+    def __init__(self, capacity: float, refill: float) -> None:
+        self.capacity = capacity
+        self.refill = refill
+        self.tokens = capacity
+
+    def spend(self) -> bool:
+        """Take the token for one retry; False (and nothing taken) when there is none left."""
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+    def succeeded(self, retried: bool) -> None:
+        """A call got an answer: a retried call returns its last token, any other earns the refill."""
+        self.tokens = min(self.capacity, self.tokens + (1.0 if retried else self.refill))
+
+
+@dataclass(slots=True)
+class Attempt:
+    """How one attempt of a call ended.
+
+    Attributes:
+        status: The status the call gets if this attempt is its last.
+        result: The tool's answer (OK or TOOL_ERROR), else None.
+        error: Why the attempt did not succeed, else None.
+        transient: Whether trying again could give a different outcome.
+    """
+
+    status: CallStatus
+    result: CallToolResult | None = None
+    error: str | None = None
+    transient: bool = False
+
+    @property
+    def answered(self) -> bool:
+        """Whether the tool answered (OK or isError): evidence that its server is up."""
+        return self.result is not None
+
+
+def _transient(attempt: Attempt) -> bool:
+    return attempt.transient
+
+
+class Retrier:
+    """The retry state of one call: its attempts, waits, deadline and the errors seen so far.
+
+    Build one per call; never share one between calls (tenacity's retrying objects keep per-call state,
+    and so does this).
+
+    Args:
+        policy: The dispatcher's retry policy.
+        budget: The retry budget of the call's server, or None for no budget.
+        rng: The random source of the jitter.
+        server: The server's name, for messages.
+    """
+
+    __slots__ = ("_budget", "_deadline", "_policy", "_rng", "_server", "_started", "_stopped", "errors")
+
+    def __init__(self, policy: RetryPolicy, budget: Budget | None, rng: random.Random, server: str | None) -> None:
+        self._policy = policy
+        self._budget = budget
+        self._rng = rng
+        self._server = server
+        self._deadline = math.inf
+        self._started = 0
+        self._stopped: str | None = None
+        self.errors: list[str] = []
+        """Why each finished attempt failed, oldest first (a successful attempt adds nothing)."""
+
+    @property
+    def attempts(self) -> int:
+        """How many attempts have started."""
+        return self._started
+
+    async def run(self, attempt: Callable[[float, float], Awaitable[Attempt]], started: float) -> Attempt:
+        """Make attempts until one is final, or the policy says to stop; return the last one.
+
+        Args:
+            attempt: Runs one attempt and describes how it ended, without raising (cancellation
+                aside). Its arguments are the loop-clock times at which it starts and at which it
+                must be cut off to respect the overall deadline (``math.inf`` for the first attempt).
+            started: The loop-clock time at which the first attempt starts.
+
+        Returns:
+            The last attempt, its error extended with why retrying stopped when it stopped on a
+            transient failure.
+        """
+        if self._policy.timeout is not None:
+            self._deadline = started + self._policy.timeout
+        self._started = 1
+        last = await attempt(started, math.inf)
+        if last.error is not None:
+            self.errors.append(last.error)
+        if last.transient:
+            # Only now is the retry machinery needed; the common case never builds it.
+            last = await self._retry(last, attempt)
+        if self._budget is not None and last.answered:
+            self._budget.succeeded(retried=self._started > 1)
+        if last.transient and self._stopped is not None and last.error is not None:
+            last.error = f"{last.error} ({self._stopped})"
+        return last
+
+    async def _retry(self, first: Attempt, attempt: Callable[[float, float], Awaitable[Attempt]]) -> Attempt:
+        # tenacity is handed the first attempt's outcome as its own first attempt, so that every
+        # decision to retry, wait or stop is taken by the same engine.
+        replay: Attempt | None = first
+
+        async def one() -> Attempt:
+            nonlocal replay
+            if replay is not None:
+                outcome, replay = replay, None
+                return outcome
+            self._started += 1
+            outcome = await attempt(anyio.current_time(), self._deadline)
+            if outcome.error is not None:
+                self.errors.append(outcome.error)
+            return outcome
+
+        retrying = AsyncRetrying(
+            sleep=anyio.sleep,
+            stop=self._stop,
+            wait=self._wait,
+            # A failed outcome is an exception out of `one`: cancellation, or a bug. Never retried:
+            # tenacity re-raises it.
+            retry=retry_if_result(_transient),
+            retry_error_callback=_last_outcome,
+        )
+        last: Attempt = await retrying(one)
+        return last
+
+    def _wait(self, state: RetryCallState) -> float:
+        return self._policy.backoff(self._started, self._rng)
+
+    def _stop(self, state: RetryCallState) -> bool:
+        # Consulted after a transient failure, with the next wait already drawn. The budget is asked
+        # last, so a token is spent only on a retry that will happen.
+        policy = self._policy
+        started = self._started
+        if started >= policy.attempts:
+            self._stopped = f"after {started} attempts" if started > 1 else None
+            return True
+        now = anyio.current_time()
+        if now >= self._deadline:
+            # An attempt cut off at the deadline says so in its own error.
+            self._gave_up(f"RetryPolicy.timeout={policy.timeout}s has passed" if started == 1 else "")
+            return True
+        if now + state.upcoming_sleep >= self._deadline:
+            self._gave_up(f"no time left before RetryPolicy.timeout={policy.timeout}s")
+            return True
+        if self._budget is not None and not self._budget.spend():
+            where = "local functions" if self._server is None else f"server {self._server!r}"
+            self._gave_up(f"the retry budget of {where} is spent")
+            return True
+        return False
+
+    def _gave_up(self, why: str) -> None:
+        started = self._started
+        if started == 1:
+            self._stopped = f"not retried: {why}"
+        else:
+            self._stopped = f"after {started} attempts; {why}" if why else f"after {started} attempts"
+
+
+def _last_outcome(state: RetryCallState) -> Attempt:
+    assert state.outcome is not None
+    outcome: Attempt = state.outcome.result()
+    return outcome
