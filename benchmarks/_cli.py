@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import shlex
 import sys
 import time
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
     from ._results import WorkloadResult
 
-__all__ = ["WORKLOADS", "main"]
+__all__ = ["SKIPPED", "WORKLOADS", "main"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,6 +36,15 @@ WORKLOADS: dict[str, Workload] = {
     "scale": Workload(scale.run, scale.FULL, scale.QUICK),
     "mcp": Workload(through_mcp.run, through_mcp.FULL, through_mcp.QUICK),
 }
+
+SKIPPED: dict[str, str] = {}
+try:
+    # Imported by name: workload 7 needs dispatcher.RetryPolicy, which older versions lack.
+    _faults = importlib.import_module(f"{__package__}.faults")
+except ImportError:
+    SKIPPED["faults"] = "needs dispatcher.RetryPolicy, which this version lacks"
+else:
+    WORKLOADS["faults"] = Workload(_faults.run, _faults.FULL, _faults.QUICK)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,6 +78,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
     command = "python -m benchmarks" + "".join(" " + shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     progress = Progress()
+    if not args.only:
+        for name, why in SKIPPED.items():
+            progress.note(f"{name}: skipped: {why}")
     started = time.perf_counter()
     results: list[WorkloadResult] = []
     for name in names:

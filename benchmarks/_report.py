@@ -213,6 +213,21 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
+def _git_dirty() -> bool | None:
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "dispatcher", "benchmarks"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip())
+
+
 def machine_info() -> dict[str, Any]:
     """The machine, interpreter and package versions the figures come from."""
     return {
@@ -224,6 +239,8 @@ def machine_info() -> dict[str, Any]:
         "python_implementation": platform.python_implementation(),
         "packages": {name: _version(name) for name in _PACKAGES},
         "git_commit": _git_commit(),
+        # Whether dispatcher/ or benchmarks/ had uncommitted changes when the figures were taken.
+        "git_dirty": _git_dirty(),
     }
 
 
@@ -264,6 +281,7 @@ def save_plots(results: Sequence[WorkloadResult], directory: Path = RESULTS_DIR)
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return "matplotlib is not installed (pip install -e '.[plot]'), so no plots were drawn"
     directory.mkdir(parents=True, exist_ok=True)
@@ -283,6 +301,7 @@ def save_plots(results: Sequence[WorkloadResult], directory: Path = RESULTS_DIR)
             ax.plot(positions, [point[key] for point in points], style, label=label)
         ax.set_xticks(positions, labels)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.set_xlabel("max_concurrency")
         ax.set_ylabel("makespan (ms, median)")
         ax.set_title(f"64 read-only calls of {parallel.params.get('latency_ms', '?')} ms")
@@ -299,6 +318,7 @@ def save_plots(results: Sequence[WorkloadResult], directory: Path = RESULTS_DIR)
         fig, ax = plt.subplots(figsize=(7, 4.5))
         sizes = [point["calls"] for point in points]
         ax.plot(sizes, [point["dispatcher_us"] for point in points], "o-", label="dispatcher")
+        ax.plot(sizes, [point["dispatcher_no_gc_us"] for point in points], "o:", label="dispatcher, gc disabled")
         ax.plot(sizes, [point["reference_us"] for point in points], "s-", label="anyio task per call (same adapter)")
         ax.plot(sizes, [point["reference_bare_us"] for point in points], "^-", label="anyio task per call (bare)")
         ax.set_xscale("log")
