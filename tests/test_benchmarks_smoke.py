@@ -133,3 +133,17 @@ def test_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert "us/call" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["--only", "nonsense"])
+
+
+def test_under_faults() -> None:
+    """Under faults: retries bring every call to OK and cost extra attempts; without them some calls fail."""
+    from benchmarks import faults
+
+    config = faults.Config(rates=(0.5,), batches=1, size=8, latency=0.002, repeat=1)
+    result = faults.run(config, QUIET)
+    check_well_formed(result)
+    rows = {(row.variant, row.unit): row.stat.median for row in result.rows if row.case == "fault rate 50%"}
+    assert rows[(faults.RETRY, "attempts/call")] >= 1.0
+    assert rows[(faults.NO_RETRY, "attempts/call")] == 1.0
+    assert rows[(faults.RETRY, "% calls OK")] >= rows[(faults.NO_RETRY, "% calls OK")]
+    assert rows[(faults.RETRY, "ms")] >= config.latency * 1000 * 0.9
