@@ -12,6 +12,8 @@ from ._errors import BatchError as BatchError
 from ._errors import ConfigurationError as ConfigurationError
 from ._errors import DispatcherClosedError as DispatcherClosedError
 from ._errors import DispatcherError as DispatcherError
+from ._errors import ServerConnectionError as ServerConnectionError
+from ._pins import DefinitionChange as DefinitionChange
 from ._retry import RetryPolicy as RetryPolicy
 from ._scheduler import Batch as Batch
 from ._scheduler import Dispatcher as Dispatcher
@@ -22,11 +24,13 @@ __all__ = [
     "BatchError",
     "CallStatus",
     "ConfigurationError",
+    "DefinitionChange",
     "Dispatcher",
     "DispatcherClosedError",
     "DispatcherError",
     "PendingCall",
     "RetryPolicy",
+    "ServerConnectionError",
     "ToolCall",
     "ToolEntry",
     "ToolResult",

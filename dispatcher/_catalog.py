@@ -5,6 +5,10 @@ Each registered tool gets a catalogue name that is unique in the dispatcher and 
 no other server offers it; otherwise it is prefixed with its server's name (``server__tool``) and
 shortened with a hash when it would be too long. A call resolves to exactly one tool or to a readable
 error, never to a guess.
+
+A tool whose definition changed and awaits approval stays in the catalogue, blocked: it keeps its name
+(so no other server's tool can take that name meanwhile) but calls to it fail with the reason. A tool
+its server stopped offering leaves a tombstone, so calls to it say it was removed.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Mapping, Sequence
 
     from mcp.types import CallToolResult, ToolAnnotations
 
@@ -94,6 +98,7 @@ class ToolEntry:
 class _Registered:
     entry: ToolEntry
     impl: ToolImpl
+    blocked: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,13 +130,16 @@ class Catalog:
         self._by_name: dict[str, _Registered] = {}
         self._by_tool: dict[str, list[_Registered]] = {}
         self._servers: set[str] = set()
+        # (server, tool) -> (its catalogue name when it was removed, why calls to it fail)
+        self._removed: dict[tuple[str, str], tuple[str, str]] = {}
 
     @property
     def servers(self) -> frozenset[str]:
         return frozenset(self._servers)
 
     def entries(self) -> list[ToolEntry]:
-        return [registered.entry for registered in self._by_name.values()]
+        """The callable tools: blocked ones are left out."""
+        return [registered.entry for registered in self._by_name.values() if registered.blocked is None]
 
     def has(self, server: str | None, tool: str) -> bool:
         return (server, tool) in self._tools
@@ -148,7 +156,40 @@ class Catalog:
         self._servers.discard(server)
         for key in [key for key in self._tools if key[0] == server]:
             del self._tools[key]
+        for key in [key for key in self._removed if key[0] == server]:
+            del self._removed[key]
         self._rebuild()
+
+    def set_server_tools(self, server: str, tools: Sequence[tuple[ToolEntry, ToolImpl, str | None]]) -> list[str]:
+        """Make a server's tools exactly these ``(entry, impl, blocked reason or None)``.
+
+        Tools of the server that are not among them are removed and leave a tombstone.
+
+        Returns:
+            The names of the removed tools.
+        """
+        listed = {entry.tool for entry, _, _ in tools}
+        removed = [key[1] for key in self._tools if key[0] == server and key[1] not in listed]
+        for tool in removed:
+            registered = self._tools.pop((server, tool))
+            self._removed[(server, tool)] = (
+                registered.entry.name,
+                f"tool {tool!r} was removed by server {server!r}",
+            )
+        for entry, impl, blocked in tools:
+            self._removed.pop((server, entry.tool), None)
+            self._tools[(server, entry.tool)] = _Registered(entry, impl, blocked)
+        self._rebuild()
+        return removed
+
+    def unavailable(self, server: str | None, tool: str) -> str | None:
+        """Why a registered tool cannot be called now (blocked or removed), or None if it can."""
+        registered = self._tools.get((server, tool))
+        if registered is not None:
+            return registered.blocked
+        if server is not None and (server, tool) in self._removed:
+            return self._removed[(server, tool)][1]
+        return None
 
     def put(self, entries: Iterable[tuple[ToolEntry, ToolImpl]]) -> None:
         """Add or replace tools, then recompute every catalogue name."""
@@ -200,15 +241,15 @@ class Catalog:
                 if by_name is not None and by_name.entry.server == server:
                     registered = by_name
             if registered is None:
-                return Resolution(None, None, f"server {server!r} has no tool {name!r}")
-            return Resolution(registered.entry, registered.impl, None)
+                return Resolution(None, None, self._gone(name, server) or f"server {server!r} has no tool {name!r}")
+            return self._found(registered)
         registered = self._by_name.get(name)
         if registered is not None:
-            return Resolution(registered.entry, registered.impl, None)
+            return self._found(registered)
         group = self._by_tool.get(name)
         if group is not None:
             if len(group) == 1:
-                return Resolution(group[0].entry, group[0].impl, None)
+                return self._found(group[0])
             choices = ", ".join(repr(r.entry.name) for r in group)
             return Resolution(
                 None,
@@ -216,8 +257,24 @@ class Catalog:
                 f"tool name {name!r} is ambiguous: it is offered by {len(group)} servers; "
                 f"call one of {choices}, or set ToolCall.server",
             )
+        gone = self._gone(name, None)
+        if gone is not None:
+            return Resolution(None, None, gone)
         message = f"unknown tool {name!r}"
         close = difflib.get_close_matches(name, list(self._by_name), n=3)
         if close:
             message += f"; did you mean {', '.join(repr(c) for c in close)}?"
         return Resolution(None, None, message)
+
+    @staticmethod
+    def _found(registered: _Registered) -> Resolution:
+        if registered.blocked is not None:
+            return Resolution(None, None, registered.blocked)
+        return Resolution(registered.entry, registered.impl, None)
+
+    def _gone(self, name: str, server: str | None) -> str | None:
+        """The tombstone message for a removed tool called by its own or its catalogue name."""
+        for (removed_server, tool), (catalogue_name, message) in self._removed.items():
+            if (server is None or server == removed_server) and name in (tool, catalogue_name):
+                return message
+        return None

@@ -6,7 +6,8 @@ kept for misuse of the API, and they all derive from one base class::
     DispatcherError
     ├── BatchError (also ValueError)       a batch that cannot run: duplicate ids, non-ToolCall items
     ├── ConfigurationError (also ValueError)  a tool or server that cannot be registered
-    └── DispatcherClosedError (also RuntimeError)  the dispatcher is not open
+    ├── DispatcherClosedError (also RuntimeError)  the dispatcher is not open
+    └── ServerConnectionError (also ConnectionError)  `Dispatcher.connect` could not reach a server
 
 Errors that come from the MCP SDK or anyio while a call runs are translated into results at the
 boundary; cancellation is never caught or converted.
@@ -29,3 +30,11 @@ class ConfigurationError(DispatcherError, ValueError):
 
 class DispatcherClosedError(DispatcherError, RuntimeError):
     """The dispatcher was used outside its `async with` block."""
+
+
+class ServerConnectionError(DispatcherError, ConnectionError):
+    """A server could not be connected to (or listed) when it was registered.
+
+    Later connection losses are not exceptions: the calls they affect get results, and the dispatcher
+    reconnects for the calls after them.
+    """

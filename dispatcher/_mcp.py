@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 from mcp.shared.exceptions import MCPError
@@ -18,10 +18,20 @@ from ._calls import CallStatus
 from ._catalog import ArgumentError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from mcp import Client
     from mcp.types import CallToolResult, Tool
 
-__all__ = ["MCPTool", "check_arguments", "describe_failure", "list_all_tools"]
+__all__ = [
+    "MCPTool",
+    "ToolCaller",
+    "ToolUnavailableError",
+    "check_arguments",
+    "describe_failure",
+    "is_connection_loss",
+    "list_all_tools",
+]
 
 # JSON-RPC and SDK error codes.
 CONNECTION_CLOSED = -32000
@@ -43,12 +53,22 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-async def list_all_tools(client: Client) -> list[Tool]:
-    """Every tool of a server, following pagination."""
+class ToolUnavailableError(Exception):
+    """A call that was not sent: its tool is blocked or removed, or its server cannot be reached."""
+
+
+class ToolCaller(Protocol):
+    """What runs a tool on a server: an entered `mcp.Client`, or a connection the dispatcher owns."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> CallToolResult: ...
+
+
+async def list_all_tools(client: Client, *, refresh: bool = False) -> list[Tool]:
+    """Every tool of a server, following pagination; `refresh` bypasses the client's response cache."""
     tools: list[Tool] = []
     cursor: str | None = None
     for _ in range(_MAX_PAGES):
-        page = await client.list_tools(cursor=cursor)
+        page = await client.list_tools(cursor=cursor, cache_mode="refresh" if refresh else "use")
         tools.extend(page.tools)
         cursor = page.next_cursor
         if cursor is None:
@@ -106,25 +126,54 @@ def check_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> 
 
 
 class MCPTool:
-    """A tool on an MCP server, called through an entered `mcp.Client`."""
+    """A tool on an MCP server, called through an entered `mcp.Client` or an owned connection.
 
-    __slots__ = ("client", "input_schema", "name")
+    `guard`, when given, is asked before each attempt whether the tool may still be called: a call
+    queued before its tool was blocked or removed fails instead of reaching the changed tool.
+    """
 
-    def __init__(self, client: Client, name: str, input_schema: Mapping[str, Any]) -> None:
+    __slots__ = ("client", "guard", "input_schema", "name")
+
+    def __init__(
+        self,
+        client: ToolCaller,
+        name: str,
+        input_schema: Mapping[str, Any],
+        *,
+        guard: Callable[[], str | None] | None = None,
+    ) -> None:
         self.client = client
         self.name = name
         self.input_schema = input_schema
+        self.guard = guard
 
     def prepare(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         check_arguments(self.input_schema, arguments)
         return dict(arguments)
 
     async def invoke(self, prepared: dict[str, Any]) -> CallToolResult:
+        if self.guard is not None:
+            reason = self.guard()
+            if reason is not None:
+                raise ToolUnavailableError(reason)
         return await self.client.call_tool(self.name, prepared)
+
+
+def is_connection_loss(exc: BaseException) -> bool:
+    """Whether an exception from a client means its connection is gone (a fresh client is needed)."""
+    if isinstance(exc, MCPError):
+        return exc.error.code == CONNECTION_CLOSED
+    if isinstance(exc, BaseExceptionGroup):
+        return any(is_connection_loss(inner) for inner in exc.exceptions)
+    if isinstance(exc, TimeoutError):
+        return False  # an OSError, but a slow server is not a lost one
+    return isinstance(exc, anyio.ClosedResourceError | anyio.BrokenResourceError | anyio.EndOfStream | OSError)
 
 
 def describe_failure(exc: Exception) -> tuple[CallStatus, str]:
     """The status and message for an exception raised while a call ran."""
+    if isinstance(exc, ToolUnavailableError):
+        return CallStatus.FAILED, str(exc)
     if isinstance(exc, MCPError):
         code = exc.error.code
         if code == REQUEST_TIMEOUT:

@@ -16,7 +16,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import anyio
 import anyio.lowlevel
@@ -24,18 +24,24 @@ import anyio.lowlevel
 from ._annotations import effective_annotations
 from ._calls import CallStatus, ToolCall, ToolResult
 from ._catalog import ArgumentError, Catalog, ToolEntry, ToolImpl
-from ._errors import BatchError, ConfigurationError, DispatcherClosedError
+from ._connections import ServerRegistry, check_target
+from ._errors import BatchError, ConfigurationError, DispatcherClosedError, ServerConnectionError
 from ._functions import FunctionTool
 from ._gate import Gate, Ticket
-from ._mcp import MCPTool, describe_failure, list_all_tools
+from ._mcp import ToolUnavailableError, describe_failure
 from ._retry import Attempt, Budget, Retrier, RetryPolicy, eligible, is_transient
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
     from types import TracebackType
 
     from anyio.abc import TaskGroup
-    from mcp import Client
+    from mcp import Client, StdioServerParameters
+    from mcp.server import Server
+    from mcp.server.mcpserver import MCPServer
     from mcp.types import CallToolResult, ToolAnnotations
+
+    from ._pins import DefinitionChange
 
 __all__ = ["Batch", "Dispatcher", "PendingCall"]
 
@@ -304,6 +310,7 @@ class Dispatcher:
         self._budgets: dict[str | None, Budget] = {}
         self._rng = random.Random(retry.seed if retry is not None else None)
         self._catalog = Catalog()
+        self._servers = ServerRegistry(self._catalog)
         self._gate: Gate[PendingCall] = Gate(max_concurrency)
         self._tg: TaskGroup | None = None
         self._open = False
@@ -355,6 +362,8 @@ class Dispatcher:
         for slot in self._idle:
             slot.event.set()
         self._idle.clear()
+        # Owned clients close cleanly first; cancelling them mid-exit would leave transports half-closed.
+        await self._servers.aclose()
         tg.cancel_scope.cancel()
         return await tg.__aexit__(exc_type, exc, tb)
 
@@ -415,15 +424,18 @@ class Dispatcher:
         trusted: bool = False,
         max_concurrency: int | None = None,
         overrides: Mapping[str, ToolAnnotations] | None = None,
+        on_definition_change: Callable[[DefinitionChange], bool | Awaitable[bool]] | None = None,
     ) -> list[ToolEntry]:
         """Register the tools of an MCP server reached through an entered `mcp.Client`.
 
-        The server's tools are listed once, now. The dispatcher does not own the client: keep it open
-        while the dispatcher runs calls on it, and close it yourself.
+        The server's tools are listed now, and again on `refresh`. The dispatcher does not own the
+        client: keep it open while the dispatcher runs calls on it, and close it yourself. Use
+        `connect` instead to have the dispatcher own the connection, reconnect it and follow
+        changes to the tool list.
 
         Args:
-            name: Your name for this server: its identity for trust and for `ToolCall.server`. It is
-                never taken from the server itself, since a server can call itself anything.
+            name: Your name for this server: its identity for trust, pins and `ToolCall.server`. It
+                is never taken from the server itself, since a server can call itself anything.
             client: An entered `mcp.Client`.
             trusted: Whether to believe the server's tool annotations. An untrusted server's tools are
                 all scheduled as the spec's worst case: exclusive, never retried.
@@ -431,17 +443,179 @@ class Dispatcher:
             overrides: Your own annotations for some of its tools, by the server's tool name. They are
                 trusted even for an untrusted server; hints an override leaves unset fall back to the
                 server's (if trusted) or the spec defaults.
+            on_definition_change: Called with each `DefinitionChange` (a tool whose definition differs
+                from its pin); return True (or an awaitable of True) to accept it. The tool is blocked
+                until the change is accepted, here or with `accept_changes`.
 
         Returns:
-            The server's catalogue entries.
+            The server's callable catalogue entries.
 
         Raises:
             ConfigurationError: The name is taken or empty, a limit is invalid, or an override names a
                 tool the server does not have.
         """
+        overrides = self._check_server(name, max_concurrency, overrides)
+        server = self._servers.reserve(name, trusted=trusted, overrides=overrides, on_change=on_definition_change)
+        self._gate.set_server_limit(name, max_concurrency)
+        try:
+            await self._servers.add_client(server, client)
+        except BaseException:
+            self._servers.release(server)
+            self._gate.set_server_limit(name, None)
+            raise
+        return self._server_entries(name)
+
+    async def connect(
+        self,
+        name: str,
+        target: MCPServer[Any] | Server[Any] | StdioServerParameters | str | Callable[[], Client],
+        *,
+        trusted: bool = False,
+        max_concurrency: int | None = None,
+        overrides: Mapping[str, ToolAnnotations] | None = None,
+        mode: Literal["auto", "legacy"] = "auto",
+        follow_changes: bool = True,
+        on_definition_change: Callable[[DefinitionChange], bool | Awaitable[bool]] | None = None,
+        connect_timeout: float | None = 30.0,
+    ) -> list[ToolEntry]:
+        """Connect to an MCP server and register its tools; the dispatcher owns the connection.
+
+        The client is entered in the dispatcher's task group and closed when the dispatcher closes.
+        If the connection is lost, the calls in flight on it end FAILED and the next call reconnects
+        with a fresh client, which lists the tools again and checks them against their pins. Calls
+        share one reconnect attempt; after a failed attempt they fail at once until a backoff (1 s,
+        doubling up to 30 s) has passed.
+
+        Args:
+            name: Your name for this server (see `add_mcp_server`).
+            target: What to connect to: an in-process `MCPServer` (or low-level `Server`), a
+                `StdioServerParameters` to launch a subprocess, the URL of a streamable HTTP endpoint,
+                or a function returning a new, unentered `mcp.Client` (for headers, auth, timeouts and
+                other client options). A function is called again for every reconnect.
+            trusted: Whether to believe the server's tool annotations (see `add_mcp_server`).
+            max_concurrency: The most calls in flight on this server at once, or None for no limit.
+            overrides: Your own annotations for some of its tools (see `add_mcp_server`).
+            mode: The protocol negotiation: "auto" (2026-07-28, falling back to the legacy handshake)
+                or "legacy" (the 2025-11-25 initialize handshake). Set it on the client yourself when
+                `target` is a function.
+            follow_changes: Whether to list the tools again whenever the server announces that they
+                changed (`subscriptions/listen` on 2026-07-28, `notifications/tools/list_changed` on
+                legacy connections).
+            on_definition_change: Called with each `DefinitionChange`; return True to accept it (see
+                `add_mcp_server`).
+            connect_timeout: Seconds that connecting and listing the tools may take, or None.
+
+        Returns:
+            The server's callable catalogue entries.
+
+        Raises:
+            ConfigurationError: The name is taken or empty, an argument is invalid, or an override
+                names a tool the server does not have.
+            ServerConnectionError: The server could not be connected to or its tools listed.
+            DispatcherClosedError: The dispatcher is not open.
+        """
+        self._check_open()
+        overrides = self._check_server(name, max_concurrency, overrides)
+        check_target(target)
+        if mode not in ("auto", "legacy"):
+            raise ConfigurationError(f"mode must be 'auto' or 'legacy', got {mode!r}")
+        if mode != "auto" and callable(target) and not isinstance(target, str):
+            raise ConfigurationError("mode cannot be set for a client factory: pass mode=... to the Client it builds")
+        if connect_timeout is not None and not (connect_timeout > 0 and math.isfinite(connect_timeout)):
+            raise ConfigurationError(
+                f"connect_timeout must be a positive number of seconds or None, got {connect_timeout!r}"
+            )
+        server = self._servers.reserve(name, trusted=trusted, overrides=overrides, on_change=on_definition_change)
+        connection = self._servers.connection(server, target, mode=mode, follow=follow_changes, timeout=connect_timeout)
+        self._gate.set_server_limit(name, max_concurrency)
+        assert self._tg is not None
+        try:
+            await self._tg.start(connection.run)
+        except BaseException as exc:
+            self._servers.release(server)
+            self._gate.set_server_limit(name, None)
+            cause = _innermost(exc)
+            if isinstance(cause, ConfigurationError):
+                raise cause from None  # the caller's mistake, found in the listing
+            if isinstance(exc, Exception):
+                raise ServerConnectionError(f"could not connect to server {name!r}: {_describe(exc)}") from exc
+            raise
+        return self._server_entries(name)
+
+    async def refresh(self, name: str) -> list[ToolEntry]:
+        """List a server's tools again now and update the catalogue.
+
+        New tools become callable, removed ones fail with a result that says so, and tools whose
+        definition differs from their pin are blocked (see `pending_changes`). Connections made
+        with `connect` do this by themselves when the server announces a change; call this for
+        servers added with `add_mcp_server`, for example when your client hears of a change.
+
+        Returns:
+            The server's callable catalogue entries.
+
+        Raises:
+            ConfigurationError: No server has this name.
+            ServerConnectionError: The server could not be reached.
+        """
+        try:
+            await self._servers.refresh(name)
+        except ConfigurationError:
+            raise
+        except Exception as exc:
+            raise ServerConnectionError(f"could not list the tools of server {name!r}: {_describe(exc)}") from exc
+        return self._server_entries(name)
+
+    def pending_changes(self, server: str | None = None) -> list[DefinitionChange]:
+        """The tools blocked because their definition changed since it was approved.
+
+        Args:
+            server: Only this server's changes; None for every server's.
+
+        Raises:
+            ConfigurationError: No server has this name.
+        """
+        return self._servers.pending(server)
+
+    def accept_changes(self, server: str, tool: str | None = None) -> list[DefinitionChange]:
+        """Approve changed definitions: pin them and make their tools callable again.
+
+        Args:
+            server: The server whose changes to accept.
+            tool: Only this tool's change (by the server's tool name); None accepts all of the server's.
+
+        Returns:
+            The changes accepted.
+
+        Raises:
+            ConfigurationError: No server has this name, or `tool` has no pending change.
+        """
+        return self._servers.accept(server, tool)
+
+    def export_pins(self) -> dict[str, dict[str, str]]:
+        """The approved definition hash of every tool seen, as ``{server: {tool: "sha256:..."}}``.
+
+        Save it (it is plain JSON) and pass it to `import_pins` in a later run, so that definitions
+        that changed between runs are blocked too.
+        """
+        return self._servers.pins.export()
+
+    def import_pins(self, pins: Mapping[str, Mapping[str, str]]) -> None:
+        """Load approvals saved with `export_pins`, replacing the pins of the servers they name.
+
+        Import before registering servers: a tool whose definition differs from its imported pin is
+        blocked when first listed. Tools already listed are checked against the imported pins at once.
+
+        Raises:
+            ConfigurationError: `pins` is not in the form `export_pins` returns.
+        """
+        self._servers.load_pins(pins)
+
+    def _check_server(
+        self, name: str, max_concurrency: int | None, overrides: Mapping[str, ToolAnnotations] | None
+    ) -> dict[str, ToolAnnotations]:
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"a server needs a non-empty name, got {name!r}")
-        if name in self._catalog.servers:
+        if name in self._catalog.servers or name in self._servers:
             raise ConfigurationError(f"a server named {name!r} is already registered")
         if max_concurrency is not None and (
             not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1
@@ -450,30 +624,9 @@ class Dispatcher:
                 f"max_concurrency for server {name!r} must be an int >= 1, got {max_concurrency!r}; "
                 "use None for no limit"
             )
-        overrides = dict(overrides or {})
-        tools = await list_all_tools(client)
-        unknown = sorted(set(overrides) - {tool.name for tool in tools})
-        if unknown:
-            have = ", ".join(sorted(tool.name for tool in tools)) or "no tools"
-            raise ConfigurationError(f"overrides name tools server {name!r} does not have: {unknown} (it has {have})")
-        registrations: list[tuple[ToolEntry, ToolImpl]] = []
-        for tool in tools:
-            entry = ToolEntry(
-                tool.name,
-                name,
-                tool.name,
-                effective_annotations(tool.annotations, trusted=trusted, override=overrides.get(tool.name)),
-                declared_annotations=tool.annotations,
-                trusted=trusted,
-                description=tool.description,
-                input_schema=tool.input_schema,
-                output_schema=tool.output_schema,
-                title=tool.title or (tool.annotations.title if tool.annotations else None),
-            )
-            registrations.append((entry, MCPTool(client, tool.name, tool.input_schema)))
-        self._catalog.add_server(name)
-        self._catalog.put(registrations)
-        self._gate.set_server_limit(name, max_concurrency)
+        return dict(overrides or {})
+
+    def _server_entries(self, name: str) -> list[ToolEntry]:
         return [entry for entry in self._catalog.entries() if entry.server == name]
 
     def tools(self) -> list[ToolEntry]:
@@ -755,6 +908,20 @@ class Dispatcher:
             queue.popleft()
             if head._result is None and head._scope is not None:
                 head._scope.cancel()
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The one exception inside nested single-exception groups (task groups wrap what they carry)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _describe(exc: BaseException) -> str:
+    exc = _innermost(exc)
+    if isinstance(exc, ToolUnavailableError):
+        return str(exc)
+    return describe_failure(exc)[1] if isinstance(exc, Exception) else type(exc).__name__
 
 
 def _error_text(result: CallToolResult) -> str:

@@ -26,6 +26,7 @@ async def serve_http(
     *,
     path: str = "/mcp",
     startup_timeout: float = 10.0,
+    shutdown_timeout: float = 2.0,
 ) -> AsyncIterator[str]:
     """Serve `server` over streamable HTTP and yield its URL; stop serving on exit.
 
@@ -35,7 +36,9 @@ async def serve_http(
     loop is busy. Tool handlers therefore run on that thread; `Workspace` guards its state for this.
 
     On exit the server stops accepting connections, closes the open ones and finishes its in-flight
-    requests (for at most 2 seconds) before the block is left. Close clients first for a quick exit.
+    requests (for at most `shutdown_timeout` seconds) before the block is left. Open streams (a legacy
+    client's GET stream, a 2026-07-28 client's `subscriptions/listen`) count as in flight: close
+    clients first for a quick exit, or lower `shutdown_timeout` to make the server vanish abruptly.
 
     Args:
         server: The server to serve. Each `serve_http` builds a fresh app from it, so one server
@@ -44,6 +47,7 @@ async def serve_http(
         port: The port to listen on; 0 picks a free one.
         path: The HTTP path of the MCP endpoint.
         startup_timeout: Seconds to wait for the server to start before giving up.
+        shutdown_timeout: Seconds in-flight requests get to finish on exit before they are cancelled.
 
     Yields:
         The endpoint's URL, such as `http://127.0.0.1:54321/mcp`.
@@ -65,7 +69,8 @@ async def serve_http(
         log_config=None,
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=2,
+        # Typed int, but passed to asyncio.wait_for as a timeout, where fractions work.
+        timeout_graceful_shutdown=shutdown_timeout,  # type: ignore[arg-type]
     )
     uv = _Server(config)
     with _listen(host, port) as sock:

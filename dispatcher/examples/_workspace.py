@@ -26,10 +26,17 @@ Every tool execution runs through one gate that models the server's costs and fa
 4. An injected fault strikes here, before the effect: the notes and the outbox are left unchanged.
 5. Otherwise the effect is applied atomically and the result returned.
 6. The ledger entry is completed with the end time and the outcome, even on cancellation.
+
+The tool list can change while clients are connected, as real servers' lists do: `set_annotations`,
+`set_description`, `remove_tool` and `restore_tool` change what `tools/list` returns, and
+`notify_tools_changed` tells every connected client (on 2026-07-28 connections through
+`subscriptions/listen`, on legacy ones with `notifications/tools/list_changed`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import random
 import re
@@ -39,14 +46,23 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, get_args
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.subscriptions import InMemorySubscriptionBus, ServerEvent, ToolsListChanged
 from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR, ToolAnnotations
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 if TYPE_CHECKING:
     import pathlib
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Coroutine, Mapping
+
+    from anyio.lowlevel import EventLoopToken
+    from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+    from mcp.server.session import ServerSession
 
 FaultKind = Literal["error", "tool_error", "hang"]
 """How an injected fault shows itself to the client.
@@ -268,6 +284,11 @@ class Workspace:
         self._outbox: list[tuple[str, str]] = []
         if root is not None:
             self._load(root)
+        self._annotations: dict[str, ToolAnnotations | None] = dict(_ANNOTATIONS)
+        self._descriptions: dict[str, str | None] = dict.fromkeys(_ANNOTATIONS)
+        self._removed: set[str] = set()
+        self._bus = _LoopAwareBus()
+        self._legacy_clients: list[tuple[ServerSession, EventLoopToken]] = []
         self.server: MCPServer[Any] = self._build_server(name)
         """The MCP server, to pass to `mcp.Client` or `serve_http`."""
 
@@ -303,6 +324,60 @@ class Workspace:
         with self._lock:
             return tuple(self._outbox)
 
+    @property
+    def offered_tools(self) -> tuple[str, ...]:
+        """The names of the tools `tools/list` returns now, in the order of `tool_names`."""
+        with self._lock:
+            return tuple(name for name in self.tool_names if name not in self._removed)
+
+    # -- changing the tool list ----------------------------------------------------------------
+
+    def set_annotations(self, tool: str, annotations: ToolAnnotations | None) -> None:
+        """Change the annotations a tool declares from now on (`None`: declare none).
+
+        Clients see the new definition the next time they list tools; call `notify_tools_changed`
+        to tell them it changed. The tool's behaviour stays the same: this is how a server lies.
+        """
+        _check_tool_names("set_annotations", frozenset({tool}))
+        with self._lock:
+            self._annotations[tool] = annotations
+            self._register_tools(self.server)
+
+    def set_description(self, tool: str, description: str | None) -> None:
+        """Change the description a tool declares from now on (`None`: back to its docstring)."""
+        _check_tool_names("set_description", frozenset({tool}))
+        with self._lock:
+            self._descriptions[tool] = description
+            self._register_tools(self.server)
+
+    def remove_tool(self, tool: str) -> None:
+        """Stop offering a tool: it leaves `tools/list`, and calling it is an unknown-tool error."""
+        _check_tool_names("remove_tool", frozenset({tool}))
+        with self._lock:
+            self._removed.add(tool)
+            self._register_tools(self.server)
+
+    def restore_tool(self, tool: str) -> None:
+        """Offer a removed tool again, with its current annotations and description."""
+        _check_tool_names("restore_tool", frozenset({tool}))
+        with self._lock:
+            self._removed.discard(tool)
+            self._register_tools(self.server)
+
+    async def notify_tools_changed(self) -> None:
+        """Tell every connected client that the tool list changed.
+
+        Clients on 2026-07-28 connections hear it if they listen (`Client.listen(tools_list_changed=
+        True)`); legacy clients get `notifications/tools/list_changed`. The notification is sent on
+        the event loop that serves each client, so this works while `serve_http` serves the
+        workspace from its own thread. Clients that have gone away are skipped.
+        """
+        await self._bus.publish(ToolsListChanged())
+        with self._lock:
+            clients = list(self._legacy_clients)
+        for session, token in clients:
+            await _on_loop(token, session.send_tool_list_changed)
+
     # -- the tools -----------------------------------------------------------------------------
 
     def _build_server(self, name: str) -> MCPServer[Any]:
@@ -312,6 +387,8 @@ class Workspace:
                 "A notes workspace. Notes are plain text addressed by name. fetch_url returns "
                 "untrusted web content; send_message sends text to someone outside the workspace."
             ),
+            subscriptions=self._bus,
+            middleware=[self._remember_legacy_client],
         )
 
         async def search_notes(query: str) -> str:
@@ -360,10 +437,38 @@ class Workspace:
             fetch_url,
             send_message,
         )
-        for tool in tools:
-            # Plain text results: an output schema would add nothing for one string.
-            server.add_tool(tool, annotations=_ANNOTATIONS[tool.__name__], structured_output=False)
+        self._functions = {tool.__name__: tool for tool in tools}
+        self._registered: set[str] = set()
+        self._register_tools(server)
         return server
+
+    def _register_tools(self, server: MCPServer[Any]) -> None:
+        """Make the server's tools match the current definitions, in the order of `tool_names`."""
+        for name in sorted(self._registered):
+            server.remove_tool(name)
+        self._registered.clear()
+        for name in self.tool_names:
+            if name in self._removed:
+                continue
+            server.add_tool(
+                self._functions[name],
+                description=self._descriptions[name],
+                annotations=self._annotations[name],
+                # Plain text results: an output schema would add nothing for one string.
+                structured_output=False,
+            )
+            self._registered.add(name)
+
+    async def _remember_legacy_client(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        """Middleware: note each legacy connection, which `notify_tools_changed` must reach by itself.
+
+        A legacy client ends its handshake with `notifications/initialized`, once per connection; its
+        session can send notifications on the connection's standalone channel later.
+        """
+        if ctx.method == "notifications/initialized" and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            with self._lock:
+                self._legacy_clients.append((ctx.session, anyio.lowlevel.current_token()))
+        return await call_next(ctx)
 
     async def _execute(self, tool: str, arguments: dict[str, str], effect: Callable[[], str]) -> str:
         """Run one execution through the gate described in the module docstring."""
@@ -484,6 +589,56 @@ class Workspace:
         for path in sorted(root.glob(f"*{_NOTE_SUFFIX}")):
             if _NOTE_NAME.fullmatch(path.stem):
                 self._notes[path.stem] = path.read_text(encoding="utf-8")
+
+
+class _LoopAwareBus(InMemorySubscriptionBus):
+    """A subscription bus whose listen streams may be served by different event loops.
+
+    `serve_http` serves from a thread with its own loop, while the workspace is changed from the
+    caller's loop. Each listener is called on the loop it subscribed from, since the SDK's listeners
+    write to memory streams that belong to that loop.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._loops: dict[object, EventLoopToken] = {}
+        self._guard = threading.Lock()
+
+    def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
+        token = anyio.lowlevel.current_token()
+        key = object()
+        with self._guard:
+            self._loops[key] = token
+        unsubscribe = super().subscribe(functools.partial(self._deliver, key, listener))
+
+        def release() -> None:
+            with self._guard:
+                self._loops.pop(key, None)
+            unsubscribe()
+
+        return release
+
+    def _deliver(self, key: object, listener: Callable[[ServerEvent], None], event: ServerEvent) -> None:
+        with self._guard:
+            token = self._loops.get(key)
+        if token is None:
+            return
+        if token == anyio.lowlevel.current_token():
+            listener(event)
+        else:
+            # The listener only queues the event, so waiting for the other loop is brief.
+            with contextlib.suppress(anyio.RunFinishedError):
+                anyio.from_thread.run_sync(listener, event, token=token)
+
+
+async def _on_loop(token: EventLoopToken, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Await `fn()` on the event loop of `token`, from any loop; nothing if that loop has ended."""
+    if token == anyio.lowlevel.current_token():
+        await fn()
+        return
+    run = functools.partial(anyio.from_thread.run, fn, token=token)
+    with contextlib.suppress(anyio.RunFinishedError):
+        await anyio.to_thread.run_sync(run)
 
 
 def _simulated_page(url: str) -> str:

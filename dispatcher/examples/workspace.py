@@ -9,16 +9,20 @@ so a parent process can start it on a free port with `--port 0` and read where t
 
     python -m dispatcher.examples.workspace --http --port 0 --fault-rate 0.2 --fault-seed 7
 
-It serves until SIGINT or SIGTERM. The library's names are importable from here too.
+It serves until SIGINT or SIGTERM. To test how clients survive a crashed server, `--exit-after N` makes
+the process exit abruptly (status 3, no reply) when its N-th `tools/call` request arrives.
+
+The library's names are importable from here too.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -27,6 +31,8 @@ from ._workspace import Execution, FaultConfig, FaultKind, Outcome, Workspace, s
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 
 __all__ = [
     "Execution",
@@ -65,6 +71,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
+    if args.exit_after is not None:
+        if args.exit_after < 1:
+            parser.error(f"--exit-after must be >= 1, got {args.exit_after}")
+        workspace.server.middleware.append(_ExitAfter(args.exit_after))
     if args.http:
         anyio.run(_serve_http_until_signalled, workspace, args.host, args.port)
     else:
@@ -77,6 +87,20 @@ async def _serve_http_until_signalled(workspace: Workspace, host: str, port: int
             print(f"MCP_URL={url}", flush=True)
             async for _ in signals:
                 break
+
+
+class _ExitAfter:
+    """Middleware that ends the process without a word when the n-th tool call arrives: a crash."""
+
+    def __init__(self, calls: int) -> None:
+        self.remaining = calls
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        if ctx.method == "tools/call":
+            self.remaining -= 1
+            if self.remaining == 0:
+                os._exit(3)
+        return await call_next(ctx)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     faults.add_argument("--fault-seed", type=int, default=0, metavar="S")
     faults.add_argument("--fault-tools", metavar="A,B", help="tools that may fail (default: all)")
     faults.add_argument("--fault-kinds", default="error", metavar="K,L", help="error, tool_error, hang")
+    faults.add_argument("--exit-after", type=int, metavar="N", help="exit abruptly on the N-th tool call (a crash)")
     transport = parser.add_mutually_exclusive_group()
     transport.add_argument("--stdio", action="store_true", help="serve over stdin/stdout (the default)")
     transport.add_argument("--http", action="store_true", help="serve over streamable HTTP")
