@@ -4,6 +4,9 @@ Read-only calls run together; calls that may mutate run alone, in the order the 
 may do is read from its MCP annotations, and only from servers the user trusts.
 """
 
+from ._approval import ApprovalPolicy as ApprovalPolicy
+from ._approval import ApprovalRequest as ApprovalRequest
+from ._approval import SessionGuard as SessionGuard
 from ._calls import CallStatus as CallStatus
 from ._calls import ToolCall as ToolCall
 from ._calls import ToolResult as ToolResult
@@ -13,6 +16,7 @@ from ._errors import ConfigurationError as ConfigurationError
 from ._errors import DispatcherClosedError as DispatcherClosedError
 from ._errors import DispatcherError as DispatcherError
 from ._errors import ServerConnectionError as ServerConnectionError
+from ._observe import CallEvent as CallEvent
 from ._pins import DefinitionChange as DefinitionChange
 from ._retry import RetryPolicy as RetryPolicy
 from ._scheduler import Batch as Batch
@@ -20,8 +24,11 @@ from ._scheduler import Dispatcher as Dispatcher
 from ._scheduler import PendingCall as PendingCall
 
 __all__ = [
+    "ApprovalPolicy",
+    "ApprovalRequest",
     "Batch",
     "BatchError",
+    "CallEvent",
     "CallStatus",
     "ConfigurationError",
     "DefinitionChange",
@@ -31,6 +38,7 @@ __all__ = [
     "PendingCall",
     "RetryPolicy",
     "ServerConnectionError",
+    "SessionGuard",
     "ToolCall",
     "ToolEntry",
     "ToolResult",

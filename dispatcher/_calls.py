@@ -47,6 +47,8 @@ class CallStatus(enum.Enum):
     """The call ran out of time; the tool may or may not have done its work."""
     CANCELLED = "cancelled"
     """The caller gave up on the call before it ended."""
+    DENIED = "denied"
+    """The call needed approval and did not get it (refused, failed or timed out); it never ran."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,10 @@ class ToolResult:
         started_at: When its first attempt started, or None if it never started.
         finished_at: When its result was settled.
         attempt_errors: Why each earlier attempt failed, oldest first, when the call was retried.
+        untrusted_content: Whether what the tool sent back came from an open world: the tool's
+            effective openWorldHint is true and it ran (an untrusted server's tools always count as
+            open-world). Such content may carry a prompt injection: show it to the model as data
+            (`dispatcher.formats` wraps it), never as instructions.
     """
 
     call: ToolCall
@@ -81,6 +87,7 @@ class ToolResult:
     started_at: float | None = None
     finished_at: float = 0.0
     attempt_errors: tuple[str, ...] = ()
+    untrusted_content: bool = False
 
     @property
     def call_id(self) -> str:

@@ -12,6 +12,7 @@ and then lets the cancellation propagate.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections import deque
@@ -22,13 +23,16 @@ import anyio
 import anyio.lowlevel
 
 from ._annotations import effective_annotations
+from ._approval import ApprovalPolicy, SessionGuard
 from ._calls import CallStatus, ToolCall, ToolResult
 from ._catalog import ArgumentError, Catalog, ToolEntry, ToolImpl
 from ._connections import ServerRegistry, check_target
 from ._errors import BatchError, ConfigurationError, DispatcherClosedError, ServerConnectionError
 from ._functions import FunctionTool
 from ._gate import Gate, Ticket
+from ._hooks import CallHooks
 from ._mcp import ToolUnavailableError, describe_failure
+from ._observe import Observer, resolve_tracer
 from ._retry import Attempt, Budget, Retrier, RetryPolicy, eligible, is_transient
 
 if TYPE_CHECKING:
@@ -40,7 +44,10 @@ if TYPE_CHECKING:
     from mcp.server import Server
     from mcp.server.mcpserver import MCPServer
     from mcp.types import CallToolResult, ToolAnnotations
+    from opentelemetry.trace import TracerProvider
 
+    from ._approval import ApprovalRequest, Approver
+    from ._observe import CallEvent, CallState
     from ._pins import DefinitionChange
 
 __all__ = ["Batch", "Dispatcher", "PendingCall"]
@@ -63,6 +70,7 @@ class PendingCall:
         "_prepared",
         "_result",
         "_scope",
+        "_state",
         "_ticket",
         "call",
         "queued_at",
@@ -82,6 +90,8 @@ class PendingCall:
         self._cancel_requested = False
         self._result: ToolResult | None = None
         self._event: anyio.Event | None = None
+        # Only calls of a batch with hooks (approvals, a guard, events, tracing) have a state.
+        self._state: CallState | None = None
 
     @property
     def done(self) -> bool:
@@ -113,7 +123,7 @@ class PendingCall:
         attempt_errors: tuple[str, ...] = (),
     ) -> None:
         entry = self._entry
-        self._result = ToolResult(
+        self._result = settled = ToolResult(
             self.call,
             status,
             result=result,
@@ -125,8 +135,14 @@ class PendingCall:
             started_at=self.started_at,
             finished_at=anyio.current_time(),
             attempt_errors=attempt_errors,
+            # Anything an open-world tool sent back, errors included, may carry instructions.
+            untrusted_content=attempts > 0 and entry is not None and bool(entry.annotations.open_world_hint),
         )
         self._prepared = None
+        if self._state is not None:
+            hooks = self._batch._hooks
+            assert hooks is not None
+            hooks.settled(self._state, settled)
         if self._event is not None:
             self._event.set()
         self._batch._settled()
@@ -151,10 +167,11 @@ class Batch:
         results = batch.results()
     """
 
-    __slots__ = ("_dispatcher", "_event", "_ids", "_remaining", "_works")
+    __slots__ = ("_dispatcher", "_event", "_hooks", "_ids", "_remaining", "_works")
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Dispatcher, hooks: CallHooks | None = None) -> None:
         self._dispatcher = dispatcher
+        self._hooks = hooks
         self._works: list[PendingCall] = []
         self._ids: set[str] = set()
         self._remaining = 0
@@ -277,6 +294,16 @@ class Dispatcher:
             each attempt.
         retry: When to try a failed call again, or None to never retry. Only calls of tools declared
             idempotent by a trusted source are retried, and only after failures that may be transient.
+        approve: An async callable asked to confirm the calls that `approval` selects; it gets an
+            `ApprovalRequest` and returns True to let the call run. None: nothing is asked (the policy
+            is not applied). Every batch can set its own.
+        approval: Which calls need confirmation, and how long to wait for it (default
+            `ApprovalPolicy()`: calls that are not read-only and may be destructive, 300 s).
+        guard: A `SessionGuard` for the one agent session this dispatcher serves; pass a guard to each
+            `dispatch` instead when it serves several sessions.
+        on_event: Called with a `CallEvent` when a call is queued, starts, is retried and finishes.
+        tracer_provider: The OpenTelemetry tracer provider for a span per call and per attempt; None
+            uses the global one if an SDK has configured it, and traces nothing otherwise.
 
     Use it as an async context manager; calls run in its task group::
 
@@ -291,6 +318,11 @@ class Dispatcher:
         max_concurrency: int | None = 16,
         call_timeout: float | None = 60.0,
         retry: RetryPolicy | None = _DEFAULT_RETRY,
+        approve: Approver | None = None,
+        approval: ApprovalPolicy | None = None,
+        guard: SessionGuard | None = None,
+        on_event: Callable[[CallEvent], object] | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         if max_concurrency is not None and (
             not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1
@@ -304,6 +336,9 @@ class Dispatcher:
             )
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ConfigurationError(f"retry must be a RetryPolicy or None, got {type(retry).__name__}")
+        _check_approvals(approve, approval, guard)
+        if on_event is not None and not callable(on_event):
+            raise ConfigurationError(f"on_event must be a callable taking a CallEvent, got {on_event!r}")
         self._max_concurrency = max_concurrency
         self._call_timeout = call_timeout
         self._retry = retry
@@ -320,6 +355,14 @@ class Dispatcher:
         self._live: set[Batch] = set()
         self._watched: deque[PendingCall] = deque()
         self._watchdog_wake: anyio.Event | None = None
+        self._approve = approve
+        self._approval = approval if approval is not None else ApprovalPolicy()
+        self._guard = guard
+        self._on_event = on_event
+        self._tracer_provider = tracer_provider
+        self._observer: Observer | None = None
+        # The hooks of batches that set none of their own; None when nothing is configured.
+        self._hooks: CallHooks | None = None
 
     @property
     def max_concurrency(self) -> int | None:
@@ -345,6 +388,14 @@ class Dispatcher:
         self._open = True
         if self._call_timeout is not None:
             tg.start_soon(self._watchdog, self._call_timeout)
+        # Resolved on entry, so a tracer provider configured after construction is still found.
+        tracer = resolve_tracer(self._tracer_provider)
+        if tracer is not None or self._on_event is not None:
+            self._observer = Observer(self._on_event, tracer)
+        if self._observer is not None or self._approve is not None or self._guard is not None:
+            self._hooks = CallHooks(
+                approver=self._approve, policy=self._approval, guard=self._guard, observer=self._observer
+            )
         return self
 
     async def __aexit__(
@@ -640,25 +691,67 @@ class Dispatcher:
 
     # Dispatch --------------------------------------------------------------------------------------
 
-    def batch(self) -> Batch:
-        """Start an incremental batch: submit calls one by one, as they arrive."""
-        self._check_open()
-        return Batch(self)
+    def batch(
+        self,
+        *,
+        approve: Approver | None = None,
+        approval: ApprovalPolicy | None = None,
+        guard: SessionGuard | None = None,
+    ) -> Batch:
+        """Start an incremental batch: submit calls one by one, as they arrive.
 
-    async def dispatch(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        ``approve``, ``approval`` and ``guard`` replace the dispatcher's own for this batch (see
+        `dispatch`).
+        """
+        self._check_open()
+        return Batch(self, self._batch_hooks(approve, approval, guard))
+
+    async def dispatch(
+        self,
+        calls: Sequence[ToolCall],
+        *,
+        approve: Approver | None = None,
+        approval: ApprovalPolicy | None = None,
+        guard: SessionGuard | None = None,
+    ) -> list[ToolResult]:
         """Run a batch of calls and return one result per call, in call order.
 
         Concurrent calls (effective readOnlyHint) run together within the limits; every other call
         waits for everything submitted before it and runs alone. This holds across concurrent
         `dispatch()` calls too. A failing call never affects its siblings.
 
+        Calls that need approval are asked for all at once, as the batch is submitted; each waits
+        at its place in the order until it is approved (then it runs when its turn comes) or denied
+        (then it gets a DENIED result and never runs).
+
+        Args:
+            calls: The calls, in the order the model asked for them.
+            approve: This batch's approver, instead of the dispatcher's.
+            approval: This batch's approval policy, instead of the dispatcher's.
+            guard: The `SessionGuard` of the session this batch belongs to, instead of the
+                dispatcher's.
+
         Raises:
             BatchError: An item is not a `ToolCall`, or two calls share an id; nothing was run.
             DispatcherClosedError: The dispatcher is not open.
+            ConfigurationError: ``approve``, ``approval`` or ``guard`` is not of the right kind.
         """
-        batch = Batch(self)
+        batch = Batch(self, self._batch_hooks(approve, approval, guard))
         batch.submit_all(calls)
         return await batch.wait()
+
+    def _batch_hooks(
+        self, approve: Approver | None, approval: ApprovalPolicy | None, guard: SessionGuard | None
+    ) -> CallHooks | None:
+        if approve is None and approval is None and guard is None:
+            return self._hooks
+        _check_approvals(approve, approval, guard)
+        return CallHooks(
+            approver=approve if approve is not None else self._approve,
+            policy=approval if approval is not None else self._approval,
+            guard=guard if guard is not None else self._guard,
+            observer=self._observer,
+        )
 
     def _check_open(self) -> None:
         if not self._open:
@@ -670,6 +763,9 @@ class Dispatcher:
         batch._works.append(work)
         batch._added()
         resolution = self._catalog.resolve(call.name, call.server)
+        hooks = batch._hooks
+        if hooks is not None:
+            work._state = hooks.queued(call, resolution.entry, work.queued_at)
         if resolution.entry is None or resolution.impl is None:
             work._settle(CallStatus.FAILED, error=resolution.error)
             return work
@@ -677,10 +773,7 @@ class Dispatcher:
         work._impl = impl = resolution.impl
         arguments = call.arguments if call.arguments is not None else {}
         if not isinstance(arguments, Mapping):
-            work._settle(
-                CallStatus.FAILED,
-                error=f"invalid arguments: expected a JSON object, got {type(arguments).__name__}",
-            )
+            work._settle(CallStatus.FAILED, error=_invalid_arguments(arguments))
             return work
         try:
             work._prepared = impl.prepare(arguments)
@@ -690,9 +783,68 @@ class Dispatcher:
         except Exception as exc:
             work._settle(CallStatus.FAILED, error=f"invalid arguments: {type(exc).__name__}: {exc}")
             return work
-        work._ticket = self._gate.submit(work, exclusive=entry.exclusive, server=entry.server)
+        if hooks is None:
+            work._ticket = self._gate.submit(work, exclusive=entry.exclusive, server=entry.server)
+        else:
+            self._submit_hooked(work, entry, hooks)
         self._pump()
         return work
+
+    def _submit_hooked(self, work: PendingCall, entry: ToolEntry, hooks: CallHooks) -> None:
+        """Queue a call of a batch with hooks: held at its place while its approval is asked for."""
+        state = work._state
+        assert state is not None
+        request = hooks.approval(work.call, entry, state)
+        work._ticket = self._gate.submit(work, exclusive=entry.exclusive, server=entry.server, held=request is not None)
+        if request is not None:
+            assert self._tg is not None
+            self._tg.start_soon(self._approve_held, work, request, hooks, state)
+
+    async def _approve_held(
+        self, work: PendingCall, request: ApprovalRequest, hooks: CallHooks, state: CallState
+    ) -> None:
+        """Ask for a held call's approval, then release it to take its turn, or deny it."""
+        # Cancelling the call (see `_cancel`) cancels this scope: the approver stops being asked.
+        with anyio.CancelScope() as scope:
+            work._scope = scope
+            denial = await hooks.ask(request, state)
+        work._scope = None
+        ticket = work._ticket
+        if scope.cancelled_caught or work._result is not None or ticket is None:
+            return
+        if denial is None:
+            self._gate.release(ticket)
+        else:
+            self._gate.withdraw(ticket)
+            work._settle(CallStatus.DENIED, error=denial)
+        if self._open:
+            self._pump()
+
+    async def _approve_at_start(self, work: PendingCall, state: CallState, scope: anyio.CancelScope) -> bool:
+        """Ask the approval the session guard may now require of a call about to start.
+
+        Returns:
+            Whether the call was denied (and settled).
+        """
+        hooks = work._batch._hooks
+        assert hooks is not None
+        request = hooks.recheck(work.call, state)
+        if request is None:
+            return False
+        work._scope = scope
+        try:
+            denial = await hooks.ask(request, state)
+        except BaseException:
+            work._scope = None
+            if work._result is None:
+                why = "cancelled while waiting for approval" if work._cancel_requested else "the dispatcher closed"
+                work._settle(CallStatus.CANCELLED, error=why)
+            raise
+        work._scope = None
+        if denial is None:
+            return False
+        work._settle(CallStatus.DENIED, error=denial)
+        return True
 
     def _cancel(self, works: Iterable[PendingCall]) -> None:
         withdrew = False
@@ -703,6 +855,8 @@ class Dispatcher:
             if ticket is not None and self._gate.withdraw(ticket):
                 withdrew = True
                 work._settle(CallStatus.CANCELLED, error="cancelled before it started")
+                if work._scope is not None:
+                    work._scope.cancel()  # its approval is still being asked for
             else:
                 work._cancel_requested = True
                 if work._scope is not None:
@@ -782,6 +936,9 @@ class Dispatcher:
         if work._cancel_requested:
             work._settle(CallStatus.CANCELLED, error="cancelled before it started")
             return
+        state = work._state
+        if state is not None and state.recheck and await self._approve_at_start(work, state, scope):
+            return
         impl = work._impl
         assert impl is not None
         retry = self._retry
@@ -789,6 +946,10 @@ class Dispatcher:
             await self._run_retrying(work, scope, retry)
             return
         work.started_at = anyio.current_time()
+        if state is not None:
+            hooks = work._batch._hooks
+            assert hooks is not None
+            hooks.attempt_started(work.call, state, work.started_at)  # its end is reported with the result
         work._scope = scope
         if self._call_timeout is not None:
             self._watch(work)
@@ -826,8 +987,19 @@ class Dispatcher:
                 budget = self._budgets[server] = Budget(policy.budget, policy.budget_refill)
         retrier = Retrier(policy, budget, self._rng, server)
         call_timeout = self._call_timeout
+        state = work._state
+        hooks = work._batch._hooks
 
         async def attempt(start: float, limit: float) -> Attempt:
+            if state is None:
+                return await attempt_once(start, limit)
+            assert hooks is not None
+            hooks.attempt_started(work.call, state, start)
+            outcome = await attempt_once(start, limit)
+            hooks.attempt_finished(state, outcome.status, outcome.error)
+            return outcome
+
+        async def attempt_once(start: float, limit: float) -> Attempt:
             deadline = limit if call_timeout is None else min(limit, start + call_timeout)
             with anyio.CancelScope(deadline=deadline):
                 try:
@@ -922,6 +1094,29 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, ToolUnavailableError):
         return str(exc)
     return describe_failure(exc)[1] if isinstance(exc, Exception) else type(exc).__name__
+
+
+def _invalid_arguments(arguments: object) -> str:
+    """Why arguments that are not a mapping are rejected; JSON text that failed to parse says where."""
+    if isinstance(arguments, str):
+        try:
+            json.loads(arguments)
+        except ValueError as exc:
+            text = arguments if len(arguments) <= 200 else f"{arguments[:200]}..."
+            return f"invalid arguments: expected a JSON object, got text that is not valid JSON ({exc}): {text!r}"
+        return "invalid arguments: expected a JSON object, got a str of JSON text; parse it into a dict"
+    return f"invalid arguments: expected a JSON object, got {type(arguments).__name__}"
+
+
+def _check_approvals(approve: object, approval: object, guard: object) -> None:
+    if approve is not None and not callable(approve):
+        raise ConfigurationError(
+            f"approve must be an async callable taking an ApprovalRequest and returning a bool, got {approve!r}"
+        )
+    if approval is not None and not isinstance(approval, ApprovalPolicy):
+        raise ConfigurationError(f"approval must be an ApprovalPolicy, got {type(approval).__name__}")
+    if guard is not None and not isinstance(guard, SessionGuard):
+        raise ConfigurationError(f"guard must be a SessionGuard, got {type(guard).__name__}")
 
 
 def _error_text(result: CallToolResult) -> str:

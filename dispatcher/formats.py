@@ -338,7 +338,7 @@ def openai_responses_results(
 
 def _model_text(result: ToolResult, untrusted: Callable[[str, ToolResult], str] | None, *, prefix_errors: bool) -> str:
     text = result_text(result)
-    if untrusted is not None and getattr(result, "untrusted_content", False):
+    if untrusted is not None and result.untrusted_content:
         text = untrusted(text, result)
     if prefix_errors and not result.ok:
         text = f"Error ({result.status.value}): {text}"

@@ -299,7 +299,10 @@ async def test_openai_chat_round_trip_with_malformed_arguments() -> None:
         {"role": "tool", "tool_call_id": "call_Qm2Jb8YqPfHdWc4B7ZnEo1sX", "content": "todo"},
     ]
     assert messages[3]["tool_call_id"] == "call_Zt0w6XyG3kLmN9pQrS2uV4aB"
-    assert messages[3]["content"].startswith("Error (failed): invalid arguments")
+    assert messages[3]["content"] == (
+        "Error (failed): invalid arguments: expected a JSON object, got text that is not valid JSON "
+        """(Unterminated string starting at: line 1 column 23 (char 22)): '{"name":"done","text":"ship'"""
+    )
     json.dumps(messages)
 
 

@@ -1,0 +1,201 @@
+"""Approvals: which calls a person must confirm, and the session guard against the lethal trifecta.
+
+`ApprovalPolicy` decides from a tool's effective annotations (spec defaults applied, untrusted hints
+ignored) whether a call needs confirmation; the scheduler asks the user's approver for every such call
+of a batch at once, as the calls are submitted, and holds each one at its place in the order until the
+answer comes. A refusal, an approver that raises and an approval that takes too long all deny the call:
+it never runs and gets a DENIED result that the model can read.
+
+`SessionGuard` is opt-in. It watches what one agent session has done: once the session has read private
+data (a read-only, closed-world tool answered) and ingested open-world content (any open-world tool
+answered), every later call that writes to the open world (not read-only, open-world) needs approval,
+whatever the policy says. That is the moment a prompt injection in the ingested content could exfiltrate
+the private data. The hints are self-reports, so this is a tripwire for the user experience, not a
+security boundary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Iterable, Set
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import anyio
+
+from ._errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from ._calls import ToolCall, ToolResult
+    from ._catalog import ToolEntry
+
+__all__ = ["ApprovalPolicy", "ApprovalRequest", "Approver", "SessionGuard", "ask", "writes_open_world"]
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """A call waiting for a person's decision.
+
+    Attributes:
+        call: The call the model asked for.
+        tool: The catalogue entry it resolved to (its effective annotations, server and trust).
+        reason: Why confirmation is needed, in a sentence that can be shown to the person.
+    """
+
+    call: ToolCall
+    tool: ToolEntry
+    reason: str
+
+
+Approver = Callable[[ApprovalRequest], Awaitable[bool]]
+"""An async callable that returns True to let the call run and False to deny it."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ApprovalPolicy:
+    """Which calls need the approver's confirmation before they run.
+
+    A call needs confirmation when any selected condition holds for its tool's effective annotations,
+    or its catalogue name is in `always`; a name in `never` needs none from the policy (the session
+    guard can still require it). Without an approver registered, the policy has no effect.
+
+    Args:
+        destructive: Confirm calls that are not read-only and may be destructive (the default rule:
+            a tool without annotations, or from an untrusted server, counts as destructive).
+        mutating: Confirm every call that is not read-only.
+        open_world: Confirm every call of an open-world tool, reads included.
+        always: Catalogue names of tools to confirm every time.
+        never: Catalogue names of tools never to confirm (the policy's rules do not apply to them).
+        timeout: Seconds to wait for a decision before the call is denied, or None to wait as long as
+            it takes.
+    """
+
+    destructive: bool = True
+    mutating: bool = False
+    open_world: bool = False
+    always: Set[str] = field(default_factory=frozenset)
+    never: Set[str] = field(default_factory=frozenset)
+    timeout: float | None = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("always", "never"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not isinstance(value, Iterable):
+                raise ConfigurationError(f"{name} must be a set of tool names, got {value!r}; write {{{value!r}}}")
+            names = frozenset(value)
+            if not all(isinstance(item, str) for item in names):
+                raise ConfigurationError(f"{name} must hold tool names (str), got {sorted(map(repr, names))}")
+            object.__setattr__(self, name, names)
+        both = frozenset(self.always) & frozenset(self.never)
+        if both:
+            raise ConfigurationError(f"tools cannot be in both always and never: {sorted(both)}")
+        timeout = self.timeout
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not (timeout > 0 and timeout < math.inf)
+        ):
+            raise ConfigurationError(
+                f"timeout must be a positive number of seconds, got {timeout!r}; use None to wait without limit"
+            )
+
+    def reason(self, tool: ToolEntry) -> str | None:
+        """Why a call of this tool needs confirmation, or None if the policy lets it run."""
+        if tool.name in self.never:
+            return None
+        if tool.name in self.always:
+            return f"the approval policy lists {tool.name}"
+        hints = tool.annotations
+        if not hints.read_only_hint:
+            if self.destructive and hints.destructive_hint:
+                return f"{tool.name} may make destructive changes"
+            if self.mutating:
+                return f"{tool.name} may change its environment"
+        if self.open_world and hints.open_world_hint:
+            return f"{tool.name} reaches an open world"
+        return None
+
+
+def writes_open_world(tool: ToolEntry) -> bool:
+    """Whether a tool can send data out: not read-only, and open-world."""
+    hints = tool.annotations
+    return not hints.read_only_hint and bool(hints.open_world_hint)
+
+
+class SessionGuard:
+    """Requires approval for open-world writes once a session has read private data and untrusted content.
+
+    Use one guard per agent session (conversation), passed to `Dispatcher(guard=...)` or to each
+    `dispatch`/`batch` of that session. It learns from the results of the calls it sees; content the
+    loop brings in by other means can be reported with `note_private_data` and
+    `note_untrusted_content`.
+
+    Attributes:
+        private_data: The tools whose answers count as private data read so far (read-only,
+            closed-world tools that answered OK), in the order first seen.
+        untrusted_content: The tools whose answers brought in open-world content so far.
+    """
+
+    __slots__ = ("private_data", "untrusted_content")
+
+    def __init__(self) -> None:
+        self.private_data: list[str] = []
+        self.untrusted_content: list[str] = []
+
+    @property
+    def tripped(self) -> bool:
+        """Whether the session has both read private data and ingested open-world content."""
+        return bool(self.private_data) and bool(self.untrusted_content)
+
+    def note_private_data(self, source: str) -> None:
+        """Record private data that entered the session by other means (for example a user's upload)."""
+        if source not in self.private_data:
+            self.private_data.append(source)
+
+    def note_untrusted_content(self, source: str) -> None:
+        """Record open-world content that entered the session by other means (a pasted web page)."""
+        if source not in self.untrusted_content:
+            self.untrusted_content.append(source)
+
+    def reset(self) -> None:
+        """Forget what the session has seen, for example when its context is cleared."""
+        self.private_data.clear()
+        self.untrusted_content.clear()
+
+    def reason(self, tool: ToolEntry) -> str:
+        """Why a call of this tool needs approval under this guard (meaningful once it is tripped)."""
+        return (
+            f"{tool.name} can send data to an open world, and this session has read private data "
+            f"({', '.join(self.private_data)}) and ingested open-world content "
+            f"({', '.join(self.untrusted_content)}), which may carry instructions to leak it"
+        )
+
+    def _observe(self, tool: ToolEntry, result: ToolResult) -> None:
+        if result.untrusted_content:
+            self.note_untrusted_content(tool.name)
+        elif result.ok and tool.annotations.read_only_hint and not tool.annotations.open_world_hint:
+            self.note_private_data(tool.name)
+
+    def __repr__(self) -> str:
+        return f"<SessionGuard private_data={self.private_data} untrusted_content={self.untrusted_content}>"
+
+
+async def ask(approver: Approver | None, request: ApprovalRequest, patience: float | None) -> str | None:
+    """Ask for a decision within `patience` seconds; None means approved, a string is why the call is denied.
+
+    The approver's exceptions deny the call (their text goes into the reason); cancellation propagates.
+    """
+    if approver is None:
+        return f"not run: it needs approval because {request.reason}, and no approver is configured"
+    with anyio.move_on_after(math.inf if patience is None else patience):
+        try:
+            approved = await approver(request)
+        except Exception as exc:
+            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            return f"not run: asking for approval failed ({detail})"
+        if approved is True:
+            return None
+        if approved is False:
+            return f"not run: the user denied it (approval was needed because {request.reason})"
+        return f"not run: the approver answered {approved!r} instead of True or False"
+    return f"not run: no approval within {patience}s (approval was needed because {request.reason})"

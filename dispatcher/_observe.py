@@ -1,0 +1,237 @@
+"""Observability: a plain event hook and OpenTelemetry spans for every call and every attempt.
+
+Both are off unless configured, and cost nothing then: the scheduler checks one attribute per call.
+
+- The event hook is a plain callable that receives a `CallEvent` when a call is queued, starts, is
+  retried and finishes. It runs synchronously inside the scheduler, so it should be quick (append to a
+  list, put on a queue, log a line); an exception it raises is logged and otherwise ignored.
+- Tracing uses only the ``opentelemetry-api`` package (``pip install dispatcher[otel]``), imported when
+  a dispatcher opens. With no API installed, or no SDK configured (the global tracer provider is still
+  the API's proxy or no-op provider), nothing is traced. Each call gets a span from its submission to
+  its result, a child of the span that was current where the call was submitted; each attempt gets a
+  child span, current while the tool runs, so the MCP SDK's client span (and, through the trace
+  context it sends in ``_meta``, the server's span) nest under it.
+
+Span names and attributes follow the OpenTelemetry GenAI conventions where they exist
+(``execute_tool {tool}``, ``gen_ai.operation.name``, ``gen_ai.tool.name``, ``gen_ai.tool.call.id``,
+``error.type``) and use a ``dispatcher.`` prefix for the rest: server, trust, scheduling class, the four
+effective hints, attempt, status, attempts, queue and run time.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import KW_ONLY, dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from opentelemetry.trace import Span, Tracer, TracerProvider
+
+    from ._approval import ApprovalRequest
+    from ._calls import CallStatus, ToolCall, ToolResult
+    from ._catalog import ToolEntry
+
+__all__ = ["CallEvent", "CallState", "EventKind", "Observer", "resolve_tracer"]
+
+logger = logging.getLogger("dispatcher")
+
+EventKind = Literal["queued", "started", "retried", "finished"]
+
+
+@dataclass(frozen=True, slots=True)
+class CallEvent:
+    """Something that happened to a call, for the `Dispatcher(on_event=...)` hook.
+
+    Attributes:
+        kind: ``"queued"`` (submitted), ``"started"`` (its first attempt began), ``"retried"`` (another
+            attempt began after a transient failure) or ``"finished"`` (it has its result).
+        call: The call.
+        time: When it happened, on the event loop's clock (`anyio.current_time()`), like the times of
+            `ToolResult`.
+        tool: The catalogue entry the call resolved to, or None if it resolved to nothing.
+        attempt: The attempt that started (``started``: 1, ``retried``: 2 or more); for ``finished``, the
+            number of attempts made; 0 for ``queued``.
+        error: For ``retried``, why the previous attempt failed; for ``finished``, the result's error.
+        result: For ``finished``, the result; else None.
+    """
+
+    kind: EventKind
+    call: ToolCall
+    time: float
+    _: KW_ONLY
+    tool: ToolEntry | None = None
+    attempt: int = 0
+    error: str | None = None
+    result: ToolResult | None = None
+
+
+class CallState:
+    """What the hooks keep for one call between its events (only for calls of a hooked batch)."""
+
+    __slots__ = ("attempt", "attempt_span", "entry", "previous_error", "recheck", "span", "token")
+
+    def __init__(self, entry: ToolEntry | None) -> None:
+        self.entry = entry
+        self.span: Span | None = None
+        self.attempt_span: Span | None = None
+        self.token: object = None
+        self.attempt = 0
+        self.previous_error: str | None = None
+        # The session guard must look again when the call is about to start (see `_hooks`).
+        self.recheck = False
+
+
+def resolve_tracer(provider: TracerProvider | None) -> Tracer | None:
+    """A tracer from the given provider or the global one, or None when tracing would be a no-op."""
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return None
+    if provider is None:
+        provider = trace.get_tracer_provider()
+    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        return None
+    from . import __version__
+
+    return provider.get_tracer("dispatcher", __version__)
+
+
+class Observer:
+    """Sends a dispatcher's call events to its hook and its spans to its tracer."""
+
+    __slots__ = ("_on_event", "_tracer")
+
+    def __init__(self, on_event: Callable[[CallEvent], object] | None, tracer: Tracer | None) -> None:
+        self._on_event = on_event
+        self._tracer = tracer
+
+    def queued(self, call: ToolCall, state: CallState, time: float) -> None:
+        entry = state.entry
+        if self._tracer is not None:
+            state.span = self._tracer.start_span(
+                f"execute_tool {entry.name if entry is not None else call.name}",
+                attributes=_call_attributes(call, entry),
+            )
+        self._emit(CallEvent("queued", call, time, tool=entry))
+
+    def approval(self, state: CallState, request: ApprovalRequest, denial: str | None) -> None:
+        span = state.span
+        if span is not None:
+            if denial is None:
+                span.add_event("dispatcher.approval.granted", {"dispatcher.approval.reason": request.reason})
+            else:
+                span.add_event(
+                    "dispatcher.approval.denied",
+                    {"dispatcher.approval.reason": request.reason, "dispatcher.approval.denial": denial},
+                )
+
+    def attempt_started(self, call: ToolCall, state: CallState, time: float) -> None:
+        """An attempt begins: runs in the task that runs it, which the span is made current in."""
+        state.attempt += 1
+        attempt = state.attempt
+        tracer = self._tracer
+        if tracer is not None and state.span is not None:
+            from opentelemetry import context, trace
+
+            entry = state.entry
+            span = tracer.start_span(
+                f"attempt {entry.name if entry is not None else call.name}",
+                context=trace.set_span_in_context(state.span),
+                attributes={
+                    "gen_ai.tool.name": entry.name if entry is not None else call.name,
+                    "gen_ai.tool.call.id": call.id,
+                    "dispatcher.attempt": attempt,
+                },
+            )
+            state.attempt_span = span
+            state.token = context.attach(trace.set_span_in_context(span))
+        if attempt == 1:
+            self._emit(CallEvent("started", call, time, tool=state.entry, attempt=1))
+        else:
+            self._emit(CallEvent("retried", call, time, tool=state.entry, attempt=attempt, error=state.previous_error))
+
+    def attempt_finished(self, state: CallState, status: CallStatus, error: str | None) -> None:
+        """An attempt ended (in the task that ran it)."""
+        state.previous_error = error
+        span = state.attempt_span
+        if span is None:
+            return
+        state.attempt_span = None
+        _end(span, status, error, {"dispatcher.outcome": status.value})
+        token, state.token = state.token, None
+        if token is not None:
+            from opentelemetry import context
+
+            context.detach(token)  # type: ignore[arg-type]
+
+    def finished(self, state: CallState, result: ToolResult) -> None:
+        if state.attempt_span is not None:
+            self.attempt_finished(state, result.status, result.error)
+        span = state.span
+        if span is not None:
+            state.span = None
+            _end(
+                span,
+                result.status,
+                result.error,
+                {
+                    "dispatcher.status": result.status.value,
+                    "dispatcher.attempts": result.attempts,
+                    "dispatcher.queue_time_s": result.queue_time,
+                    "dispatcher.run_time_s": result.run_time,
+                    "dispatcher.untrusted_content": result.untrusted_content,
+                },
+            )
+        self._emit(
+            CallEvent(
+                "finished",
+                result.call,
+                result.finished_at,
+                tool=state.entry,
+                attempt=result.attempts,
+                error=result.error,
+                result=result,
+            )
+        )
+
+    def _emit(self, event: CallEvent) -> None:
+        hook = self._on_event
+        if hook is None:
+            return
+        try:
+            hook(event)
+        except Exception:
+            # The hook is the user's code, run inside the scheduler: it must not break a call.
+            logger.exception("the on_event hook raised on a %r event for call %r", event.kind, event.call.id)
+
+
+def _call_attributes(call: ToolCall, entry: ToolEntry | None) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": entry.name if entry is not None else call.name,
+        "gen_ai.tool.call.id": call.id,
+    }
+    if entry is not None:
+        hints = entry.annotations
+        if entry.server is not None:
+            attributes["dispatcher.server"] = entry.server
+        attributes["dispatcher.tool"] = entry.tool
+        attributes["dispatcher.trusted"] = entry.trusted
+        attributes["dispatcher.scheduling"] = "exclusive" if entry.exclusive else "concurrent"
+        attributes["dispatcher.read_only"] = bool(hints.read_only_hint)
+        attributes["dispatcher.destructive"] = bool(hints.destructive_hint)
+        attributes["dispatcher.idempotent"] = bool(hints.idempotent_hint)
+        attributes["dispatcher.open_world"] = bool(hints.open_world_hint)
+    return attributes
+
+
+def _end(span: Span, status: CallStatus, error: str | None, attributes: dict[str, Any]) -> None:
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_attributes(attributes)
+    if status.value != "ok":
+        span.set_attribute("error.type", status.value)
+        span.set_status(Status(StatusCode.ERROR, error))
+    span.end()
