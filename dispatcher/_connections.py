@@ -103,6 +103,7 @@ class Connection:
         *,
         mode: str,
         sync: Callable[[Client], Awaitable[None]],
+        unavailable: Callable[[str], str | None],
         follow: bool,
         timeout: float | None,
     ) -> None:
@@ -110,6 +111,7 @@ class Connection:
         self._target = target
         self._mode = mode
         self._sync = sync
+        self._unavailable = unavailable
         self._follow = follow
         self._timeout = timeout
         self._client: Client | None = None
@@ -128,6 +130,11 @@ class Connection:
     def connected(self) -> bool:
         """Whether a client is connected now."""
         return self._client is not None
+
+    @property
+    def protocol_version(self) -> str | None:
+        """The protocol version of the current connection, if connected."""
+        return self._client.protocol_version if self._client is not None else None
 
     # The supervisor ------------------------------------------------------------------------------
 
@@ -312,6 +319,10 @@ class Connection:
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> CallToolResult:
         """Call a tool on the current client; a lost connection is noted and the error re-raised."""
         client = await self.client()
+        # Checked again now: connecting lists the tools anew, which may have blocked or removed this one.
+        reason = self._unavailable(name)
+        if reason is not None:
+            raise ToolUnavailableError(reason)
         try:
             return await client.call_tool(name, arguments)
         except Exception as exc:
@@ -414,6 +425,7 @@ class ServerRegistry:
             target,
             mode=mode,
             sync=functools.partial(self.sync, server),
+            unavailable=functools.partial(self._catalog.unavailable, server.name),
             follow=follow,
             timeout=timeout,
         )
@@ -530,6 +542,13 @@ class ServerRegistry:
             server = self._servers.get(name)
             if server is not None and server.listed:
                 self._apply(server, list(server.tools.values()))
+
+    def protocol_version(self, name: str) -> str | None:
+        """The negotiated protocol version of a server's current connection, if known."""
+        server = self._get(name)
+        if server.connection is not None:
+            return server.connection.protocol_version
+        return server.caller.protocol_version if isinstance(server.caller, Client) else None
 
     def _get(self, name: str) -> _Server:
         server = self._servers.get(name)

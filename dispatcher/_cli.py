@@ -1,0 +1,55 @@
+"""The `dispatcher` command line: a small dispatcher of subcommands, argparse only.
+
+Each subcommand lives in the module of its feature and registers itself with an `add_parser(subparsers)`
+function that adds its parser and sets ``handler=``: a function that takes the parsed arguments and
+returns the exit status. To add a subcommand, write that function and list it in `_COMMANDS`.
+
+Exit statuses: 0 success, 1 the command failed (the reason is on stderr), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from . import __version__
+from ._inspect import add_parser as add_inspect
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+__all__ = ["build_parser", "main"]
+
+_COMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (add_inspect,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of the whole command line, with every subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="dispatcher",
+        description="Tools for dispatcher, the annotation-aware scheduler of MCP tool calls.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.set_defaults(handler=None)
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for add in _COMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line.
+
+    Args:
+        argv: The arguments without the program name; None reads `sys.argv`.
+
+    Returns:
+        The exit status.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.handler is None:
+        parser.print_help()
+        return 2
+    status: int = args.handler(args)
+    return status

@@ -1,0 +1,235 @@
+"""`dispatcher inspect`: the report on a server's tools, the warnings, and the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+import tomllib
+
+import anyio
+import pytest
+from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
+
+from dispatcher import ToolEntry
+from dispatcher._annotations import effective_annotations
+from dispatcher._cli import main
+from dispatcher._inspect import Report, analyze, inspect_server, render_table
+from dispatcher.examples import Workspace, serve_http
+
+from .test_connections import HTTP_MODES, SOURCE_ROOT, Mode
+
+WORKSPACE = f"{shlex.quote(sys.executable)} -m dispatcher.examples.workspace"
+PYTHONPATH = f"PYTHONPATH={SOURCE_ROOT}"
+
+
+def entry(tool: str, declared: ToolAnnotations | None, *, trusted: bool = False, name: str | None = None) -> ToolEntry:
+    """A catalogue entry as registration would build it."""
+    return ToolEntry(
+        name or tool,
+        "s",
+        tool,
+        effective_annotations(declared, trusted=trusted),
+        declared_annotations=declared,
+        trusted=trusted,
+    )
+
+
+def codes(entries: list[ToolEntry]) -> dict[str, list[str]]:
+    """The warning codes per tool, and for the toolset under "*"."""
+    tools, warnings = analyze(entries)
+    found: dict[str, list[str]] = {tool.tool: [w.code for w in tool.warnings] for tool in tools}
+    found["*"] = [w.code for w in warnings]
+    return found
+
+
+# The analysis ----------------------------------------------------------------------------------
+
+
+def test_contradictory_hints_are_flagged() -> None:
+    """destructiveHint or idempotentHint on a read-only tool is a contradiction; unset ones are not."""
+    found = codes(
+        [
+            entry("a", ToolAnnotations(read_only_hint=True, destructive_hint=True), trusted=True),
+            entry("b", ToolAnnotations(read_only_hint=True, idempotent_hint=False), trusted=True),
+            entry("c", ToolAnnotations(read_only_hint=True), trusted=True),
+            entry("d", ToolAnnotations(read_only_hint=False, destructive_hint=True), trusted=True),
+        ]
+    )
+    assert found == {"a": ["contradictory_hints"], "b": ["contradictory_hints"], "c": [], "d": [], "*": []}
+
+
+def test_names_models_reject_are_flagged() -> None:
+    """A name outside ^[A-Za-z0-9_-]{1,64}$ is flagged with the name the model is shown instead."""
+    tools, _ = analyze([entry("get.file", None, name="s__get_file"), entry("x" * 65, None), entry("ok-name_1", None)])
+    assert [w.code for w in tools[0].warnings] == ["invalid_name"]
+    assert "'s__get_file'" in tools[0].warnings[0].message
+    assert [w.code for w in tools[1].warnings] == ["invalid_name"]
+    assert tools[2].warnings == ()
+
+
+def test_untrusted_read_only_tools_are_flagged_as_serialized() -> None:
+    """A tool declared read-only runs exclusive only because the server is untrusted: say so."""
+    read = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    assert codes([entry("a", read)])["a"] == ["untrusted_serialized"]
+    assert codes([entry("a", read, trusted=True)])["a"] == []
+    assert codes([entry("a", ToolAnnotations(read_only_hint=False))])["a"] == []
+
+
+@pytest.mark.parametrize(
+    ("tools", "trifecta"),
+    [
+        ({"notes": (True, False), "web": (True, True), "mail": (False, True)}, True),
+        ({"notes": (True, False), "web": (True, True), "save": (False, False)}, False),
+        ({"notes": (True, False), "mail": (False, True)}, False),
+        ({"web": (True, True), "mail": (False, True), "unknown": (None, None)}, False),
+    ],
+)
+def test_lethal_trifecta(tools: dict[str, tuple[bool | None, bool | None]], trifecta: bool) -> None:
+    """Private reads, open-world reads and open-world writes together are flagged, naming the tools."""
+    entries = [entry(name, ToolAnnotations(read_only_hint=ro, open_world_hint=ow)) for name, (ro, ow) in tools.items()]
+    _, warnings = analyze(entries)
+    assert [w.code for w in warnings] == (["lethal_trifecta"] if trifecta else [])
+    if trifecta:
+        assert "read private data (notes)" in warnings[0].message
+        assert "ingest open-world content (web)" in warnings[0].message
+        assert "write to the open world (mail)" in warnings[0].message
+
+
+def test_scheduling_and_retryable_follow_the_effective_hints() -> None:
+    """Concurrent means effective read-only; retryable means effective idempotent (trusted only)."""
+    idempotent = ToolAnnotations(read_only_hint=False, idempotent_hint=True)
+    tools, _ = analyze([entry("w", idempotent, trusted=True), entry("u", idempotent)])
+    assert (tools[0].scheduling, tools[0].retryable) == ("exclusive", True)
+    assert (tools[1].scheduling, tools[1].retryable) == ("exclusive", False)
+    assert tools[1].declared["idempotentHint"] is True
+    assert tools[1].effective["idempotentHint"] is False
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("trusted", [False, True])
+async def test_inspect_the_workspace(trusted: bool) -> None:
+    """The example workspace: its honest hints, trust's effect on scheduling, and its lethal trifecta."""
+    report = await inspect_server(Workspace().server, trusted=trusted)
+    tools = {tool.tool: tool for tool in report.tools}
+    concurrent = {name for name, tool in tools.items() if tool.scheduling == "concurrent"}
+    retryable = {name for name, tool in tools.items() if tool.retryable}
+    assert concurrent == ({"search_notes", "read_note", "fetch_url"} if trusted else set())
+    assert retryable == ({"set_note", "delete_note"} if trusted else set())
+    assert tools["fetch_url"].declared == {
+        "readOnlyHint": True,
+        "destructiveHint": None,
+        "idempotentHint": None,
+        "openWorldHint": True,
+    }
+    serialized = {name for name, tool in tools.items() if any(w.code == "untrusted_serialized" for w in tool.warnings)}
+    assert serialized == (set() if trusted else {"search_notes", "read_note", "fetch_url"})
+    assert [w.code for w in report.warnings] == ["lethal_trifecta"]
+    assert report.protocol == "2026-07-28"
+
+
+@pytest.mark.anyio
+async def test_invalid_names_in_a_live_server() -> None:
+    """A server tool whose name models reject is reported with the catalogue name it gets."""
+    server = MCPServer("odd")
+
+    def lookup(key: str) -> str:
+        return key
+
+    server.add_tool(lookup, name="files.lookup", annotations=ToolAnnotations(read_only_hint=True))
+    report = await inspect_server(server, server="odd", trusted=True)
+    (tool,) = report.tools
+    assert tool.name == "odd__files_lookup"
+    assert [w.code for w in tool.warnings] == ["invalid_name"]
+
+
+def test_table_rendering() -> None:
+    """The table has one row per tool, a legend, and the warnings at the end."""
+    tools, warnings = analyze([entry("a", ToolAnnotations(read_only_hint=True, open_world_hint=False))])
+    text = render_table(Report("s", "cmd", False, "2026-07-28", tools, warnings))
+    lines = text.splitlines()
+    assert lines[0] == "server 's': cmd (untrusted, protocol 2026-07-28)"
+    assert lines[2].split() == ["TOOL", "DECLARED", "EFFECTIVE", "SCHEDULING", "RETRYABLE"]
+    assert lines[3].split() == ["a", "T", "-", "-", "F", "F", "T", "F", "T", "exclusive", "no"]
+    assert "1 warning:" in lines
+    assert lines[-1].startswith("  a: declared read-only, but runs exclusive")
+
+
+# The command line ------------------------------------------------------------------------------
+
+
+def test_cli_stdio_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """`inspect --stdio CMD --json` prints a JSON report of the subprocess server's tools."""
+    status = main(["inspect", "--stdio", WORKSPACE, "--env", PYTHONPATH, "--trusted", "--json", "--mode", "legacy"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 0
+    assert report["trusted"] is True and report["protocol"] == "2025-11-25"
+    assert report["target"].endswith("-m dispatcher.examples.workspace")
+    fetch = next(tool for tool in report["tools"] if tool["tool"] == "fetch_url")
+    assert fetch == {
+        "tool": "fetch_url",
+        "name": "fetch_url",
+        "declared": {"readOnlyHint": True, "destructiveHint": None, "idempotentHint": None, "openWorldHint": True},
+        "effective": {"readOnlyHint": True, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
+        "scheduling": "concurrent",
+        "retryable": False,
+        "warnings": [],
+    }
+    assert [w["code"] for w in report["warnings"]] == ["lethal_trifecta"]
+
+
+@pytest.mark.anyio
+@HTTP_MODES
+async def test_cli_url_table(mode: Mode, capsys: pytest.CaptureFixture[str]) -> None:
+    """`inspect --url URL` prints the table for a streamable HTTP server, untrusted by default."""
+    async with serve_http(Workspace().server) as url:
+        status = await anyio.to_thread.run_sync(main, ["inspect", "--url", url, "--mode", mode])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert f"server 'server': {url} (untrusted, protocol " in out
+    assert "search_notes  T - - F   F T F T    exclusive   no" in out
+    assert "4 warnings:" in out and "toolset: lethal trifecta" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "message"),
+    [
+        (["inspect", "--url", "http://127.0.0.1:9/mcp", "--timeout", "5"], 1, "could not connect to server 'server'"),
+        (["inspect", "--stdio", " "], 2, "--stdio needs a command"),
+        (["inspect", "--stdio", "x", "--env", "NOEQUALS"], 2, "--env takes KEY=VALUE"),
+    ],
+)
+def test_cli_failures(argv: list[str], status: int, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Failures print one line on stderr and exit 1 (could not inspect) or 2 (usage)."""
+    assert main(argv) == status
+    assert message in capsys.readouterr().err
+
+
+def test_cli_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    """No command prints help and exits 2; inspect needs exactly one of --stdio and --url."""
+    assert main([]) == 2
+    assert "inspect" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as caught:
+        main(["inspect"])
+    assert caught.value.code == 2
+    assert "one of the arguments --stdio --url is required" in capsys.readouterr().err
+
+
+def test_console_script_and_module_entry_point() -> None:
+    """`dispatcher` is a console script for the same main, and `python -m dispatcher` runs it too."""
+    pyproject = tomllib.loads((pathlib.Path(SOURCE_ROOT) / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"] == {"dispatcher": "dispatcher._cli:main"}
+    done = subprocess.run(
+        [sys.executable, "-m", "dispatcher", "inspect", "--stdio", WORKSPACE, "--env", PYTHONPATH, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": SOURCE_ROOT},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["tools"]) == len(Workspace.tool_names)
