@@ -3,11 +3,13 @@
 Each fake stands in for the `anthropic` or `openai` package: it answers the first request with a turn
 of three tool calls (a write, then two reads that must see it) as the SDK's response objects, checks
 that the next request answers every call, and then ends the conversation with a text that quotes a
-tool result, so the test sees that the results reached the model.
+tool result, so the test sees that the results reached the model. The person at the terminal is a
+stand-in for `input` that approves.
 """
 
 from __future__ import annotations
 
+import builtins
 import functools
 import json
 import re
@@ -131,8 +133,19 @@ def test_agent_loop_runs_as_written(
     monkeypatch.setitem(sys.modules, "anthropic", anthropic)
     monkeypatch.setitem(sys.modules, "openai", openai)
     monkeypatch.setattr(anyio, "run", functools.partial(anyio.run, backend=backend))
+    questions: list[str] = []
+
+    def person(question: str) -> str:
+        questions.append(question)
+        return "y"
+
+    monkeypatch.setattr(builtins, "input", person)
     exec(compile(code, f"docs/agent-loop.md ({heading})", "exec"), {"__name__": "__main__"})
     assert capsys.readouterr().out == f"{ANSWER}\n"
+    # set_note may overwrite a note, so the person was asked about it, and only about it.
+    assert questions == [
+        "set_note may make destructive changes. Run set_note {'name': 'launch', 'text': 'Launch on Tuesday.'}? [y/N] "
+    ]
 
 
 @pytest.mark.parametrize("heading", ["Anthropic Messages", "OpenAI Chat Completions", "OpenAI Responses"])
