@@ -9,6 +9,7 @@ import anyio
 import pytest
 from mcp import Client
 from mcp.types import ToolAnnotations
+from trio.testing import MockClock
 
 from dispatcher import (
     ApprovalPolicy,
@@ -192,6 +193,22 @@ async def test_a_denied_call_does_not_run_and_the_model_reads_why() -> None:
     [block, _] = anthropic_results([denied, created])
     assert block["is_error"] is True and block["content"].startswith("not run: the user denied it")
     assert openai_chat_results([denied])[0]["content"].startswith("Error (denied): not run: the user denied it")
+
+
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mockclock")]
+)
+async def test_the_default_approval_timeout_is_five_minutes() -> None:
+    """On a virtual clock: an unanswered approval denies the call after 300 s, not before."""
+    approver = Approver()
+    async with workspace(approve=approver) as (dispatcher, ws):
+        start = anyio.current_time()
+        [result] = await dispatcher.dispatch([ToolCall("w", "delete_note", {"name": "a"})])
+    assert result.status is CallStatus.DENIED
+    assert result.error is not None and result.error.startswith("not run: no approval within 300.0s")
+    assert result.finished_at - start == pytest.approx(300.0)
+    assert result.queue_time == pytest.approx(300.0) and result.run_time == 0.0
+    assert ws.ledger == ()
 
 
 async def test_approval_timeout_denies_the_call() -> None:
