@@ -102,7 +102,8 @@ class Connection:
         target: MCPServer[Any] | Server[Any] | StdioServerParameters | str | Callable[[], Client],
         *,
         mode: str,
-        sync: Callable[[Client], Awaitable[None]],
+        sync: Callable[[Client], Awaitable[list[DefinitionChange]]],
+        ask: Callable[[list[DefinitionChange]], Awaitable[None]],
         unavailable: Callable[[str], str | None],
         follow: bool,
         timeout: float | None,
@@ -111,6 +112,7 @@ class Connection:
         self._target = target
         self._mode = mode
         self._sync = sync
+        self._ask = ask
         self._unavailable = unavailable
         self._follow = follow
         self._timeout = timeout
@@ -123,6 +125,7 @@ class Connection:
         self._error = ""
         self._closed = False
         self._closing = False
+        self._running = False
         self._ended = anyio.Event()
         self._list_changed = anyio.Event()
 
@@ -143,6 +146,7 @@ class Connection:
 
         The first connection is made before `task_status.started()`; if it fails, this raises.
         """
+        self._running = True
         try:
             await self._session(task_status)
             while not self._closing:
@@ -166,12 +170,15 @@ class Connection:
         self._client = None
         self._drop.set()
         self._demand.set()
-        await self._ended.wait()
+        if self._running:
+            await self._ended.wait()
 
     async def _session(self, task_status: TaskStatus[None] | None) -> None:
         """Enter one client, list its tools, serve calls until it is dropped, and exit it."""
         client = self._new_client()
         connected = False
+        if not self._closing:
+            self._drop = anyio.Event()
         deadline = math.inf if self._timeout is None else anyio.current_time() + self._timeout
         try:
             # One scope around the whole session: its deadline bounds connecting and listing, and is
@@ -182,15 +189,20 @@ class Connection:
                     if self._follow:
                         # Listen first, then list: a change made in between is not missed.
                         await tg.start(self._follow_changes, client)
-                    await self._sync(client)
+                    changes = await self._sync(client)
                     scope.deadline = math.inf
-                    self._drop = anyio.Event()
                     self._client = client
                     connected = True
                     self._failures = 0
                     self._retry_at = -math.inf
-                    self._end_attempt(None)
-                    if task_status is not None:
+                    if task_status is None:
+                        # Calls waiting for this reconnect go ahead while the user decides: the
+                        # changed tools stay blocked meanwhile.
+                        self._end_attempt(None)
+                        await self._ask(changes)
+                    else:
+                        # The first connection: `connect` returns once the user has decided.
+                        await self._ask(changes)
                         task_status.started()
                     await self._drop.wait()
                     tg.cancel_scope.cancel()
@@ -264,7 +276,7 @@ class Connection:
 
     async def _resync(self, client: Client) -> None:
         try:
-            await self._sync(client)
+            await self._ask(await self._sync(client))
         except Exception as exc:
             if isinstance(exc, SubscriptionLost) or is_connection_loss(exc):
                 raise
@@ -339,11 +351,12 @@ class Connection:
         """List the tools again now (connecting first if needed)."""
         client = await self.client()
         try:
-            await self._sync(client)
+            changes = await self._sync(client)
         except Exception as exc:
             if is_connection_loss(exc):
                 self._lost(client, exc)
             raise
+        await self._ask(changes)
 
 
 @dataclass(eq=False)
@@ -416,7 +429,7 @@ class ServerRegistry:
     async def add_client(self, server: _Server, client: Client) -> None:
         """Register a server reached through a client the user owns, and list its tools."""
         server.caller = client
-        await self.sync(server, client)
+        await self.ask(server, await self.sync(server, client))
 
     def connection(self, server: _Server, target: Any, *, mode: str, follow: bool, timeout: float | None) -> Connection:
         """The connection for a server the dispatcher will own; its `run` must be started."""
@@ -425,6 +438,7 @@ class ServerRegistry:
             target,
             mode=mode,
             sync=functools.partial(self.sync, server),
+            ask=functools.partial(self.ask, server),
             unavailable=functools.partial(self._catalog.unavailable, server.name),
             follow=follow,
             timeout=timeout,
@@ -432,8 +446,12 @@ class ServerRegistry:
         server.caller = server.connection = connection
         return connection
 
-    async def sync(self, server: _Server, client: Client) -> None:
-        """List a server's tools through `client` and bring the catalogue up to date."""
+    async def sync(self, server: _Server, client: Client) -> list[DefinitionChange]:
+        """List a server's tools through `client` and bring the catalogue up to date.
+
+        Returns:
+            The changes that the server's callback has yet to be asked about (see `ask`).
+        """
         async with server.lock:
             tools = await list_all_tools(client, refresh=server.listed)
             if not server.listed:
@@ -443,8 +461,11 @@ class ServerRegistry:
                     raise ConfigurationError(
                         f"overrides name tools server {server.name!r} does not have: {unknown} (it has {have})"
                     )
-            fresh = self._apply(server, tools)
-        for change in fresh:
+            return self._apply(server, tools)
+
+    async def ask(self, server: _Server, changes: list[DefinitionChange]) -> None:
+        """Ask the server's callback about each change, accepting those it approves."""
+        for change in changes:
             await self._ask(server, change)
 
     async def refresh(self, name: str) -> None:
@@ -454,7 +475,7 @@ class ServerRegistry:
             await server.connection.refresh()
         else:
             assert isinstance(server.caller, Client)
-            await self.sync(server, server.caller)
+            await self.ask(server, await self.sync(server, server.caller))
 
     def _apply(self, server: _Server, tools: list[Tool]) -> list[DefinitionChange]:
         """Put a listing into the catalogue; return the changes the callback has not been asked about."""

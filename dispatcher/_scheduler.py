@@ -553,8 +553,10 @@ class Dispatcher:
                 changed (`subscriptions/listen` on 2026-07-28, `notifications/tools/list_changed` on
                 legacy connections).
             on_definition_change: Called with each `DefinitionChange`; return True to accept it (see
-                `add_mcp_server`).
-            connect_timeout: Seconds that connecting and listing the tools may take, or None.
+                `add_mcp_server`). On the first listing, `connect` returns once it has answered; after a
+                reconnect, calls to the other tools go ahead while it decides.
+            connect_timeout: Seconds that connecting and listing the tools may take (not counting
+                `on_definition_change`), or None.
 
         Returns:
             The server's callable catalogue entries.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import socket
 import sys
 from contextlib import asynccontextmanager
@@ -438,3 +439,34 @@ async def test_removed_tool_called_by_its_prefixed_name() -> None:
     assert "read_note" in names  # two's read_note is no longer ambiguous
     assert [r.error for r in results[:2]] == ["tool 'read_note' was removed by server 'one'"] * 2
     assert results[2].server == "two" and results[2].status is CallStatus.TOOL_ERROR
+
+
+# The guide ---------------------------------------------------------------------------------------
+
+_GUIDE = pathlib.Path(SOURCE_ROOT) / "docs" / "mcp.md"
+
+
+@pytest.mark.parametrize(
+    ("index", "expected"),
+    [
+        (0, ["['ok', 'ok']"]),
+        (1, ["['fetch_url', 'read_note', 'search_notes']", "[]"]),
+        (2, ["search_notes True False", "read_note False False", "create_note False False", "set_note False True"]),
+        (
+            3,
+            [
+                "failed tool 'fetch_url' of server 'notes' is blocked: its definition changed since it was approved "
+                "(annotations changed: readOnlyHint true -> false); it stays unavailable until the change is accepted",
+                "fetch_url annotations changed: readOnlyHint true -> false",
+                "True",
+                "['fetch_url']",
+            ],
+        ),
+    ],
+)
+def test_the_guide_runs_as_written(index: int, expected: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Each example of docs/mcp.md runs and prints what the guide says it prints."""
+    blocks = re.findall(r"```python\n(.*?)```", _GUIDE.read_text(), re.DOTALL)
+    assert len(blocks) == 4
+    exec(compile(blocks[index], f"docs/mcp.md (example {index + 1})", "exec"), {"__name__": "__main__"})
+    assert capsys.readouterr().out.splitlines() == expected

@@ -364,3 +364,34 @@ def test_import_pins_rejects_malformed_pins(pins: Any, message: str) -> None:
     """Pins that export_pins could not have produced are refused, saying what is expected."""
     with pytest.raises(ConfigurationError, match=message):
         Dispatcher().import_pins(pins)
+
+
+@virtual_time()
+async def test_a_slow_callback_holds_up_neither_connect_timeout_nor_other_calls() -> None:
+    """connect_timeout does not cover the user's decision, and after a reconnect other tools run meanwhile."""
+    workspace = Workspace()
+    server = Crashable(workspace)
+
+    async def slow(change: DefinitionChange) -> bool:
+        await anyio.sleep(100)
+        return True
+
+    async with Dispatcher() as d:
+        d.import_pins({"ws": {"read_note": "sha256:" + "0" * 64}})
+        start = anyio.current_time()
+        await d.connect("ws", server.client, connect_timeout=1, on_definition_change=slow, follow_changes=False)
+        waited = anyio.current_time() - start
+        accepted = "read_note" in tool_names(d)
+        server.crash()
+        await d.dispatch(calls(("search_notes", {"query": "x"})))  # finds the connection dead
+        workspace.set_description("search_notes", "changed")
+        start = anyio.current_time()
+        during = await d.dispatch(calls(("search_notes", {"query": "x"}), ("read_note", {"name": "a"})))
+        took = anyio.current_time() - start
+        await anyio.sleep(101)  # the callback answers at 100
+        after = await d.dispatch(calls(("search_notes", {"query": "x"})))
+    assert waited == pytest.approx(100) and accepted
+    assert took == 0
+    assert "description changed" in str(during[0].error)
+    assert during[1].status is CallStatus.TOOL_ERROR  # ran: there is no note 'a'
+    assert after[0].ok
