@@ -53,7 +53,7 @@ class Config:
 
 
 FULL = Config()
-QUICK = Config(batches=3, repeat=2)
+QUICK = Config(batches=2, repeat=2)
 
 
 def _mixed(config: Config) -> MixedConfig:

@@ -54,7 +54,7 @@ class Config:
 
 
 FULL = Config()
-QUICK = Config(batches=3, repeat=3)
+QUICK = Config(batches=2, repeat=3)
 
 
 def batches_of(config: Config) -> list[list[bool]]:

@@ -59,7 +59,7 @@ class Config:
 
 
 FULL = Config()
-QUICK = Config(sizes=(10, 100, 1000, 10_000), repeat=3)
+QUICK = Config(sizes=(10, 100, 1000, 10_000), repeat=3, large=10_000, large_repeat=2)
 
 
 def _variants(

@@ -77,7 +77,7 @@ class Config:
 
 
 FULL = Config()
-QUICK = Config(calls=100, batches=2, repeat=3)
+QUICK = Config(calls=100, batches=1, repeat=2)
 
 
 def build_server(latency: float) -> MCPServer[Any]:
