@@ -19,7 +19,15 @@ from mcp.types import TextContent, ToolAnnotations
 from trio.testing import MockClock
 
 import dispatcher
-from dispatcher import CallStatus, ConfigurationError, Dispatcher, ServerConnectionError, ToolCall, ToolResult
+from dispatcher import (
+    CallStatus,
+    ConfigurationError,
+    Dispatcher,
+    RetryPolicy,
+    ServerConnectionError,
+    ToolCall,
+    ToolResult,
+)
 from dispatcher.examples import Workspace, serve_http
 
 if TYPE_CHECKING:
@@ -49,6 +57,14 @@ def virtual_time() -> pytest.MarkDecorator:
     """Run a test on trio only, under a virtual clock that jumps whenever every task waits."""
     clock = MockClock(autojump_threshold=0)
     return pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": clock}), id="trio-mock")])
+
+
+def all_clocks() -> pytest.MarkDecorator:
+    """Run a test on asyncio, trio, and trio under a virtual clock (slow servers cost nothing there)."""
+    clock = MockClock(autojump_threshold=0)
+    return pytest.mark.parametrize(
+        "anyio_backend", ["asyncio", "trio", pytest.param(("trio", {"clock": clock}), id="trio-mock")]
+    )
 
 
 def workspace_command(*options: str) -> StdioServerParameters:
@@ -225,27 +241,43 @@ async def test_first_connection_failure_raises(mode: Mode) -> None:
 # Reconnects --------------------------------------------------------------------------------------
 
 
-@virtual_time()
+@all_clocks()
 @MODES
 async def test_calls_in_flight_when_the_connection_dies_get_results(mode: Mode) -> None:
     """Calls running when the connection is cut end FAILED; later calls share one fresh connection."""
-    workspace = Workspace(latency=1.0)
+    workspace = Workspace(latency_by_tool={"fetch_url": 30.0})
     server = Crashable(workspace, mode)
     async with Dispatcher() as d:
         await d.connect("ws", server.client, trusted=True)
-        async with anyio.create_task_group() as tg:
-            batch = d.batch()
-            batch.submit_all(calls(*[("search_notes", {"query": str(i)}) for i in range(3)]))
-            await anyio.wait_all_tasks_blocked()
-            assert workspace.in_flight == 3
-            server.crash()
-            with anyio.fail_after(5):
-                lost = await batch.wait()
-            tg.cancel_scope.cancel()
+        batch = d.batch()
+        batch.submit_all(calls(*[("fetch_url", {"url": f"https://{i}.example/"}) for i in range(3)]))
+        await anyio.wait_all_tasks_blocked()
+        assert workspace.in_flight == 3
+        server.crash()
+        with anyio.fail_after(5):
+            lost = await batch.wait()
         after = await d.dispatch(calls(*[("search_notes", {"query": str(i)}) for i in range(5)]))
     assert [r.status for r in lost] == [CallStatus.FAILED] * 3
     assert all("connection to the server lost" in str(r.error) for r in lost)
     assert all(r.ok for r in after)
+    assert server.connections == 2
+
+
+@virtual_time()
+async def test_a_retried_call_reconnects() -> None:
+    """With retries on, an idempotent call cut off by a crash is retried on a fresh connection."""
+    workspace = Workspace(latency_by_tool={"set_note": 1.0})
+    server = Crashable(workspace)
+    async with Dispatcher(retry=RetryPolicy(seed=1)) as d:
+        await d.connect("ws", server.client, trusted=True)
+        batch = d.batch()
+        batch.submit_all(calls(("set_note", {"name": "a", "text": "x"}), ("append_note", {"name": "b", "text": "y"})))
+        await anyio.wait_all_tasks_blocked()
+        server.crash()
+        results = await batch.wait()
+    assert results[0].ok and results[0].attempts == 2
+    assert "connection to the server lost" in results[0].attempt_errors[0]
+    assert results[1].ok and results[1].attempts == 1  # queued behind set_note: it ran once, after it
     assert server.connections == 2
 
 
@@ -277,7 +309,7 @@ async def test_failed_reconnects_back_off() -> None:
     assert server.connections == 2
 
 
-@virtual_time()
+@all_clocks()
 async def test_reconnect_lists_the_tools_again() -> None:
     """A reconnect re-lists the tools: one that disappeared while disconnected fails as removed."""
     workspace = Workspace()

@@ -15,7 +15,7 @@ from dispatcher import CallStatus, ConfigurationError, DefinitionChange, Dispatc
 from dispatcher._pins import Pins, definition, definition_hash, describe_changes
 from dispatcher.examples import Workspace, serve_http
 
-from .test_connections import MODES, Crashable, Mode, calls, tool_names, virtual_time
+from .test_connections import MODES, Crashable, Mode, all_clocks, calls, tool_names, virtual_time
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -200,7 +200,7 @@ async def test_a_queued_call_is_stopped_when_its_tool_is_blocked(mode: Mode) -> 
     assert executions(workspace, "fetch_url") == 0
 
 
-@virtual_time()
+@all_clocks()
 async def test_a_reconnect_rechecks_the_pins() -> None:
     """A definition that changed while the connection was down is blocked when the new connection lists it."""
     workspace = Workspace()
