@@ -48,6 +48,7 @@ class FunctionTool:
 
     __slots__ = (
         "_arg_model",
+        "_exact_primitive",
         "_fields",
         "_json_keys",
         "_output_adapter",
@@ -79,6 +80,13 @@ class FunctionTool:
         output_model = metadata.output_model if metadata.output_schema is not None else None
         self._output_adapter = None if output_model is None else metadata._output_adapter(output_model)
         self._wrap_output = metadata.wrap_output
+        # A wrapped `-> str`, `-> int` or `-> bool` return type needs no validation when the value
+        # has exactly that type: the structured result is {"result": value} as the adapter would build it.
+        self._exact_primitive: type | None = None
+        if self._wrap_output and output_model is not None:
+            field = getattr(output_model, "model_fields", {}).get("result")
+            if field is not None and field.annotation in (str, int, bool):
+                self._exact_primitive = field.annotation
 
     def prepare(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         data = dict(arguments)
@@ -119,6 +127,8 @@ class FunctionTool:
     def _convert(self, value: Any) -> CallToolResult:
         """`FuncMetadata.convert_result` for a plain return value, with the output adapter built once."""
         content = _convert_to_content(value)
+        if type(value) is self._exact_primitive:
+            return CallToolResult(content=content, structured_content={"result": value})
         adapter = self._output_adapter
         if adapter is None:
             return CallToolResult(content=content)
