@@ -18,6 +18,7 @@ tools are blocked, tools that disappeared leave a tombstone, and the catalogue i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -61,6 +62,8 @@ _BACKOFF_FIRST = 1.0
 _BACKOFF_MAX = 30.0
 # Seconds the dispatcher gives its clients to close cleanly on exit before cancelling them.
 _CLOSE_GRACE = 5.0
+# Seconds a 2026-07-28 server has to acknowledge `subscriptions/listen` before changes go unfollowed.
+_LISTEN_ACK_TIMEOUT = 10.0
 
 
 def check_target(target: object) -> None:
@@ -128,11 +131,6 @@ class Connection:
         self._running = False
         self._ended = anyio.Event()
         self._list_changed = anyio.Event()
-
-    @property
-    def connected(self) -> bool:
-        """Whether a client is connected now."""
-        return self._client is not None
 
     @property
     def protocol_version(self) -> str | None:
@@ -250,10 +248,15 @@ class Connection:
         started = False
         try:
             if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
-                async with client.listen(tools_list_changed=True) as subscription:
+                async with contextlib.AsyncExitStack() as stack:
+                    subscription = None
+                    # A server that never acknowledges must not hold up connecting: go on without.
+                    with anyio.move_on_after(_LISTEN_ACK_TIMEOUT):
+                        subscription = await stack.enter_async_context(client.listen(tools_list_changed=True))
                     task_status.started()
                     started = True
-                    if not subscription.honored.tools_list_changed:
+                    if subscription is None or not subscription.honored.tools_list_changed:
+                        logger.debug("server %r does not announce tool list changes", self.server)
                         return
                     async for _ in subscription:
                         await self._resync(client)

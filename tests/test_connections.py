@@ -14,6 +14,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client._memory import InMemoryTransport
+from mcp.server.mcpserver import MCPServer
 from mcp.shared.message import SessionMessage
 from mcp.types import TextContent, ToolAnnotations
 from trio.testing import MockClock
@@ -433,6 +434,22 @@ async def test_follow_changes_can_be_turned_off() -> None:
         assert "fetch_url" in tool_names(d)
         entries = await d.refresh("ws")
     assert "fetch_url" not in {entry.name for entry in entries}
+
+
+async def test_a_server_without_subscriptions_still_connects() -> None:
+    """A 2026-07-28 server that does not serve subscriptions/listen is used without following changes."""
+    server = MCPServer("plain", subscriptions=False)
+
+    def echo(text: str) -> str:
+        return text
+
+    server.add_tool(echo, annotations=ToolAnnotations(read_only_hint=True))
+    async with Dispatcher() as d:
+        await d.connect("plain", server, trusted=True)
+        server.remove_tool("echo")
+        before = tool_names(d)
+        after = {entry.name for entry in await d.refresh("plain")}
+    assert before == {"echo"} and after == set()
 
 
 @MODES
