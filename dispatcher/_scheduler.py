@@ -66,6 +66,7 @@ class PendingCall:
         "_cancel_requested",
         "_entry",
         "_event",
+        "_hooks",
         "_impl",
         "_prepared",
         "_result",
@@ -81,7 +82,8 @@ class PendingCall:
         self.call = call
         self.queued_at = queued_at
         self.started_at: float | None = None
-        self._batch = batch
+        self._batch: Batch | None = batch
+        self._hooks = batch._hooks
         self._entry: ToolEntry | None = None
         self._impl: ToolImpl | None = None
         self._prepared: Any = None
@@ -139,13 +141,19 @@ class PendingCall:
             untrusted_content=attempts > 0 and entry is not None and bool(entry.annotations.open_world_hint),
         )
         self._prepared = None
+        # Drop the references that make cycles (call <-> batch, call <-> ticket): a finished batch is
+        # then freed by reference counting instead of waiting for the garbage collector.
+        self._ticket = None
+        batch = self._batch
+        self._batch = None
         if self._state is not None:
-            hooks = self._batch._hooks
+            hooks = self._hooks
             assert hooks is not None
             hooks.settled(self._state, settled)
         if self._event is not None:
             self._event.set()
-        self._batch._settled()
+        assert batch is not None, "a call settles once"
+        batch._settled()
 
     def __repr__(self) -> str:
         state = self._result.status.value if self._result is not None else "pending"
@@ -828,7 +836,7 @@ class Dispatcher:
         Returns:
             Whether the call was denied (and settled).
         """
-        hooks = work._batch._hooks
+        hooks = work._hooks
         assert hooks is not None
         request = hooks.recheck(work.call, state)
         if request is None:
@@ -949,7 +957,7 @@ class Dispatcher:
             return
         work.started_at = anyio.current_time()
         if state is not None:
-            hooks = work._batch._hooks
+            hooks = work._hooks
             assert hooks is not None
             hooks.attempt_started(work.call, state, work.started_at)  # its end is reported with the result
         work._scope = scope
@@ -990,7 +998,7 @@ class Dispatcher:
         retrier = Retrier(policy, budget, self._rng, server)
         call_timeout = self._call_timeout
         state = work._state
-        hooks = work._batch._hooks
+        hooks = work._hooks
 
         async def attempt(start: float, limit: float) -> Attempt:
             if state is None:
