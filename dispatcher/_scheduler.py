@@ -424,7 +424,14 @@ class Dispatcher:
         # Owned clients close cleanly first; cancelling them mid-exit would leave transports half-closed.
         await self._servers.aclose()
         tg.cancel_scope.cancel()
-        return await tg.__aexit__(exc_type, exc, tb)
+        try:
+            return await tg.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            # The dispatcher's own tasks turn every failure into a result, so a group that holds only
+            # the body's exception is the task group wrapping it: let it propagate as it was raised.
+            if exc is not None and group.split(lambda error: error is exc)[1] is None:
+                return False
+            raise
 
     # Registration ----------------------------------------------------------------------------------
 

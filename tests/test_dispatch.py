@@ -424,3 +424,20 @@ async def test_result_times_are_ordered() -> None:
     assert result.started_at is not None
     assert result.queued_at <= result.started_at <= result.finished_at
     assert result.queue_time >= 0 and result.run_time >= 0
+
+
+async def test_an_exception_in_the_block_propagates_unwrapped() -> None:
+    """An exception raised inside `async with Dispatcher()` comes out as itself, not in an ExceptionGroup."""
+    with pytest.raises(KeyError, match="boom"):
+        async with Dispatcher():
+            raise KeyError("boom")
+    recorder = Recorder()
+    async with Client(recording_server(recorder)) as client:
+        with pytest.raises(LookupError):
+            async with Dispatcher() as dispatcher:
+                await dispatcher.add_mcp_server("rec", client, trusted=True)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(dispatcher.dispatch, [call("r", "read", hold="never")])
+                    await recorder.started_event("r").wait()
+                    tg.cancel_scope.cancel()
+                raise LookupError("after a cancelled batch")
