@@ -14,13 +14,17 @@ from typing import TYPE_CHECKING
 
 from . import __version__
 from ._inspect import add_parser as add_inspect
+from ._tune import add_parser as add_tune
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
 __all__ = ["build_parser", "main"]
 
-_COMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (add_inspect,)
+_COMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
+    add_inspect,
+    add_tune,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
