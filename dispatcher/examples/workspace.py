@@ -10,7 +10,9 @@ so a parent process can start it on a free port with `--port 0` and read where t
     python -m dispatcher.examples.workspace --http --port 0 --fault-rate 0.2 --fault-seed 7
 
 It serves until SIGINT or SIGTERM. To test how clients survive a crashed server, `--exit-after N` makes
-the process exit abruptly (status 3, no reply) when its N-th `tools/call` request arrives.
+the process exit abruptly (status 3, no reply) when its N-th `tools/call` request arrives, and
+`--ledger PATH` appends a JSON line to PATH as each tool call starts and ends (written at once, so the
+record survives a `kill -9`): a test can count what ran, even across restarts of the process.
 
 The library's names are importable from here too.
 """
@@ -18,6 +20,7 @@ The library's names are importable from here too.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import signal
@@ -75,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.exit_after < 1:
             parser.error(f"--exit-after must be >= 1, got {args.exit_after}")
         workspace.server.middleware.append(_ExitAfter(args.exit_after))
+    if args.ledger is not None:
+        workspace.server.middleware.append(_LedgerFile(args.ledger))
     if args.http:
         anyio.run(_serve_http_until_signalled, workspace, args.host, args.port)
     else:
@@ -103,6 +108,40 @@ class _ExitAfter:
         return await call_next(ctx)
 
 
+class _LedgerFile:
+    """Middleware that appends a JSON line to a file as each tool call starts and as it ends.
+
+    Lines are ``{"event": "start", "pid", "seq", "tool", "arguments"}`` and ``{"event": "end", "pid",
+    "seq", "outcome"}``, where outcome is ``ok``, ``tool_error``, ``error`` or ``cancelled``. Each is one
+    unbuffered append, so a killed process leaves every line it wrote, and restarts may share a file.
+    """
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._seq = 0
+
+    def _write(self, record: dict[str, Any]) -> None:
+        os.write(self._fd, (json.dumps({**record, "pid": os.getpid()}) + "\n").encode())
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        params = ctx.params
+        if ctx.method != "tools/call" or not isinstance(params, dict):
+            return await call_next(ctx)
+        seq, self._seq = self._seq, self._seq + 1
+        self._write({"event": "start", "seq": seq, "tool": params.get("name"), "arguments": params.get("arguments")})
+        outcome = "error"
+        try:
+            result = await call_next(ctx)
+            is_error = result.get("isError") if isinstance(result, dict) else getattr(result, "is_error", False)
+            outcome = "tool_error" if is_error else "ok"
+            return result
+        except anyio.get_cancelled_exc_class():
+            outcome = "cancelled"
+            raise
+        finally:
+            self._write({"event": "end", "seq": seq, "outcome": outcome})
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m dispatcher.examples.workspace",
@@ -118,6 +157,7 @@ def _parser() -> argparse.ArgumentParser:
     faults.add_argument("--fault-tools", metavar="A,B", help="tools that may fail (default: all)")
     faults.add_argument("--fault-kinds", default="error", metavar="K,L", help="error, tool_error, hang")
     faults.add_argument("--exit-after", type=int, metavar="N", help="exit abruptly on the N-th tool call (a crash)")
+    faults.add_argument("--ledger", type=pathlib.Path, metavar="PATH", help="append a JSON line per tool call to PATH")
     transport = parser.add_mutually_exclusive_group()
     transport.add_argument("--stdio", action="store_true", help="serve over stdin/stdout (the default)")
     transport.add_argument("--http", action="store_true", help="serve over streamable HTTP")
