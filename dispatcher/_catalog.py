@@ -30,6 +30,8 @@ __all__ = ["Catalog", "Resolution", "ToolEntry", "ToolImpl"]
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _INVALID = re.compile(r"[^A-Za-z0-9_-]")
 _MAX_NAME = 64
+# The most characters of a name from a call that an error message repeats.
+_MAX_SHOWN = 100
 
 
 class ToolImpl(Protocol):
@@ -108,6 +110,13 @@ class Resolution:
     entry: ToolEntry | None
     impl: ToolImpl | None
     error: str | None
+
+
+def _shown(name: object) -> str:
+    """A name from a call, quoted for an error message: a huge one is cut, so the error stays readable."""
+    if isinstance(name, str) and len(name) > _MAX_SHOWN:
+        return f"{name[:_MAX_SHOWN]!r}... ({len(name)} characters)"
+    return repr(name)
 
 
 def _sanitize(text: str) -> str:
@@ -231,17 +240,26 @@ class Catalog:
 
     def resolve(self, name: str, server: str | None = None) -> Resolution:
         """Find the one tool a call means, or explain why there is none."""
+        # Calls come from a model: a name that is not a string is that call's error, not the batch's.
+        if not isinstance(name, str):
+            return Resolution(None, None, f"invalid tool name: expected a string, got {type(name).__name__}")
+        if server is not None and not isinstance(server, str):
+            return Resolution(
+                None, None, f"invalid server name: expected a string or None, got {type(server).__name__}"
+            )
         if server is not None:
             if server not in self._servers:
                 known = ", ".join(sorted(self._servers)) or "none"
-                return Resolution(None, None, f"unknown server {server!r} (servers: {known})")
+                return Resolution(None, None, f"unknown server {_shown(server)} (servers: {known})")
             registered = self._tools.get((server, name))
             if registered is None:
                 by_name = self._by_name.get(name)
                 if by_name is not None and by_name.entry.server == server:
                     registered = by_name
             if registered is None:
-                return Resolution(None, None, self._gone(name, server) or f"server {server!r} has no tool {name!r}")
+                return Resolution(
+                    None, None, self._gone(name, server) or f"server {server!r} has no tool {_shown(name)}"
+                )
             return self._found(registered)
         registered = self._by_name.get(name)
         if registered is not None:
@@ -260,7 +278,7 @@ class Catalog:
         gone = self._gone(name, None)
         if gone is not None:
             return Resolution(None, None, gone)
-        message = f"unknown tool {name!r}"
+        message = f"unknown tool {_shown(name)}"
         close = difflib.get_close_matches(name, list(self._by_name), n=3)
         if close:
             message += f"; did you mean {', '.join(repr(c) for c in close)}?"
