@@ -5,13 +5,15 @@ For each setting of the limit (`Dispatcher(max_concurrency=...)`, or the per-ser
 between settings is the limit and nothing else. The load is a closed loop: a fixed number of callers
 (by default the largest setting) each submit a call and wait for its result, then submit the next, so
 the dispatcher always has more calls offered than it may run and the limit decides how many are in
-flight. After a warm-up (one call per slot of the limit, which fills the pipeline), the measurement
+flight. After a warm-up (two calls per slot of the limit: the first round fills the pipeline, the
+second lets calls that started together drift apart as they do in steady state), the measurement
 window runs from the end of the warm-up to the completion of the last measured call:
 
-- throughput: answered calls (OK or TOOL_ERROR) per second of the window;
+- throughput: answered calls (OK or TOOL_ERROR) per second of the window, each call counted for the
+  share of its run time inside the window (see `_summarise`);
 - run time (`ToolResult.finished_at - started_at`): what one call costs at the server, p50 and p95;
 - queue time (`started_at - queued_at`): how long calls waited in the dispatcher for a slot;
-- calls in flight: the mean, by Little's law (throughput x mean run time).
+- calls in flight: the mean number of calls running during the window.
 
 The recommendation (`recommend`, a pure function of the measurements) is the smallest setting whose
 throughput is within 5% of the best: past it, more calls in flight only make each call slower.
@@ -93,7 +95,7 @@ class SettingResult:
         run_p95: Their 95th percentile run time.
         queue_p50: The median time they waited for a slot (`started_at - queued_at`).
         queue_p95: The 95th percentile of that wait.
-        in_flight: The mean number of calls running during the window (throughput x mean run time).
+        in_flight: The mean number of calls running during the window.
         error: The first error among the measured calls, if any.
     """
 
@@ -245,17 +247,17 @@ def recommend(settings: Sequence[SettingResult], *, tolerance: float = TOLERANCE
     if chosen is top:
         return chosen.limit, best.limit, head + "."
     gain = best.throughput / chosen.throughput - 1
-    more = "without more throughput" if gain < 0.005 else f"for at most {_percent(gain)} more throughput"
+    same = chosen.throughput >= 0.995 * best.throughput
     if top.run_p95 > 1.1 * chosen.run_p95:
+        more = "without more throughput" if same else f"for at most {_percent(gain)} more throughput"
         return (
             chosen.limit,
             best.limit,
             f"{head}; beyond it, each call's p95 run time grows from {_ms(chosen.run_p95)} to "
             f"{_ms(top.run_p95)} (at {top.limit}) {more}.",
         )
-    if gain < 0.005:
-        return chosen.limit, best.limit, f"{head}; larger settings give no more throughput."
-    return chosen.limit, best.limit, f"{head}; larger settings give at most {_percent(gain)} more throughput."
+    more = "no more throughput" if same else f"at most {_percent(gain)} more throughput"
+    return chosen.limit, best.limit, f"{head}; larger settings give {more}."
 
 
 def _rate(setting: SettingResult) -> str:
@@ -502,7 +504,7 @@ async def tune(
             dispatcher-wide limit) instead of `Dispatcher(max_concurrency=...)`.
         calls: Measured calls per setting, after the warm-up; None to measure for `duration` only.
         duration: Seconds each setting's measurement may last (whichever of the two ends first).
-        warmup: Calls completed before measuring; None: one per slot of the setting being measured.
+        warmup: Calls completed before measuring; None: two per slot of the setting being measured.
         clients: Callers kept waiting on the dispatcher; None: the largest setting.
         call_timeout: The dispatcher's `call_timeout`.
         tolerance: The share of the best throughput the recommended setting may give up.
@@ -535,36 +537,48 @@ async def tune(
     callers = clients if clients is not None else limits[-1]
     notes: list[str] = []
     results: list[SettingResult] = []
+    failure: DispatcherError | None = None
     async with _connected(target, mode=mode, connect_timeout=connect_timeout) as client:
-        pattern: list[ToolCall]  # the workload's calls, repeated by each setting
-        description: str
+        pattern: list[ToolCall] = []  # the workload's calls, repeated by each setting
+        description = ""
         share = 0.0
         for index, limit in enumerate(limits):
             async with Dispatcher(
                 max_concurrency=None if per_server else limit, call_timeout=call_timeout, retry=None
             ) as dispatcher:
-                entries = await dispatcher.add_mcp_server(
-                    server, client, trusted=trusted, max_concurrency=limit if per_server else None
-                )
-                if index == 0:
-                    pattern, description = await _resolve_workload(dispatcher, workload, entries, seed, notes)
-                    by_name = {entry.name: entry for entry in entries}
-                    share = sum(by_name[call.name].concurrent for call in pattern) / len(pattern)
-                    notes.extend(_workload_notes(share, trusted, callers, limits))
-                results.append(
-                    await _measure(
-                        dispatcher,
-                        pattern,
-                        limit=limit,
-                        clients=callers,
-                        warmup=limit if warmup is None else warmup,
-                        calls=calls,
-                        duration=duration,
-                        report=None
-                        if progress is None
-                        else functools.partial(_report_progress, progress, limit, index, len(limits)),
+                # Raised once out of the task groups (the dispatcher's and the client's), which would wrap it.
+                try:
+                    entries = await dispatcher.add_mcp_server(
+                        server, client, trusted=trusted, max_concurrency=limit if per_server else None
                     )
-                )
+                    if index == 0:
+                        pattern, description = await _resolve_workload(dispatcher, workload, entries, seed, notes)
+                        by_name = {entry.name: entry for entry in entries}
+                        share = sum(by_name[call.name].concurrent for call in pattern) / len(pattern)
+                        notes.extend(_workload_notes(share, trusted, callers, limits))
+                    report = (
+                        None
+                        if progress is None
+                        else functools.partial(_report_progress, progress, limit, index, len(limits))
+                    )
+                    results.append(
+                        await _measure(
+                            dispatcher,
+                            pattern,
+                            limit=limit,
+                            clients=callers,
+                            warmup=2 * limit if warmup is None else warmup,
+                            calls=calls,
+                            duration=duration,
+                            report=report,
+                        )
+                    )
+                except DispatcherError as exc:
+                    failure = exc
+            if failure is not None:
+                break
+    if failure is not None:
+        raise failure
     for result in results:
         if result.errors:
             total = result.calls + result.errors
@@ -698,14 +712,16 @@ async def _measure(
     """Run one setting's closed loop and summarise its measurement window.
 
     Each call is a batch of its own, so that when the measurement ends the calls still queued can be
-    withdrawn without touching those already running at the server (which are left to finish).
+    withdrawn without touching those already running at the server. Those are left to finish: they
+    ran during the window, and count for the part of their run time that fell inside it.
     """
     source = _repeat(workload)
-    finished: list[ToolResult] = []
+    finished: list[ToolResult] = []  # completed before the measurement stopped
+    tail: list[ToolResult] = []  # running when it stopped
     waiting: dict[PendingCall, Batch] = {}
     planned = None if calls is None else warmup + calls
     started = anyio.current_time()
-    window_end = math.inf
+    window_end = started + duration if warmup == 0 and duration is not None else math.inf
     stop = False
 
     async def caller() -> None:
@@ -717,7 +733,9 @@ async def _measure(
             result = await pending.wait()
             del waiting[pending]
             if stop:
-                return  # past the window: not measured
+                if result.started_at is not None:
+                    tail.append(result)
+                return
             finished.append(result)
             done = len(finished)
             if done == warmup and duration is not None:
@@ -730,19 +748,13 @@ async def _measure(
             if report is not None:
                 report(done, planned)
 
-    if warmup == 0 and duration is not None:
-        window_end = started + duration
     async with anyio.create_task_group() as tg:
         for _ in range(clients):
             tg.start_soon(caller)
     finished.sort(key=lambda r: r.finished_at)
-    window_start = finished[warmup - 1].finished_at if 0 < warmup <= len(finished) else started
-    measured = finished[warmup:]
-    if planned is not None:
-        measured = measured[:calls]
-    if duration is not None:
-        measured = [r for r in measured if r.finished_at <= window_start + duration]
-    return _summarise(limit, measured, window_start)
+    window_start = finished[warmup - 1].finished_at if warmup else started
+    window_stop = min(finished[-1].finished_at, window_end)
+    return _summarise(limit, [*finished, *tail], window_start, window_stop, inclusive=not warmup)
 
 
 def _repeat(workload: Sequence[ToolCall]) -> Iterator[ToolCall]:
@@ -751,14 +763,42 @@ def _repeat(workload: Sequence[ToolCall]) -> Iterator[ToolCall]:
         yield ToolCall(str(number), call.name, call.arguments)
 
 
-def _summarise(limit: int, measured: Sequence[ToolResult], window_start: float) -> SettingResult:
+def _summarise(
+    limit: int, results: Sequence[ToolResult], start: float, stop: float, *, inclusive: bool
+) -> SettingResult:
+    """The figures of the window from `start` to `stop`.
+
+    Throughput counts each answered call for the share of its run time inside the window, so calls
+    that straddle an edge count in part. That keeps the estimate exact whatever the phase of the
+    window: completions often come in bursts (calls that started together end together), and a
+    count of whole calls between two completions would include part of a burst at one end only.
+    The latencies are those of the calls that ended inside the window.
+    """
+
+    def ended_inside(r: ToolResult) -> bool:
+        return (start <= r.finished_at if inclusive else start < r.finished_at) and r.finished_at <= stop
+
+    measured = [r for r in results if ended_inside(r)]
     answered = [r for r in measured if r.status in _ANSWERED]
     failed = [r for r in measured if r.status not in _ANSWERED]
-    elapsed = (measured[-1].finished_at - window_start) if measured else 0.0
-    throughput = len(answered) / elapsed if elapsed > 0 else (math.inf if answered else 0.0)
+    elapsed = stop - start
+    done = 0.0  # answered calls, in shares of a call
+    busy = 0.0  # seconds of calls running, summed over the calls
+    for r in results:
+        if r.status not in _ANSWERED or r.started_at is None:
+            continue
+        inside = min(r.finished_at, stop) - max(r.started_at, start)
+        if r.run_time > 0:
+            done += max(0.0, inside) / r.run_time
+            busy += max(0.0, inside)
+        elif ended_inside(r):
+            done += 1
+    if elapsed > 0:
+        throughput, in_flight = done / elapsed, busy / elapsed
+    else:
+        throughput, in_flight = (math.inf if answered else 0.0), math.nan
     runs = sorted(r.run_time for r in answered)
     queues = sorted(r.queue_time for r in answered)
-    mean_run = sum(runs) / len(runs) if runs else math.nan
     return SettingResult(
         limit=limit,
         calls=len(answered),
@@ -769,7 +809,7 @@ def _summarise(limit: int, measured: Sequence[ToolResult], window_start: float) 
         run_p95=_percentile(runs, 0.95),
         queue_p50=_percentile(queues, 0.5),
         queue_p95=_percentile(queues, 0.95),
-        in_flight=throughput * mean_run if runs and math.isfinite(throughput) else math.nan,
+        in_flight=in_flight,
         error=f"{failed[0].status.value}: {failed[0].error}" if failed else None,
     )
 
@@ -1020,7 +1060,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     sweep.add_argument("--calls", type=int, default=None, metavar="N", help="measured calls per setting (default 200)")
     sweep.add_argument("--duration", type=float, metavar="S", help="measure each setting for at most S seconds")
-    sweep.add_argument("--warmup", type=int, metavar="N", help="calls before measuring (default: the setting)")
+    sweep.add_argument("--warmup", type=int, metavar="N", help="calls before measuring (default: twice the setting)")
     sweep.add_argument("--clients", type=int, metavar="N", help="callers offering calls (default: the largest setting)")
     sweep.add_argument("--call-timeout", type=float, default=60.0, metavar="S", help="per call (default 60)")
     sweep.add_argument("--seed", type=int, default=0, help="seed of the synthetic mixed workload")

@@ -1,0 +1,432 @@
+"""`dispatcher tune`: the sweep finds a server's saturation knee, in-process and through the CLI over stdio."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+from mcp import Client
+from trio.testing import MockClock
+
+import dispatcher
+from dispatcher import ConfigurationError, Dispatcher, ToolCall
+from dispatcher._cli import main
+from dispatcher._tune import (
+    SettingResult,
+    TuneProgress,
+    TuneReport,
+    doubling,
+    load_workload,
+    recommend,
+    render_table,
+    synthetic_workload,
+    tune,
+)
+from dispatcher.examples import Workspace
+
+# The folder holding the `dispatcher` package, so subprocesses import this checkout.
+SOURCE_ROOT = str(pathlib.Path(dispatcher.__file__).resolve().parents[1])
+PYTHONPATH = os.pathsep.join(p for p in (SOURCE_ROOT, os.environ.get("PYTHONPATH")) if p)
+WORKSPACE = f"{shlex.quote(sys.executable)} -m dispatcher.examples.workspace"
+
+
+def virtual_time() -> pytest.MarkDecorator:
+    """Run a test on trio only, under a virtual clock that jumps whenever every task waits."""
+    clock = MockClock(autojump_threshold=0)
+    return pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": clock}), id="trio-mock")])
+
+
+def setting(limit: int, throughput: float, p95: float = 0.05, *, calls: int = 100) -> SettingResult:
+    """A measurement with the figures `recommend` reads."""
+    return SettingResult(
+        limit=limit,
+        calls=calls,
+        errors=0,
+        elapsed=calls / throughput if throughput else 0.0,
+        throughput=throughput,
+        run_p50=p95,
+        run_p95=p95,
+        queue_p50=0.0,
+        queue_p95=0.0,
+        in_flight=throughput * p95,
+    )
+
+
+def by_limit(report: TuneReport) -> dict[int, SettingResult]:
+    """The report's measurements by setting."""
+    return {s.limit: s for s in report.settings}
+
+
+# The recommendation ------------------------------------------------------------------------------
+
+
+def test_recommends_the_smallest_setting_within_five_percent_of_the_best() -> None:
+    """The smallest setting at >= 95% of the best wins, and the sentence says what larger ones cost."""
+    settings = [setting(1, 20), setting(4, 80), setting(8, 153, 0.05), setting(16, 158, 0.1), setting(32, 160, 0.2)]
+    recommended, best, why = recommend(list(reversed(settings)))
+    assert (recommended, best) == (8, 32)
+    assert why == (
+        "8 gives 96% of the best throughput (160 calls/s at 32); beyond it, each call's p95 run time grows "
+        "from 50.0 ms to 200 ms (at 32) for at most 5% more throughput."
+    )
+    assert recommend(settings, tolerance=0.01)[0] == 32
+
+
+def test_explanations_for_the_edges_of_the_range() -> None:
+    """A best setting at the top asks for a wider range; a flat profile recommends the smallest."""
+    _, _, growing = recommend([setting(1, 20), setting(2, 40)])
+    assert growing.startswith("2 gives the best throughput (40.0 calls/s), 100% more than 1; it is the largest")
+    assert "try a wider range" in growing
+    assert recommend([setting(1, 20), setting(4, 20.1)]) == (
+        1,
+        4,
+        "1 gives the best throughput to within 1% (20.1 calls/s at 4); larger settings give no more throughput.",
+    )
+    assert recommend([setting(8, 0, calls=0)])[:2] == (None, None)
+
+
+# Workloads ---------------------------------------------------------------------------------------
+
+
+def test_load_workload_reads_jsonl() -> None:
+    """One call a line; ids are optional and replaced, blank lines skipped."""
+    calls = load_workload(['{"name": "search_notes", "arguments": {"query": "a"}, "id": "x"}', "", '{"name": "b"}'])
+    assert calls == [ToolCall("0", "search_notes", {"query": "a"}), ToolCall("1", "b", {})]
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (["{"], "w.jsonl, line 1: not JSON"),
+        (["", "[1]"], "w.jsonl, line 2: expected a JSON object"),
+        (['{"arguments": {}}'], '"name" must be a tool name'),
+        (['{"name": "a", "arguments": [1]}'], '"arguments" must be a JSON object'),
+        (['{"name": "a", "input": {}}'], "unknown keys ['input']"),
+        ([""], "w.jsonl has no calls"),
+    ],
+)
+def test_load_workload_rejects_bad_lines(lines: list[str], message: str) -> None:
+    """A bad line is reported with its number."""
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        load_workload(lines, source="w.jsonl")
+
+
+@pytest.mark.anyio
+async def test_synthetic_workloads_only_call_safe_tools() -> None:
+    """reads calls read-only closed-world tools; mixed adds additive writes, never destroying or open-world ones."""
+    async with Dispatcher() as d:
+        entries = await d.connect("notes", Workspace().server)
+    reads = synthetic_workload(entries, "reads")
+    assert {call.name for call in reads} == {"search_notes", "read_note"}
+    assert reads[0].arguments == {"query": "tune-0"}
+    mixed = synthetic_workload(entries, "mixed", seed=1)
+    assert {call.name for call in mixed} == {"search_notes", "read_note", "create_note", "append_note"}
+    writes = sum(call.name in ("create_note", "append_note") for call in mixed)
+    assert 15 <= writes <= 45
+    assert mixed == synthetic_workload(entries, "mixed", seed=1)
+
+
+def test_generated_arguments_follow_the_schema() -> None:
+    """Required properties get values of their type, enum, format, bounds and $ref; optional ones are left out."""
+    from dispatcher._tune import _arguments
+
+    schema = {
+        "type": "object",
+        "$defs": {"Mode": {"enum": ["fast", "slow"]}},
+        "properties": {
+            "url": {"type": "string", "format": "uri"},
+            "n": {"type": "integer", "minimum": 3, "maximum": 5},
+            "ratio": {"type": "number"},
+            "flag": {"type": "boolean"},
+            "mode": {"$ref": "#/$defs/Mode"},
+            "tags": {"type": "array", "items": {"type": "string", "minLength": 8}, "minItems": 1},
+            "nested": {"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"]},
+            "maybe": {"anyOf": [{"type": "null"}, {"type": "integer"}]},
+            "optional": {"type": "string"},
+        },
+        "required": ["url", "n", "ratio", "flag", "mode", "tags", "nested", "maybe"],
+    }
+    assert _arguments(schema, 1) == {
+        "url": "https://example.com/",
+        "n": 4,
+        "ratio": 1.0,
+        "flag": False,
+        "mode": "slow",
+        "tags": ["tune-1xx"],
+        "nested": {"k": "tune-1"},
+        "maybe": 1,
+    }
+
+
+def test_doubling() -> None:
+    """--from/--to double from the start and always end at the stop."""
+    assert doubling(1, 64) == [1, 2, 4, 8, 16, 32, 64]
+    assert doubling(3, 20) == [3, 6, 12, 20]
+    assert doubling(4, 4) == [4]
+    with pytest.raises(ConfigurationError, match="--from must be >= 1"):
+        doubling(8, 4)
+
+
+# The sweep in-process ----------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_recommendation_lands_at_the_saturation_knee() -> None:
+    """A server that saturates at 8 in flight: throughput stops at 8 / latency, and 8 is recommended."""
+    workspace = Workspace(latency=0.05, saturation=8)
+    report = await tune(workspace.server, "reads", trusted=True, calls=100)
+    assert report.recommended == 8
+    assert report.how_to_apply == "Dispatcher(max_concurrency=8)"
+    measured = by_limit(report)
+    assert list(measured) == [1, 2, 4, 8, 16, 32, 64]
+    for limit, result in measured.items():
+        assert result.throughput == pytest.approx(min(limit, 8) / 0.05, rel=0.02)
+        assert result.run_p95 == pytest.approx(0.05 * max(1, limit / 8), rel=0.02)
+        assert result.in_flight == pytest.approx(limit, rel=0.02)
+        assert result.calls >= 100 and result.errors == 0  # a burst of completions ending the window counts whole
+    # 64 callers: below the knee they wait in the dispatcher's queue, past it at the server.
+    assert measured[8].queue_p50 == pytest.approx((64 - 8) / 160, rel=0.02)
+    assert measured[64].queue_p95 < 0.001
+    assert re.match(r"8 gives the best throughput to within 1% \(16\d calls/s at \d+\)", report.explanation)
+    assert "p95 run time grows from 50.0 ms to 400 ms (at 64) without more throughput" in report.explanation
+    assert report.workload == "synthetic reads (search_notes)"  # read_note's generated call found no note
+    assert workspace.max_in_flight == 64
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_per_server_limit_and_time_budget() -> None:
+    """--per-server sweeps add_mcp_server's limit; a duration bounds each setting's measurement."""
+    workspace = Workspace(latency=0.05, saturation=8)
+    report = await tune(workspace.server, "reads", (4, 8, 16), trusted=True, per_server=True, calls=None, duration=1.0)
+    assert (report.knob, report.recommended) == ("per_server", 8)
+    assert report.how_to_apply == "add_mcp_server(..., max_concurrency=8)"
+    for result in report.settings:
+        assert result.elapsed == pytest.approx(1.0)
+        assert result.throughput == pytest.approx(min(result.limit, 8) / 0.05, rel=0.01)
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_an_untrusted_server_makes_every_setting_alike() -> None:
+    """Untrusted, every call runs alone: the smallest setting is recommended and a note says why."""
+    report = await tune(Workspace(latency=0.05).server, "reads", (1, 4), calls=20)
+    assert report.recommended == 1
+    assert [round(s.throughput) for s in report.settings] == [20, 20]
+    assert any("no limit can matter here: the server is untrusted" in note for note in report.notes)
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_a_workload_of_calls_with_failures() -> None:
+    """A workload's calls repeat in order; calls that fail count as errors, not as throughput."""
+    workload = load_workload(['{"name": "search_notes", "arguments": {"query": "a"}}', '{"name": "search_notes"}'])
+    progress: list[TuneProgress] = []
+    report = await tune(
+        Workspace(latency=0.05).server, workload, (2,), trusted=True, calls=10, warmup=0, progress=progress.append
+    )
+    [result] = report.settings
+    assert result.errors == 5
+    assert result.throughput == pytest.approx(2 / 0.05)  # the failures take no slot time
+    assert result.error == "failed: invalid arguments: missing required 'query'"
+    [note] = report.notes
+    assert re.fullmatch(r"at 2, 5 of 1\d measured calls did not succeed \(failed: invalid .* required 'query'\)", note)
+    assert progress[-1] == TuneProgress(2, 0, 1, 10, 10)
+    assert report.workload == "2 calls of search_notes"
+
+
+@pytest.mark.anyio
+async def test_knee_in_real_time_with_an_entered_client() -> None:
+    """On asyncio and trio in real time, through a client the caller owns and keeps using afterwards."""
+    workspace = Workspace(latency=0.1, saturation=8)
+    async with Client(workspace.server) as client:
+        report = await tune(client, "reads", (4, 8, 16), trusted=True, calls=16)
+        assert report.recommended == 8, render_table(report)
+        assert report.target == "an entered mcp.Client"
+        assert not (await client.call_tool("search_notes", {"query": "x"})).is_error
+
+
+@pytest.mark.anyio
+async def test_mistakes_are_configuration_errors() -> None:
+    """Bad settings fail before connecting; tools the server lacks fail before measuring."""
+    server = Workspace().server
+    with pytest.raises(ConfigurationError, match="every setting must be an int >= 1, got \\[0\\]"):
+        await tune(server, "reads", (0, 2))
+    with pytest.raises(ConfigurationError, match="give calls, duration or both"):
+        await tune(server, "reads", calls=None)
+    with pytest.raises(ConfigurationError, match="does not offer: \\['nope'\\]"):
+        await tune(server, [ToolCall("1", "nope")], (1,), calls=1)
+
+
+def test_table_rendering() -> None:
+    """The table has a row per setting in ms, the recommendation marked, then what to set and why."""
+    settings = (setting(1, 20.0), setting(8, 160.0), setting(16, 160.0, 0.1))
+    recommended, best, why = recommend(settings)
+    report = TuneReport(
+        target="cmd",
+        trusted=True,
+        knob="max_concurrency",
+        workload="synthetic reads (search_notes)",
+        concurrent_share=1.0,
+        clients=16,
+        calls=100,
+        duration=None,
+        settings=settings,
+        recommended=recommended,
+        best=best,
+        explanation=why,
+        notes=("a note",),
+    )
+    lines = render_table(report).splitlines()
+    assert lines[0] == "tuning max_concurrency against cmd (trusted)"
+    assert lines[3].split() == [
+        "max_concurrency",
+        "calls/s",
+        "of",
+        "best",
+        "in",
+        "flight",
+        "run",
+        "p50",
+        "run",
+        "p95",
+        "queue",
+        "p50",
+        "queue",
+        "p95",
+        "errors",
+    ]
+    assert lines[5].split() == ["8", "160", "100%", "8.00", "50.0", "50.0", "0.00", "0.00", "0", "<-", "recommended"]
+    assert "recommended: Dispatcher(max_concurrency=8)" in lines
+    assert lines[-1] == "note: a note"
+    assert report.to_json()["settings"][1]["run_p95_ms"] == 50.0
+
+
+# The command line --------------------------------------------------------------------------------
+
+
+def test_cli_over_stdio_finds_the_knee(tmp_path: pathlib.Path) -> None:
+    """`python -m dispatcher tune --stdio ...` against a server saturating at 8 recommends 8, writes JSON and a plot."""
+    # 150 ms calls. Each call's stdio round trip (about 4 ms here) leaves its slot idle for that long, and
+    # past the knee the extra calls in flight hide the gap, so throughput keeps creeping up by about
+    # 3 x delta / (4 x latency + delta) up to 32: 2% at 150 ms, but 7% at 50 ms, where 16 would win.
+    server = f"{WORKSPACE} --latency 0.15 --saturation 8"
+    out, plot = tmp_path / "tune.json", tmp_path / "tune.png"
+    argv = ["--stdio", server, "--trusted", "--synthetic", "reads", "--range", "2,4,8,16,32", "--calls", "24"]
+    done = subprocess.run(
+        [sys.executable, "-m", "dispatcher", "tune", *argv, "--json", str(out), "--plot", str(plot)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["recommended"] == 8, done.stdout
+    assert [s["limit"] for s in report["settings"]] == [2, 4, 8, 16, 32]
+    assert report["machine"]["cpu_count"] == os.cpu_count()
+    assert "recommended: Dispatcher(max_concurrency=8)" in done.stdout
+    row = next(line for line in done.stdout.splitlines() if line.endswith("<- recommended"))
+    assert row.split()[0] == "8"
+    assert "setting 5/5: 32 ..." in done.stderr
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "--plot needs matplotlib" in done.stderr
+    else:
+        assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_cli_workload_file_per_server(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A JSONL workload against a stdio server, sweeping the per-server limit, with its JSON report."""
+    workload, out = tmp_path / "calls.jsonl", tmp_path / "out" / "tune.json"
+    workload.write_text(
+        '{"name": "search_notes", "arguments": {"query": "a"}}\n{"name": "fetch_url", '
+        '"arguments": {"url": "https://example.com/"}}\n'
+    )
+    status = main(
+        [
+            "tune",
+            "--stdio",
+            WORKSPACE,
+            "--env",
+            f"PYTHONPATH={PYTHONPATH}",
+            "--trusted",
+            "--workload",
+            str(workload),
+            "--from",
+            "1",
+            "--to",
+            "2",
+            "--calls",
+            "10",
+            "--per-server",
+            "--json",
+            str(out),
+            "--quiet",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert "tuning the per-server limit against" in captured.out
+    report = json.loads(out.read_text())
+    assert (report["knob"], report["workload"]) == ("per_server", "2 calls of search_notes, fetch_url")
+    assert [s["calls"] for s in report["settings"]] == [10, 10]
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "message"),
+    [
+        (["--range", "1,2", "--from", "1"], 2, "give either --range or --from/--to, not both"),
+        (["--range", "1,x"], 2, "--range takes integers separated by commas"),
+        (["--range", "0,2"], 2, "every setting must be an int >= 1"),
+        (["--from", "8", "--to", "2"], 2, "--from must be >= 1 and --to >= --from"),
+        (["--calls", "0"], 2, "calls must be an int >= 1"),
+        (["--timeout", "2"], 1, "could not connect to http://127.0.0.1:9/mcp"),
+    ],
+)
+def test_cli_failures(argv: list[str], status: int, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Usage mistakes exit 2, an unreachable server exits 1, each with one line on stderr."""
+    assert main(["tune", "--url", "http://127.0.0.1:9/mcp", "--synthetic", "reads", "--quiet", *argv]) == status
+    assert message in capsys.readouterr().err
+
+
+def test_cli_bad_workload_file(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing or malformed workload file is a usage error."""
+    missing = tmp_path / "missing.jsonl"
+    assert main(["tune", "--url", "http://127.0.0.1:9/mcp", "--workload", str(missing)]) == 2
+    assert "cannot read the workload" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{}\n")
+    assert main(["tune", "--url", "http://127.0.0.1:9/mcp", "--workload", str(bad)]) == 2
+    assert f'{bad}, line 1: "name" must be a tool name' in capsys.readouterr().err
+
+
+def test_cli_without_matplotlib(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--plot without matplotlib says how to install it, up front, and the sweep goes on without the plot."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    argv = ["tune", "--url", "http://127.0.0.1:9/mcp", "--synthetic", "reads", "--timeout", "2"]
+    assert main([*argv, "--plot", str(tmp_path / "p.png")]) == 1
+    err = capsys.readouterr().err
+    assert "--plot needs matplotlib (pip install 'dispatcher[plot]')" in err.splitlines()[0]
+
+
+def test_cli_needs_a_server_and_a_workload(capsys: pytest.CaptureFixture[str]) -> None:
+    """tune needs one of --stdio/--url and one of --workload/--synthetic."""
+    with pytest.raises(SystemExit) as caught:
+        main(["tune", "--synthetic", "reads"])
+    assert caught.value.code == 2
+    assert "one of the arguments --stdio --url is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["tune", "--url", "u"])
+    assert "one of the arguments --workload --synthetic is required" in capsys.readouterr().err
