@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: bench bench-quick demo test lint typecheck pytest clean
+.PHONY: bench bench-quick demo test lint typecheck pytest stress clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The long form of the chaos suite (tests/chaos): more seeds, batches and examples, and the tests marked
+# `stress`. It writes its figures to tests/chaos/results/stress.json (see RELIABILITY.md).
+stress: $(STAMP)
+	DISPATCHER_STRESS=1 $(BIN)/python -m pytest -q tests/chaos
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,583 @@
+"""What the chaos suite shares: its scale, its figures, the invariant checks and the servers it breaks.
+
+The suite runs in two forms. `make test` runs the quick form; `make stress` sets ``DISPATCHER_STRESS=1``,
+which makes every test run more seeds, more batches and more examples, and also runs the tests
+marked ``stress``. Both forms add what they did to `FIGURES`; the session prints the totals and, in
+the stress form, writes them to ``tests/chaos/results/stress.json`` (see RELIABILITY.md).
+
+The invariants, checked after every batch:
+
+- every call gets exactly one result, in call order (`check_results`);
+- no call runs more often than it may: at most once unless its tool is idempotent by a trusted
+  source, and never more often than the attempts the retry policy allows (`count_executions`);
+- no exclusive call overlaps another call in the dispatcher (`check_exclusive_events`), nor on the
+  server (`check_server_overlaps`, from the server's own ledger);
+- nothing is left behind: the gate is idle with nothing running, no batch is live, workers are
+  bounded, no worker thread token is held (`check_idle`), child processes are reaped (`live_children`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import sys
+from collections import Counter
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+from mcp import Client, StdioServerParameters
+from mcp.client._memory import InMemoryTransport
+from mcp.shared.message import SessionMessage
+
+import dispatcher
+from dispatcher import CallStatus, Dispatcher, ToolCall, ToolResult
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+
+    from mcp.client._transport import TransportStreams
+    from mcp.server.mcpserver import MCPServer
+
+    from dispatcher import CallEvent
+
+STRESS = os.environ.get("DISPATCHER_STRESS", "") not in ("", "0")
+"""Whether this is the long form (`make stress`)."""
+
+SOURCE_ROOT = pathlib.Path(dispatcher.__file__).resolve().parents[1]
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+
+
+def scale(quick: int, stress: int) -> int:
+    """The quick figure, or the stress one under `make stress`."""
+    return stress if STRESS else quick
+
+
+# Figures -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Figures:
+    """What the suite did and what it found, summed over the session."""
+
+    batches: int = 0
+    calls: int = 0
+    faults_injected: int = 0
+    fault_kinds: Counter[str] = field(default_factory=Counter)
+    executed_twice: int = 0
+    results_lost: int = 0
+    hangs: int = 0
+    exclusive_overlaps: int = 0
+    leaks: int = 0
+    cancellations: int = 0
+    retried_after_cancel: int = 0
+    server_overlaps_after_abandoned_calls: int = 0
+
+    def fault(self, kind: str, count: int = 1) -> None:
+        """Count injected faults of one kind."""
+        if count:
+            self.faults_injected += count
+            self.fault_kinds[kind] += count
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy of the figures so far, for `restore`."""
+        return copy.deepcopy(vars(self))
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Go back to a `snapshot` (for tests whose runs must not count, such as checks of the checks)."""
+        vars(self).update(copy.deepcopy(snapshot))
+
+    def as_json(self) -> dict[str, Any]:
+        """The figures as plain JSON data."""
+        data = dataclasses.asdict(self)
+        data["fault_kinds"] = dict(sorted(self.fault_kinds.items()))
+        return data
+
+
+FIGURES = Figures()
+
+
+# Invariants --------------------------------------------------------------------------------------
+
+
+def check_results(calls: Sequence[ToolCall], results: Sequence[ToolResult]) -> list[str]:
+    """Every call has exactly one result, in call order; returns the violations (and counts them as lost)."""
+    problems: list[str] = []
+    if len(results) != len(calls):
+        problems.append(f"{len(calls)} calls but {len(results)} results")
+    for position, (call, result) in enumerate(zip(calls, results, strict=False)):
+        if result.call is not call:
+            problems.append(f"result {position} answers {result.call_id!r}, not {call.id!r}")
+    FIGURES.results_lost += len(problems)
+    return problems
+
+
+def call_key(tool: str, arguments: Mapping[str, Any] | None) -> str:
+    """A call's identity on the server: its tool and its arguments (the suite makes them unique)."""
+    return f"{tool} {json.dumps(arguments or {}, sort_keys=True)}"
+
+
+def count_executions(
+    executed: Iterable[str], calls: Sequence[ToolCall], allowed: Mapping[str, int], *, tool_of: Mapping[str, str]
+) -> list[str]:
+    """Check how often each call reached its server against how often it may.
+
+    Args:
+        executed: The `call_key` of every execution the server's ledger recorded.
+        calls: The calls sent.
+        allowed: The most executions each call id may have (1 for a call that must not be repeated).
+        tool_of: The server's own tool name of each call id.
+
+    Returns:
+        The violations; each call executed more often than allowed is counted in `FIGURES`.
+    """
+    seen = Counter(executed)
+    problems = []
+    for call in calls:
+        runs = seen[call_key(tool_of[call.id], call.arguments)]
+        if runs > allowed[call.id]:
+            problems.append(f"call {call.id!r} ({tool_of[call.id]}) executed {runs} times; at most {allowed[call.id]}")
+            FIGURES.executed_twice += 1
+    return problems
+
+
+def check_exclusive_events(events: Sequence[CallEvent], exclusive: set[str]) -> list[str]:
+    """In the dispatcher, an exclusive call never runs while another call runs.
+
+    Reads the order of the ``started`` and ``finished`` events (not their times, which a virtual clock
+    may make equal): when an exclusive call starts nothing may be running, and nothing may start
+    before it has finished.
+    """
+    running: set[str] = set()
+    problems = []
+    for event in events:
+        call_id = event.call.id
+        if event.kind == "started":
+            if running and (call_id in exclusive or running & exclusive):
+                problems.append(f"{call_id!r} started while {sorted(running)} were running")
+            running.add(call_id)
+        elif event.kind == "finished":
+            running.discard(call_id)
+    FIGURES.exclusive_overlaps += len(problems)
+    return problems
+
+
+def check_idle(d: Dispatcher) -> list[str]:
+    """Nothing is queued or running, no batch is live, workers are bounded and no thread token is held."""
+    problems = []
+    gate = d._gate
+    if not gate.idle or gate.running:
+        problems.append(f"the gate is not idle: {gate.running} running, idle={gate.idle}")
+    if d._live:
+        problems.append(f"{len(d._live)} batches are still live")
+    cap = d._gate.limit if d._gate.limit is not None else d._idle_cap
+    if d._workers > cap + 1:
+        problems.append(f"{d._workers} workers for a cap of {cap}")
+    borrowed = anyio.to_thread.current_default_thread_limiter().borrowed_tokens
+    if borrowed:
+        problems.append(f"{borrowed} worker thread tokens are still borrowed")
+    FIGURES.leaks += len(problems)
+    return problems
+
+
+def replay_hint(test: str, seed: int) -> str:
+    """How to run one seed of a test again, for failure messages."""
+    return (
+        f"seed={seed}; replay it with: DISPATCHER_CHAOS_SEED={seed} {sys.executable} -m pytest -q '{test}' "
+        f"(or print its trace: {sys.executable} -m tests.chaos.replay {seed})"
+    )
+
+
+def seeds(count: int, base: int = 0) -> list[int]:
+    """The seeds a test runs: `count` of them, or only ``DISPATCHER_CHAOS_SEED`` when it is set."""
+    chosen = os.environ.get("DISPATCHER_CHAOS_SEED")
+    if chosen:
+        return [int(chosen)]
+    return list(range(base, base + count))
+
+
+# An in-process connection that can be cut ---------------------------------------------------------
+
+
+class Cuttable:
+    """An in-process server reached through connections that a test can cut, the way a crash cuts a pipe.
+
+    Pass `client` to `Dispatcher.connect` as the client factory. `cut()` ends every open connection:
+    the client sees its connection closed; the server side is left to notice by itself, as it would
+    after a network failure.
+    """
+
+    def __init__(self, server: MCPServer[Any], mode: str = "auto") -> None:
+        self.server = server
+        self.mode = mode
+        self.connections = 0
+        self.cuts = 0
+        self.live: set[anyio.CancelScope] = set()
+
+    def client(self) -> Client:
+        """A new client over a new connection."""
+        self.connections += 1
+        return Client(_CuttableTransport(self), mode=self.mode)
+
+    def cut(self) -> int:
+        """Cut every open connection; returns how many were cut."""
+        live = list(self.live)
+        for scope in live:
+            scope.cancel()
+        self.cuts += len(live)
+        return len(live)
+
+
+class _CuttableTransport:
+    def __init__(self, owner: Cuttable) -> None:
+        self._owner = owner
+        self._cm: Any = None
+
+    @asynccontextmanager
+    async def _connect(self) -> AsyncIterator[TransportStreams]:
+        async with InMemoryTransport(self._owner.server) as (read, write):
+            send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](100)
+            scope = anyio.CancelScope()
+
+            async def pump() -> None:
+                async with send:
+                    with scope:
+                        async for message in read:
+                            await send.send(message)
+
+            self._owner.live.add(scope)
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(pump)
+                    try:
+                        yield receive, write
+                    finally:
+                        scope.cancel()
+            finally:
+                self._owner.live.discard(scope)
+
+    async def __aenter__(self) -> TransportStreams:
+        self._cm = self._connect()
+        return await self._cm.__aenter__()  # type: ignore[no-any-return]
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self._cm.__aexit__(*exc_info)
+
+
+# Processes ---------------------------------------------------------------------------------------
+
+
+def python_env() -> dict[str, str]:
+    """The environment a server subprocess needs to import this checkout."""
+    pythonpath = os.pathsep.join(p for p in (str(SOURCE_ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": pythonpath}
+
+
+def workspace_stdio(ledger: pathlib.Path, *options: str) -> StdioServerParameters:
+    """The example workspace as a stdio subprocess of this checkout, writing its ledger to a file."""
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "dispatcher.examples.workspace", "--ledger", str(ledger), *options],
+        env=python_env(),
+    )
+
+
+def badserver_stdio() -> StdioServerParameters:
+    """The malformed-answer server (`tests/chaos/badserver.py`) as a stdio subprocess."""
+    return StdioServerParameters(command=sys.executable, args=[str(pathlib.Path(__file__).with_name("badserver.py"))])
+
+
+def live_children() -> list[tuple[int, str, str]]:
+    """This process's child processes, as ``(pid, state, command line)``: zombies count (not reaped)."""
+    me = os.getpid()
+    children = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue  # it ended while we looked
+        # The command name is in parentheses and may hold spaces: the fields after it are fixed.
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == me:
+            children.append((int(entry.name), state, cmdline))
+    return children
+
+
+def check_children(before: Iterable[int]) -> list[str]:
+    """Child processes started since `before` that are still alive or not reaped."""
+    known = set(before)
+    problems = [
+        f"child process {pid} ({state}) still there: {cmdline}"
+        for pid, state, cmdline in live_children()
+        if pid not in known
+    ]
+    FIGURES.leaks += len(problems)
+    return problems
+
+
+async def reaped(before: Iterable[int], within: float = 10.0) -> list[str]:
+    """`check_children`, after giving children that were just killed `within` seconds to be reaped."""
+    with anyio.move_on_after(within):
+        while check_children_quiet(before):  # noqa: ASYNC110  # processes end outside the loop: nothing to wait on
+            await anyio.sleep(0.05)
+    return check_children(before)
+
+
+def check_children_quiet(before: Iterable[int]) -> bool:
+    """Whether any child started since `before` is still there (without counting it)."""
+    known = set(before)
+    return any(pid not in known for pid, _, _ in live_children())
+
+
+@dataclass
+class LedgerEntry:
+    """One tool call a workspace process recorded in its ledger file."""
+
+    pid: int
+    seq: int
+    tool: str
+    arguments: dict[str, Any]
+    outcome: str | None = None
+    start: int = 0
+    end: int | None = None
+
+
+class LedgerFile:
+    """The ledger a workspace subprocess writes (``--ledger PATH``), read back by the test."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self.path = path
+
+    def entries(self) -> list[LedgerEntry]:
+        """Every recorded call in the order the calls started; line numbers order starts and ends."""
+        if not self.path.exists():
+            return []
+        entries: dict[tuple[int, int], LedgerEntry] = {}
+        for number, line in enumerate(self.path.read_text().splitlines()):
+            if not line.endswith("}"):
+                continue  # a line cut short by a kill
+            record = json.loads(line)
+            key = (record["pid"], record["seq"])
+            if record["event"] == "start":
+                entries[key] = LedgerEntry(
+                    record["pid"], record["seq"], record["tool"], record["arguments"] or {}, start=number
+                )
+            elif key in entries:
+                entries[key].outcome = record["outcome"]
+                entries[key].end = number
+        return sorted(entries.values(), key=lambda entry: entry.start)
+
+    def keys(self) -> list[str]:
+        """The `call_key` of every recorded call."""
+        return [call_key(entry.tool, entry.arguments) for entry in self.entries()]
+
+    async def wait_for(self, count: int, within: float = 30.0) -> LedgerEntry:
+        """Wait (up to `within` seconds) until `count` calls have started; return the last of them."""
+        with anyio.fail_after(within):
+            while True:
+                entries = self.entries()
+                if len(entries) >= count:
+                    return entries[count - 1]
+                await anyio.sleep(0.01)
+
+
+def check_server_overlaps(entries: Sequence[LedgerEntry], exclusive: set[str], abandoned: set[str]) -> list[str]:
+    """On the server, an exclusive call never ran while another call of the same process ran.
+
+    `exclusive` and `abandoned` hold `call_key`s. An overlap with a call the client had abandoned (it
+    timed out, was cancelled or lost its connection while the server went on running it) is counted in
+    `FIGURES` but not reported: after a lost answer, the client cannot know when the server stops.
+    A process killed mid-call ends all its calls at once.
+    """
+    problems = []
+    events: list[tuple[int, int, str, LedgerEntry]] = []
+    for entry in entries:
+        events.append((entry.start, 1, "start", entry))
+        if entry.end is not None:
+            events.append((entry.end, 0, "end", entry))
+    running: dict[tuple[int, int], LedgerEntry] = {}
+    for _, _, kind, entry in sorted(events, key=lambda event: (event[0], event[1])):
+        key = (entry.pid, entry.seq)
+        if kind == "end":
+            running.pop(key, None)
+            continue
+        # Calls of other (dead) processes ended with them.
+        for other_key in [k for k, other in running.items() if other.pid != entry.pid]:
+            del running[other_key]
+        me = call_key(entry.tool, entry.arguments)
+        others = [call_key(other.tool, other.arguments) for other in running.values()]
+        clash = others and (me in exclusive or any(other in exclusive for other in others))
+        if clash:
+            if all(other in abandoned for other in others):
+                FIGURES.server_overlaps_after_abandoned_calls += 1
+            else:
+                problems.append(f"{me} started on the server while {others} ran")
+                FIGURES.exclusive_overlaps += 1
+        running[key] = entry
+    return problems
+
+
+class HttpWorkspace:
+    """The example workspace as an HTTP server subprocess that a test can kill, stall and restart.
+
+    Always used with `async with`: on exit the process is killed (if it still runs) and reaped.
+    """
+
+    def __init__(self, ledger: pathlib.Path, *options: str) -> None:
+        self.ledger = ledger
+        self.options = options
+        self.process: anyio.abc.Process | None = None
+        self.url = ""
+        self.port = 0
+        self.starts = 0
+
+    async def start(self) -> str:
+        """Start the server (on the port it had before, if it ran before); return its URL."""
+        assert self.process is None
+        args = [
+            sys.executable,
+            "-m",
+            "dispatcher.examples.workspace",
+            "--http",
+            "--port",
+            str(self.port),
+            "--ledger",
+            str(self.ledger),
+            *self.options,
+        ]
+        process = await anyio.open_process(args, env={**os.environ, **python_env()}, stderr=None)
+        self.process = process
+        self.starts += 1
+        assert process.stdout is not None
+        with anyio.fail_after(30):
+            buffer = b""
+            while b"\n" not in buffer:
+                buffer += await process.stdout.receive()
+        line = buffer.split(b"\n", 1)[0].decode()
+        assert line.startswith("MCP_URL="), line
+        self.url = line.removeprefix("MCP_URL=")
+        self.port = int(self.url.rsplit(":", 1)[1].split("/")[0])
+        return self.url
+
+    @property
+    def pid(self) -> int:
+        """The server process's id."""
+        assert self.process is not None
+        return self.process.pid
+
+    async def kill(self) -> None:
+        """SIGKILL the server and reap it."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        with anyio.CancelScope(shield=True):
+            if process.returncode is None:
+                os.kill(process.pid, signal.SIGCONT)  # a stalled process dies as well, but say it anyway
+                process.kill()
+            await process.wait()
+            await process.aclose()
+
+    def stall(self) -> None:
+        """Stop the process (SIGSTOP): it keeps its connections but answers nothing."""
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a stalled process go on (SIGCONT)."""
+        os.kill(self.pid, signal.SIGCONT)
+
+    async def __aenter__(self) -> HttpWorkspace:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.kill()
+
+
+def allowed_runs(calls: Sequence[ToolCall], entries: Mapping[str, Any], attempts: int) -> dict[str, int]:
+    """How often each call may reach its server: `attempts` for a trusted idempotent tool, else once."""
+    return {call.id: attempts if entries[call.id].idempotent else 1 for call in calls}
+
+
+def abandoned(results: Sequence[ToolResult]) -> set[str]:
+    """The `call_key`s of calls whose answer the client never got (the server may have run them on)."""
+    return {
+        call_key(result.call.name, result.call.arguments)
+        for result in results
+        if result.status in (CallStatus.TIMEOUT, CallStatus.CANCELLED)
+        or (result.status is CallStatus.FAILED and result.attempts > 0)
+        or result.attempts > 1
+    }
+
+
+class DroppingProxy:
+    """A TCP proxy in front of a server whose connections a test can drop, as a flaky network does.
+
+    Used with `async with`, inside which it forwards ``127.0.0.1:port`` to the upstream port. `drop()`
+    closes every open connection at once, in both directions, without a word to either side.
+    """
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = 0
+        self.drops = 0
+        self._live: set[anyio.CancelScope] = set()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._listener: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
+
+    def url(self, path: str = "/mcp") -> str:
+        """The URL that reaches the upstream server through the proxy."""
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def drop(self) -> int:
+        """Close every open connection; returns how many there were."""
+        live = list(self._live)
+        for scope in live:
+            scope.cancel()
+        self.drops += len(live)
+        return len(live)
+
+    async def _handle(self, client: anyio.abc.SocketStream) -> None:
+        with anyio.CancelScope() as scope:
+            self._live.add(scope)
+            try:
+                async with client, await anyio.connect_tcp("127.0.0.1", self.upstream_port) as upstream:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._pump, client, upstream, tg.cancel_scope)
+                        tg.start_soon(self._pump, upstream, client, tg.cancel_scope)
+            except OSError:
+                pass  # the upstream is down: the client sees its connection closed
+            finally:
+                self._live.discard(scope)
+
+    @staticmethod
+    async def _pump(source: anyio.abc.SocketStream, sink: anyio.abc.SocketStream, done: anyio.CancelScope) -> None:
+        try:
+            async for chunk in source:
+                await sink.send(chunk)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        done.cancel()
+
+    async def __aenter__(self) -> DroppingProxy:
+        self._listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        self.port = self._listener.extra(anyio.abc.SocketAttribute.local_port)
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._listener.serve, self._handle)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._tg is not None and self._listener is not None
+        self._tg.cancel_scope.cancel()
+        await self._tg.__aexit__(None, None, None)
+        await self._listener.aclose()

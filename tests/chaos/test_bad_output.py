@@ -1,0 +1,120 @@
+"""Servers that answer badly: malformed JSON-RPC, schema-violating or enormous results, a crash mid-call.
+
+`badserver.py` is a raw stdio server that breaks the protocol in the way each tool's name says. Each
+bad answer must end its own call with a clear error (or, when the SDK cannot tell which call a garbled
+line belonged to, a timeout), the calls beside it must succeed, and the next batch must run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import pytest
+
+from dispatcher import CallStatus, Dispatcher, ToolCall
+
+from . import harness
+from .harness import FIGURES
+
+if TYPE_CHECKING:
+    from dispatcher import ToolResult
+
+pytestmark = pytest.mark.anyio
+
+Mode = Literal["auto", "legacy"]
+MODES = pytest.mark.parametrize("mode", ["auto", "legacy"])
+
+# What each bad answer gives its call: a status, and words its error must contain.
+EXPECTED: dict[str, tuple[CallStatus, str]] = {
+    "garbage_then_echo": (CallStatus.OK, ""),
+    "twice": (CallStatus.OK, ""),
+    "error_flag_text": (CallStatus.TOOL_ERROR, ""),
+    "bad_content": (CallStatus.FAILED, "the server's answer is malformed"),
+    "bad_block": (CallStatus.FAILED, "the server's answer is malformed"),
+    "unknown_block": (CallStatus.FAILED, "the server's answer is malformed"),
+    "structured": (CallStatus.FAILED, "Invalid structured content returned by tool structured"),
+    # A line the SDK cannot parse cannot be matched to its call: the call times out.
+    "garbage": (CallStatus.TIMEOUT, "no result within call_timeout"),
+    "not_jsonrpc": (CallStatus.TIMEOUT, "no result within call_timeout"),
+    "null_result": (CallStatus.TIMEOUT, "no result within call_timeout"),
+    "empty_response": (CallStatus.TIMEOUT, "no result within call_timeout"),
+    "bad_error": (CallStatus.TIMEOUT, "no result within call_timeout"),
+    "wrong_id": (CallStatus.TIMEOUT, "no result within call_timeout"),
+}
+
+
+def check(calls: list[ToolCall], results: list[ToolResult]) -> None:
+    """One result per call in order, counted in the figures."""
+    FIGURES.batches += 1
+    FIGURES.calls += len(calls)
+    assert not harness.check_results(calls, results)
+
+
+@MODES
+async def test_bad_answers_fail_their_own_call(anyio_backend: Any, mode: Mode) -> None:
+    """Every kind of malformed answer ends its own call clearly; the good calls beside them succeed."""
+    before = [pid for pid, _, _ in harness.live_children()]
+    try:
+        async with Dispatcher(call_timeout=1.0) as d:
+            await d.connect("bad", harness.badserver_stdio(), trusted=True, mode=mode)
+            calls = []
+            for name in EXPECTED:
+                calls.append(ToolCall(f"{name}", name, {"key": name}))
+                calls.append(ToolCall(f"{name}-sibling", "echo", {"key": f"{name}-sibling"}))
+            with anyio.fail_after(30):
+                results = await d.dispatch(calls)
+            check(calls, results)
+            FIGURES.fault("malformed-answer", len(EXPECTED))
+            after = await d.dispatch([ToolCall("after", "echo", {"key": "after"})])
+            assert not harness.check_idle(d)
+    finally:
+        leftovers = await harness.reaped(before)
+    assert not leftovers
+    by_id = {result.call_id: result for result in results}
+    for name, (status, words) in EXPECTED.items():
+        result = by_id[name]
+        assert result.status is status, (name, result.status, result.error)
+        assert words in (result.error or ""), (name, result.error)
+        assert by_id[f"{name}-sibling"].ok, (name, by_id[f"{name}-sibling"].error)
+    assert after[0].ok
+
+
+@MODES
+async def test_an_enormous_answer_over_stdio(anyio_backend: Any, mode: Mode) -> None:
+    """A 20 MB result over a stdio pipe arrives whole, and the calls beside it succeed."""
+    size = 20_000_000
+    async with Dispatcher(call_timeout=60) as d:
+        await d.connect("bad", harness.badserver_stdio(), trusted=True, mode=mode)
+        calls = [
+            ToolCall("huge", "huge", {"key": "x", "size": size}),
+            ToolCall("small", "echo", {"key": "small"}),
+        ]
+        with anyio.fail_after(120):
+            results = await d.dispatch(calls)
+    check(calls, results)
+    FIGURES.fault("enormous-answer")
+    assert all(result.ok for result in results), [result.error for result in results]
+    assert results[0].result is not None
+    assert len(results[0].result.content[0].text) == size  # type: ignore[union-attr]
+
+
+@MODES
+async def test_a_server_that_exits_mid_call(anyio_backend: Any, mode: Mode) -> None:
+    """A server process that exits while answering: its calls fail as lost, and the next batch starts a new one."""
+    before = [pid for pid, _, _ in harness.live_children()]
+    try:
+        async with Dispatcher(call_timeout=30) as d:
+            await d.connect("bad", harness.badserver_stdio(), trusted=True, mode=mode)
+            calls = [ToolCall("exit", "exit", {"key": "x"})]
+            with anyio.fail_after(30):
+                results = await d.dispatch(calls)
+            check(calls, results)
+            FIGURES.fault("server-exit")
+            after = await d.dispatch([ToolCall("after", "echo", {"key": "after"})])
+    finally:
+        leftovers = await harness.reaped(before)
+    assert not leftovers
+    assert results[0].status is CallStatus.FAILED
+    assert "connection to the server lost" in str(results[0].error)
+    assert after[0].ok, after[0].error
