@@ -62,6 +62,8 @@ _BACKOFF_FIRST = 1.0
 _BACKOFF_MAX = 30.0
 # Seconds the dispatcher gives its clients to close cleanly on exit before cancelling them.
 _CLOSE_GRACE = 5.0
+# Seconds a server has to answer the ping sent after a call was given up on; no answer is a lost connection.
+_PING_TIMEOUT = 10.0
 # Seconds a 2026-07-28 server has to acknowledge `subscriptions/listen` before changes go unfollowed.
 _LISTEN_ACK_TIMEOUT = 10.0
 
@@ -131,6 +133,8 @@ class Connection:
         self._running = False
         self._ended = anyio.Event()
         self._list_changed = anyio.Event()
+        # Set when a call on the current client was given up on: the client is then asked to prove it is alive.
+        self._suspect = anyio.Event()
 
     @property
     def protocol_version(self) -> str | None:
@@ -184,6 +188,7 @@ class Connection:
             with anyio.CancelScope(deadline=deadline) as scope:
                 async with client, anyio.create_task_group() as tg:
                     self._list_changed = anyio.Event()
+                    self._suspect = anyio.Event()
                     if self._follow:
                         # Listen first, then list: a change made in between is not missed.
                         await tg.start(self._follow_changes, client)
@@ -191,6 +196,7 @@ class Connection:
                     scope.deadline = math.inf
                     self._client = client
                     connected = True
+                    tg.start_soon(self._check_alive, client)
                     self._failures = 0
                     self._retry_at = -math.inf
                     if task_status is None:
@@ -277,6 +283,29 @@ class Connection:
                 # For example a server that does not serve subscriptions/listen: nothing to follow.
                 logger.debug("not following tool list changes of server %r: %s", self.server, _describe(exc))
 
+    async def _check_alive(self, client: Client) -> None:
+        """Ping the server after each call that was given up on; no answer in time means the connection is lost.
+
+        A call that times out (or whose caller gives up) proves nothing about the connection, and a
+        connection can stay open while nothing gets through any more: a stdio server that writes bytes
+        that are not UTF-8 stops the SDK reading its output for good, while the process runs on. Without
+        this check every later call would time out as well, for as long as the dispatcher runs. Any
+        answer proves the connection alive, an error included (2026-07-28 servers no longer serve ping).
+        """
+        while True:
+            await self._suspect.wait()
+            self._suspect = anyio.Event()
+            with anyio.move_on_after(_PING_TIMEOUT) as scope:
+                try:
+                    await client.session.send_ping()
+                except Exception as exc:
+                    if is_connection_loss(exc):
+                        self._lost(client, exc)
+                        return
+            if scope.cancelled_caught:
+                self._lost(client, TimeoutError(f"the server did not answer a ping within {_PING_TIMEOUT}s"))
+                return
+
     async def _resync(self, client: Client) -> None:
         try:
             await self._ask(await self._sync(client))
@@ -340,6 +369,11 @@ class Connection:
             raise ToolUnavailableError(reason)
         try:
             return await client.call_tool(name, arguments)
+        except anyio.get_cancelled_exc_class():
+            # Given up on (a timeout, or its caller's cancellation): check that the connection still answers.
+            if client is self._client:
+                self._suspect.set()
+            raise
         except Exception as exc:
             if is_connection_loss(exc):
                 self._lost(client, exc)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import pytest
 
+import dispatcher._connections
 from dispatcher import CallStatus, Dispatcher, ToolCall
 
 from . import harness
@@ -118,3 +119,31 @@ async def test_a_server_that_exits_mid_call(anyio_backend: Any, mode: Mode) -> N
     assert results[0].status is CallStatus.FAILED
     assert "connection to the server lost" in str(results[0].error)
     assert after[0].ok, after[0].error
+
+
+@MODES
+async def test_a_line_that_is_not_utf8_does_not_wedge_the_connection(
+    anyio_backend: Any, mode: Mode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After bytes that are not UTF-8 stop the SDK reading a stdio server, the dispatcher replaces the connection."""
+    monkeypatch.setattr(dispatcher._connections, "_PING_TIMEOUT", 0.5)
+    before = [pid for pid, _, _ in harness.live_children()]
+    try:
+        async with Dispatcher(call_timeout=0.5) as d:
+            await d.connect("bad", harness.badserver_stdio(), trusted=True, mode=mode)
+            with anyio.fail_after(30):
+                [wedged] = await d.dispatch([ToolCall("utf8", "bad_utf8", {"key": "x"})])
+                FIGURES.fault("invalid-utf8")
+                # The connection was found dead and replaced: calls after it run on a new process.
+                with anyio.fail_after(20):
+                    while True:
+                        [after] = await d.dispatch([ToolCall("after", "echo", {"key": "after"})])
+                        if after.status is not CallStatus.TIMEOUT:
+                            break
+            FIGURES.batches += 2
+            FIGURES.calls += 2
+    finally:
+        leftovers = await harness.reaped(before)
+    assert not leftovers
+    assert wedged.status is CallStatus.TIMEOUT
+    assert after.ok, after.error
