@@ -11,7 +11,8 @@ window runs from the end of the warm-up to the completion of the last measured c
 
 - throughput: answered calls (OK or TOOL_ERROR) per second of the window, each call counted for the
   share of its run time inside the window (see `_summarise`);
-- run time (`ToolResult.finished_at - started_at`): what one call costs at the server, p50 and p95;
+- run time (`ToolResult.finished_at - started_at`): a started call's time to its result, the server's
+  time plus the round trip of the transport, p50 and p95;
 - queue time (`started_at - queued_at`): how long calls waited in the dispatcher for a slot;
 - calls in flight: the mean number of calls running during the window.
 
@@ -87,10 +88,11 @@ class SettingResult:
 
     Attributes:
         limit: The setting.
-        calls: Measured calls the server answered (OK or TOOL_ERROR).
-        errors: Measured calls that failed, timed out or were cancelled.
+        calls: Answered calls (OK or TOOL_ERROR) that ended inside the window.
+        errors: Calls ending inside the window that failed, timed out or were cancelled.
         elapsed: The measurement window.
-        throughput: Answered calls per second of the window.
+        throughput: Answered calls per second of the window, each counted for the share of its run
+            time inside the window.
         run_p50: The median run time of the answered calls (`finished_at - started_at`).
         run_p95: Their 95th percentile run time.
         queue_p50: The median time they waited for a slot (`started_at - queued_at`).
@@ -928,7 +930,7 @@ def render_table(report: TuneReport) -> str:
 
 
 def _conclusion(report: TuneReport) -> list[str]:
-    lines = ["times in ms; run = at the server (started to finished), queue = waiting for a slot in the dispatcher"]
+    lines = ["times in ms; run = from a call's start to its result, queue = waiting for a slot in the dispatcher"]
     if report.recommended is not None:
         lines.append(f"recommended: {report.how_to_apply}")
     lines.append(report.explanation)
@@ -948,7 +950,10 @@ def _print_rich(report: TuneReport, stream: TextIO) -> bool:
     console = Console(file=stream)
     for text in _heading(report):
         console.print(text, highlight=False)
-    table = Table(report.knob, *_HEADERS, "")
+    table = Table()
+    for header in (report.knob, *_HEADERS):
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("")
     for row in _rows(report):
         style = "bold green" if row[-1] else None
         table.add_row(*row, style=style)
@@ -998,7 +1003,8 @@ def save_plot(report: TuneReport, path: Path) -> None:
     if report.recommended is not None:
         left.axvline(limits.index(report.recommended), color="tab:green", alpha=0.5, label="recommended")
     handles = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-    left.legend(handles=handles, loc="center right")
+    # On the twin axes, drawn last, so that no line crosses the legend.
+    right.legend(handles=handles, loc="upper left")
     left.grid(True, alpha=0.3)
     left.set_title(f"{report.target}"[:80], fontsize=9)
     fig.tight_layout()
@@ -1077,7 +1083,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 class _Bar:
-    """A progress bar on stderr: rewritten in place on a terminal, a line per setting elsewhere."""
+    """A progress bar on stderr: rich's on a terminal when it is installed, else rewritten plain text on a
+    terminal, and a line per setting elsewhere (logs)."""
 
     def __init__(self, stream: TextIO, *, enabled: bool) -> None:
         self._stream = stream
@@ -1085,35 +1092,63 @@ class _Bar:
         self._tty = stream.isatty()
         self._last = (-1, -1)
         self._started = time.perf_counter()
+        self._rich: Any = None
+        if enabled and self._tty:
+            try:
+                from rich.console import Console
+                from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+            except ImportError:
+                pass
+            else:
+                columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn())
+                self._rich = Progress(*columns, console=Console(file=stream), auto_refresh=False, transient=True)
+                self._task = self._rich.add_task("connecting", total=1.0)
+                self._rich.start()
 
     def __call__(self, step: TuneProgress) -> None:
         if not self._enabled:
             return
-        if self._tty:
-            share = step.completed / step.planned if step.planned else 0.0
-            overall = (step.index + min(share, 1.0)) / step.total
-            key = (step.index, int(overall * 200))
-            if key == self._last:
-                return
-            self._last = key
-            filled = int(overall * 30)
-            bar = "#" * filled + "." * (30 - filled)
-            planned = f"/{step.planned}" if step.planned is not None else ""
-            self._stream.write(
-                f"\r[{bar}] {overall:4.0%}  setting {step.index + 1}/{step.total} ({step.limit}): "
-                f"{step.completed}{planned} calls "
-            )
-            self._stream.flush()
-        elif step.index != self._last[0]:
-            self._last = (step.index, 0)
-            self._stream.write(f"setting {step.index + 1}/{step.total}: {step.limit} ...\n")
-            self._stream.flush()
+        if not self._tty:
+            if step.index != self._last[0]:
+                self._last = (step.index, 0)
+                self._stream.write(f"setting {step.index + 1}/{step.total}: {step.limit} ...\n")
+                self._stream.flush()
+            return
+        share = step.completed / step.planned if step.planned else 0.0
+        overall = (step.index + min(share, 1.0)) / step.total
+        key = (step.index, int(overall * 200))
+        if key == self._last:
+            return
+        self._last = key
+        planned = f"/{step.planned}" if step.planned is not None else ""
+        where = f"setting {step.index + 1}/{step.total} ({step.limit}): {step.completed}{planned} calls"
+        if self._rich is not None:
+            self._rich.update(self._task, completed=overall, description=where)
+            self._rich.refresh()
+            return
+        filled = int(overall * 30)
+        self._stream.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {overall:4.0%}  {where} ")
+        self._stream.flush()
 
     def close(self) -> None:
-        if self._enabled and self._tty:
+        """Take the bar off the terminal (also after a failure or an interrupt)."""
+        if not (self._enabled and self._tty):
+            return
+        if self._rich is not None:
+            self._rich.stop()
+        else:
             self._stream.write(f"\r{' ' * 100}\r")
+        if self._last[0] >= 0:
             self._stream.write(f"swept in {time.perf_counter() - self._started:.1f} s\n")
-            self._stream.flush()
+        self._stream.flush()
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """The command's options for the JSON file; of --env only the names, as values may be secrets."""
+    options = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+    del options["handler"]
+    options["env"] = [item.partition("=")[0] for item in args.env]
+    return options
 
 
 def _fail(message: str, status: int = 2) -> int:
@@ -1191,18 +1226,17 @@ def _run(args: argparse.Namespace) -> int:
     try:
         report = anyio.run(run)
     except ConfigurationError as exc:
-        bar.close()
         return _fail(str(exc))
     except DispatcherError as exc:
-        bar.close()
         return _fail(str(exc), 1)
-    bar.close()
+    finally:
+        bar.close()
     if not _print_rich(report, sys.stdout):
         print(render_table(report))
     if args.json is not None:
         document = {
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "options": {key: str(value) for key, value in vars(args).items() if key != "handler"},
+            "options": _options(args),
             **report.to_json(),
             "machine": machine_info(),
         }

@@ -379,6 +379,7 @@ def test_cli_workload_file_per_server(tmp_path: pathlib.Path, capsys: pytest.Cap
     assert "tuning the per-server limit against" in captured.out
     report = json.loads(out.read_text())
     assert (report["knob"], report["workload"]) == ("per_server", "2 calls of search_notes, fetch_url")
+    assert report["options"]["env"] == ["PYTHONPATH"]  # names only: values may be secrets
     assert [s["calls"] for s in report["settings"]] == [10, 10]
 
 
@@ -430,3 +431,13 @@ def test_cli_needs_a_server_and_a_workload(capsys: pytest.CaptureFixture[str]) -
     with pytest.raises(SystemExit):
         main(["tune", "--url", "u"])
     assert "one of the arguments --workload --synthetic is required" in capsys.readouterr().err
+
+
+def test_the_guide_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """The Python example of docs/tuning.md runs and recommends the knee it describes."""
+    guide = pathlib.Path(SOURCE_ROOT) / "docs" / "tuning.md"
+    [block] = re.findall(r"```python\n(.*?)```", guide.read_text(), re.S)
+    exec(compile(block, "docs/tuning.md", "exec"), {"__name__": "__main__"})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "4 Dispatcher(max_concurrency=4)"
+    assert lines[1] == "tuning max_concurrency against in-process MCPServer (trusted)"
