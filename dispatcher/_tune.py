@@ -524,6 +524,8 @@ async def tune(
         ServerConnectionError: The server could not be reached.
     """
     limits = _check_settings(settings)
+    if isinstance(workload, str) and workload not in ("reads", "mixed"):
+        raise ConfigurationError(f"the synthetic workload is 'reads' or 'mixed', got {workload!r}")
     if calls is None and duration is None:
         raise ConfigurationError("give calls, duration or both: each setting needs a way to end")
     if calls is not None and (not isinstance(calls, int) or isinstance(calls, bool) or calls < 1):

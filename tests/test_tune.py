@@ -259,6 +259,8 @@ async def test_mistakes_are_configuration_errors() -> None:
     server = Workspace().server
     with pytest.raises(ConfigurationError, match="every setting must be an int >= 1, got \\[0\\]"):
         await tune(server, "reads", (0, 2))
+    with pytest.raises(ConfigurationError, match="the synthetic workload is 'reads' or 'mixed', got 'writes'"):
+        await tune(server, "writes")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="give calls, duration or both"):
         await tune(server, "reads", calls=None)
     with pytest.raises(ConfigurationError, match="does not offer: \\['nope'\\]"):
