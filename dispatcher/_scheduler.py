@@ -106,6 +106,15 @@ class PendingCall:
             raise RuntimeError(f"call {self.call.id!r} has not finished; await wait() first")
         return self._result
 
+    def cancel(self) -> None:
+        """Cancel this call if it has not ended: a queued call never starts, a running one is interrupted.
+
+        It then settles as CANCELLED (unless it ended first); its batch goes on with its other calls.
+        """
+        batch = self._batch
+        if self._result is None and batch is not None:
+            batch._dispatcher._cancel([self])
+
     async def wait(self) -> ToolResult:
         """Wait for the call to end and return its result."""
         if self._result is None:

@@ -441,3 +441,21 @@ async def test_an_exception_in_the_block_propagates_unwrapped() -> None:
                     await recorder.started_event("r").wait()
                     tg.cancel_scope.cancel()
                 raise LookupError("after a cancelled batch")
+
+
+async def test_a_single_pending_call_can_be_cancelled() -> None:
+    """PendingCall.cancel() stops one queued or running call; the rest of its batch runs on."""
+    async with setup() as (dispatcher, recorder):
+        async with dispatcher.batch() as batch:
+            running = batch.submit(call("r1", "read", hold="never"))
+            queued = batch.submit(call("w", "write"))
+            after = batch.submit(call("r2", "read"))
+            await recorder.started_event("r1").wait()
+            queued.cancel()
+            running.cancel()
+            assert (await after.wait()).ok
+        assert running.result().status is CallStatus.CANCELLED
+        assert queued.result().status is CallStatus.CANCELLED and queued.result().started_at is None
+        assert recorder.by_key("r1")[0].cancelled and recorder.by_key("w") == []
+        running.cancel()  # a finished call: nothing happens
+        assert dispatcher._gate.idle

@@ -21,3 +21,12 @@ def test_public_names_come_from_the_package() -> None:
     for name in dispatcher.__all__:
         value = getattr(dispatcher, name)
         assert getattr(value, "__module__", "dispatcher").startswith("dispatcher")
+
+
+def test_tuning_module_exports_the_sweep() -> None:
+    """`dispatcher.tuning` exposes the sweep and its report, each defined in the package."""
+    import dispatcher.tuning
+
+    assert dispatcher.tuning.__all__ == sorted(dispatcher.tuning.__all__)
+    for name in dispatcher.tuning.__all__:
+        assert hasattr(dispatcher.tuning, name)
