@@ -198,10 +198,11 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def _git_commit() -> str | None:
+def _git(*args: str) -> str | None:
+    """The stripped output of a git command run in this checkout, or None if it fails."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
+            ["git", *args],
             capture_output=True,
             text=True,
             check=True,
@@ -210,22 +211,16 @@ def _git_commit() -> str | None:
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return out.stdout.strip()
+
+
+def _git_commit() -> str | None:
+    return _git("rev-parse", "--short", "HEAD") or None
 
 
 def _git_dirty() -> bool | None:
-    try:
-        out = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", "dispatcher", "benchmarks"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(out.stdout.strip())
+    out = _git("status", "--porcelain", "--untracked-files=no", "--", "dispatcher", "benchmarks")
+    return None if out is None else bool(out)
 
 
 def machine_info() -> dict[str, Any]:

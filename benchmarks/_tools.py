@@ -7,7 +7,9 @@ cost of getting a call to its tool and its result back, nothing else.
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -22,17 +24,25 @@ if TYPE_CHECKING:
     from dispatcher import Dispatcher
 
 __all__ = [
+    "ADAPTER_WORK",
     "READ_ONLY",
     "WRITE",
     "Adapter",
+    "dispatch_once",
+    "gather_per_call",
     "latency_calls",
     "lookup",
     "mixed_batch",
     "register_latency_tools",
     "sleep_read",
     "sleep_write",
+    "task_group_per_batch",
+    "task_per_call",
     "zero_calls",
 ]
+
+# The detail of a target against a bare reference.
+ADAPTER_WORK = "includes the adapter's validation and result conversion, which the bare tasks skip"
 
 READ_ONLY = ToolAnnotations(read_only_hint=True)
 WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True)
@@ -98,3 +108,112 @@ class Adapter:
         """Validate, call and convert, as the dispatcher does for one call."""
         tool = self.tool
         return await tool.invoke(tool.prepare(arguments))
+
+
+def dispatch_once(dispatcher: Dispatcher, calls: list[ToolCall]) -> Callable[[], Awaitable[float]]:
+    """A variant that dispatches `calls` as one batch and returns the seconds the dispatch took.
+
+    Every result must be OK (checked after the clock stops).
+    """
+
+    async def run_dispatcher() -> float:
+        start = time.perf_counter()
+        results = await dispatcher.dispatch(calls)
+        elapsed = time.perf_counter() - start
+        assert len(results) == len(calls), f"{len(results)} results for {len(calls)} calls"
+        assert all(r.ok for r in results), next(r for r in results if not r.ok)
+        return elapsed
+
+    return run_dispatcher
+
+
+def task_per_call(
+    tool: Callable[..., Awaitable[Any]] | Adapter, arguments: list[dict[str, Any]]
+) -> Callable[[], Awaitable[float]]:
+    """A reference that runs one batch as one anyio task per call in a task group.
+
+    Each task awaits `tool(**args)` ("bare") or, given an `Adapter`, `adapter.call(args)` ("same
+    adapter"), and stores its result at the call's index. The clock covers the task group only.
+    """
+    n = len(arguments)
+
+    async def run_tasks() -> float:
+        results: list[Any] = [None] * n
+        if isinstance(tool, Adapter):
+            adapter = tool
+
+            async def one(i: int, args: dict[str, Any]) -> None:
+                results[i] = await adapter.call(args)
+
+        else:
+            fn = tool
+
+            async def one(i: int, args: dict[str, Any]) -> None:
+                results[i] = await fn(**args)
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for i, args in enumerate(arguments):
+                tg.start_soon(one, i, args)
+        elapsed = time.perf_counter() - start
+        assert not isinstance(tool, Adapter) or not results[-1].is_error, results[-1]
+        return elapsed
+
+    return run_tasks
+
+
+def task_group_per_batch(
+    tool: Callable[..., Awaitable[Any]] | Adapter, batches: list[tuple[list[ToolCall], list[dict[str, Any]]]]
+) -> Callable[[], Awaitable[float]]:
+    """A reference that runs `batches` (as built by `zero_calls`) one after the other, each in its own
+    task group with one task per call, bare or through an `Adapter` as in `task_per_call`.
+    """
+
+    async def run_batches() -> float:
+        if isinstance(tool, Adapter):
+            adapter = tool
+
+            async def one(results: list[Any], i: int, args: dict[str, Any]) -> None:
+                results[i] = await adapter.call(args)
+
+        else:
+            fn = tool
+
+            async def one(results: list[Any], i: int, args: dict[str, Any]) -> None:
+                results[i] = await fn(**args)
+
+        start = time.perf_counter()
+        for _, arguments in batches:
+            results: list[Any] = [None] * len(arguments)
+            async with anyio.create_task_group() as tg:
+                for i, args in enumerate(arguments):
+                    tg.start_soon(one, results, i, args)
+        return time.perf_counter() - start
+
+    return run_batches
+
+
+def gather_per_call(
+    tool: Callable[..., Awaitable[Any]] | Adapter, arguments: list[dict[str, Any]]
+) -> Callable[[], Awaitable[float]]:
+    """A reference (asyncio only) that runs one batch as `asyncio.gather` over one coroutine per call,
+    bare or through an `Adapter` as in `task_per_call`. The clock covers building the coroutines and
+    the gather.
+    """
+    if isinstance(tool, Adapter):
+        adapter = tool
+
+        async def run_gather_adapter() -> float:
+            start = time.perf_counter()
+            await asyncio.gather(*[adapter.call(args) for args in arguments])
+            return time.perf_counter() - start
+
+        return run_gather_adapter
+    fn = tool
+
+    async def run_gather_bare() -> float:
+        start = time.perf_counter()
+        await asyncio.gather(*[fn(**args) for args in arguments])
+        return time.perf_counter() - start
+
+    return run_gather_bare

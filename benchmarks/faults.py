@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from mcp import Client
 
-from dispatcher import Dispatcher, RetryPolicy, ToolCall
+from dispatcher import Dispatcher, RetryPolicy
 from dispatcher.examples.workspace import FaultConfig, Workspace
 
 from ._measure import Stat, interleave
 from ._results import Comparison, WorkloadResult
-from .mixed import Config as MixedConfig
 from .mixed import batches_of, ideal_total
+from .through_mcp import WRITE, mixed_config, turn_calls
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -37,8 +37,6 @@ __all__ = ["FULL", "QUICK", "Config", "run"]
 
 RETRY = "dispatcher, default RetryPolicy"
 NO_RETRY = "dispatcher, retry=None"
-READ = "search_notes"
-WRITE = "set_note"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,25 +54,10 @@ FULL = Config()
 QUICK = Config(batches=2, repeat=2)
 
 
-def _mixed(config: Config) -> MixedConfig:
-    return MixedConfig(batches=config.batches, size=config.size, seed=config.seed, latency=config.latency)
-
-
 async def _measure(
     config: Config, rate: float, progress: Progress
 ) -> tuple[dict[str, list[float]], dict[str, list[tuple[float, float]]]]:
-    sets = batches_of(_mixed(config))
-    calls = [
-        [
-            ToolCall(
-                f"b{b}-{i}",
-                WRITE if alone else READ,
-                {"name": f"n{i}", "text": f"text {i}"} if alone else {"query": f"q{i}"},
-            )
-            for i, alone in enumerate(exclusive)
-        ]
-        for b, exclusive in enumerate(sets)
-    ]
+    calls = turn_calls(batches_of(mixed_config(config)))
     outcomes: dict[str, list[tuple[float, float]]] = {RETRY: [], NO_RETRY: []}
 
     def variant(name: str, retry: RetryPolicy | None) -> Callable[[], Awaitable[float]]:
@@ -107,7 +90,7 @@ async def _measure(
 
 def run(config: Config, progress: Progress) -> WorkloadResult:
     """Measure success, attempts and makespan at each fault rate."""
-    mixed = _mixed(config)
+    mixed = mixed_config(config)
     sets = batches_of(mixed)
     writes = sum(sum(exclusive) for exclusive in sets)
     result = WorkloadResult(

@@ -15,10 +15,8 @@ dispatcher, argument dicts for the references) are built before the clock starts
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -26,7 +24,7 @@ from dispatcher import Dispatcher
 
 from ._measure import Stat, interleave
 from ._results import Comparison, Target, WorkloadResult
-from ._tools import READ_ONLY, Adapter, lookup, zero_calls
+from ._tools import ADAPTER_WORK, READ_ONLY, Adapter, dispatch_once, gather_per_call, lookup, task_per_call, zero_calls
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -52,65 +50,29 @@ class Config:
 FULL = Config()
 QUICK = Config(repeat=10)
 
+# The targets of each backend: reference, threshold on dispatcher / reference, name suffix, detail.
+_TARGETS = (
+    (TASKS_ADAPTER, 1.0, "", "scheduling overhead: same per-call tool work on both sides"),
+    (TASKS_BARE, 1.0, "", ADAPTER_WORK),
+    (GATHER_ADAPTER, 2.0, " (aim)", "same per-call tool work"),
+    (GATHER_BARE, 2.0, " (aim)", "bare coroutines, no validation or conversion"),
+)
+
 
 async def _measure(config: Config, backend: str, progress: Progress) -> dict[str, list[float]]:
     calls, arguments = zero_calls(config.calls)
-    n = config.calls
     adapter = Adapter(lookup)
     async with Dispatcher() as dispatcher:
         dispatcher.add_function(lookup, annotations=READ_ONLY)
 
-        async def run_dispatcher() -> float:
-            start = time.perf_counter()
-            results = await dispatcher.dispatch(calls)
-            elapsed = time.perf_counter() - start
-            assert len(results) == n and results[-1].ok, results[-1]
-            return elapsed
-
-        async def run_tasks_bare() -> float:
-            results: list[Any] = [None] * n
-
-            async def one(i: int, args: dict[str, Any]) -> None:
-                results[i] = await lookup(**args)
-
-            start = time.perf_counter()
-            async with anyio.create_task_group() as tg:
-                for i, args in enumerate(arguments):
-                    tg.start_soon(one, i, args)
-            return time.perf_counter() - start
-
-        async def run_tasks_adapter() -> float:
-            results: list[Any] = [None] * n
-
-            async def one(i: int, args: dict[str, Any]) -> None:
-                results[i] = await adapter.call(args)
-
-            start = time.perf_counter()
-            async with anyio.create_task_group() as tg:
-                for i, args in enumerate(arguments):
-                    tg.start_soon(one, i, args)
-            elapsed = time.perf_counter() - start
-            assert not results[-1].is_error
-            return elapsed
-
-        async def run_gather_bare() -> float:
-            start = time.perf_counter()
-            await asyncio.gather(*[lookup(**args) for args in arguments])
-            return time.perf_counter() - start
-
-        async def run_gather_adapter() -> float:
-            start = time.perf_counter()
-            await asyncio.gather(*[adapter.call(args) for args in arguments])
-            return time.perf_counter() - start
-
         variants: dict[str, Callable[[], Awaitable[float]]] = {
-            DISPATCHER: run_dispatcher,
-            TASKS_BARE: run_tasks_bare,
-            TASKS_ADAPTER: run_tasks_adapter,
+            DISPATCHER: dispatch_once(dispatcher, calls),
+            TASKS_BARE: task_per_call(lookup, arguments),
+            TASKS_ADAPTER: task_per_call(adapter, arguments),
         }
         if backend == "asyncio":
-            variants[GATHER_BARE] = run_gather_bare
-            variants[GATHER_ADAPTER] = run_gather_adapter
+            variants[GATHER_BARE] = gather_per_call(lookup, arguments)
+            variants[GATHER_ADAPTER] = gather_per_call(adapter, arguments)
         return await interleave(variants, config.repeat, progress, label=backend)
 
 
@@ -144,41 +106,15 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
                     )
                 )
         ratios = {c.denominator: c.ratio.median for c in result.comparisons if c.case == backend}
-        result.targets.append(
-            Target(
-                name=f"{backend}: dispatcher / {TASKS_ADAPTER}",
-                value=ratios[TASKS_ADAPTER],
-                op="<=",
-                threshold=1.0,
-                detail="scheduling overhead: same per-call tool work on both sides",
-            )
-        )
-        result.targets.append(
-            Target(
-                name=f"{backend}: dispatcher / {TASKS_BARE}",
-                value=ratios[TASKS_BARE],
-                op="<=",
-                threshold=1.0,
-                detail="includes the adapter's validation and result conversion, which the bare tasks skip",
-            )
-        )
-        if GATHER_BARE in ratios:
-            result.targets.append(
-                Target(
-                    name=f"{backend}: dispatcher / {GATHER_ADAPTER} (aim)",
-                    value=ratios[GATHER_ADAPTER],
-                    op="<=",
-                    threshold=2.0,
-                    detail="same per-call tool work",
+        for reference, threshold, aim, detail in _TARGETS:
+            if reference in ratios:
+                result.targets.append(
+                    Target(
+                        name=f"{backend}: dispatcher / {reference}{aim}",
+                        value=ratios[reference],
+                        op="<=",
+                        threshold=threshold,
+                        detail=detail,
+                    )
                 )
-            )
-            result.targets.append(
-                Target(
-                    name=f"{backend}: dispatcher / {GATHER_BARE} (aim)",
-                    value=ratios[GATHER_BARE],
-                    op="<=",
-                    threshold=2.0,
-                    detail="bare coroutines, no validation or conversion",
-                )
-            )
     return result

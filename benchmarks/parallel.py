@@ -20,7 +20,7 @@ from dispatcher._plan import ideal_makespan
 
 from ._measure import Stat, interleave
 from ._results import Comparison, Target, WorkloadResult
-from ._tools import latency_calls, register_latency_tools, sleep_read
+from ._tools import dispatch_once, latency_calls, register_latency_tools, sleep_read
 
 if TYPE_CHECKING:
     from ._report import Progress
@@ -51,13 +51,6 @@ async def _measure(config: Config, limit: int | None, progress: Progress) -> dic
     async with Dispatcher(max_concurrency=limit) as dispatcher:
         register_latency_tools(dispatcher)
 
-        async def run_dispatcher() -> float:
-            start = time.perf_counter()
-            results = await dispatcher.dispatch(calls)
-            elapsed = time.perf_counter() - start
-            assert all(r.ok for r in results)
-            return elapsed
-
         async def run_limiter() -> float:
             limiter = anyio.CapacityLimiter(limit if limit is not None else math.inf)
             results: list[Any] = [None] * len(arguments)
@@ -73,7 +66,7 @@ async def _measure(config: Config, limit: int | None, progress: Progress) -> dic
             return time.perf_counter() - start
 
         return await interleave(
-            {DISPATCHER: run_dispatcher, LIMITER: run_limiter},
+            {DISPATCHER: dispatch_once(dispatcher, calls), LIMITER: run_limiter},
             config.repeat,
             progress,
             label=f"max_concurrency={limit}",

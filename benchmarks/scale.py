@@ -17,7 +17,6 @@ rather than the dispatcher's own work.
 from __future__ import annotations
 
 import gc
-import time
 import tracemalloc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,7 +27,7 @@ from dispatcher import Dispatcher
 
 from ._measure import Stat, interleave
 from ._results import Comparison, Target, WorkloadResult
-from ._tools import READ_ONLY, Adapter, lookup, zero_calls
+from ._tools import READ_ONLY, Adapter, dispatch_once, lookup, task_per_call, zero_calls
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -66,38 +65,7 @@ def _variants(
     dispatcher: Dispatcher, calls: list[ToolCall], arguments: list[dict[str, Any]], adapter: Adapter
 ) -> dict[str, Callable[[], Awaitable[float]]]:
     """Each variant runs the batch once and returns the seconds it took."""
-    n = len(calls)
-
-    async def run_dispatcher() -> float:
-        start = time.perf_counter()
-        results = await dispatcher.dispatch(calls)
-        elapsed = time.perf_counter() - start
-        assert len(results) == n and results[-1].ok
-        return elapsed
-
-    async def run_tasks_bare() -> float:
-        results: list[Any] = [None] * n
-
-        async def one(i: int, args: dict[str, Any]) -> None:
-            results[i] = await lookup(**args)
-
-        start = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for i, args in enumerate(arguments):
-                tg.start_soon(one, i, args)
-        return time.perf_counter() - start
-
-    async def run_tasks_adapter() -> float:
-        results: list[Any] = [None] * n
-
-        async def one(i: int, args: dict[str, Any]) -> None:
-            results[i] = await adapter.call(args)
-
-        start = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for i, args in enumerate(arguments):
-                tg.start_soon(one, i, args)
-        return time.perf_counter() - start
+    run_dispatcher = dispatch_once(dispatcher, calls)
 
     async def run_dispatcher_no_gc() -> float:
         gc.disable()
@@ -109,8 +77,8 @@ def _variants(
     return {
         DISPATCHER: run_dispatcher,
         DISPATCHER_NO_GC: run_dispatcher_no_gc,
-        TASKS_BARE: run_tasks_bare,
-        TASKS_ADAPTER: run_tasks_adapter,
+        TASKS_BARE: task_per_call(lookup, arguments),
+        TASKS_ADAPTER: task_per_call(adapter, arguments),
     }
 
 

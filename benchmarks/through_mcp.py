@@ -41,6 +41,7 @@ from dispatcher import Dispatcher, ToolCall
 
 from ._measure import Stat, interleave
 from ._results import Comparison, Target, WorkloadResult
+from ._tools import dispatch_once
 from .mixed import Config as MixedConfig
 from .mixed import batches_of, ideal_total, run_barriers
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
     from ._report import Progress
+    from .faults import Config as FaultsConfig
 
 __all__ = ["FULL", "QUICK", "TRANSPORTS", "Config", "build_server", "run"]
 
@@ -171,16 +173,6 @@ async def _measure_overhead(config: Config, transport: str, progress: Progress) 
         await dispatcher.add_mcp_server("bench", client, trusted=True)
         await unlimited.add_mcp_server("bench", client, trusted=True)
 
-        def dispatched(d: Dispatcher) -> Callable[[], Awaitable[float]]:
-            async def run_dispatcher() -> float:
-                start = time.perf_counter()
-                results = await d.dispatch(calls)
-                elapsed = time.perf_counter() - start
-                assert all(r.ok for r in results), next(r for r in results if not r.ok)
-                return elapsed
-
-            return run_dispatcher
-
         def direct(limit: float) -> Callable[[], Awaitable[float]]:
             async def run_direct() -> float:
                 results: list[Any] = [None] * n
@@ -202,8 +194,8 @@ async def _measure_overhead(config: Config, transport: str, progress: Progress) 
 
         return await interleave(
             {
-                DISPATCHER: dispatched(dispatcher),
-                DISPATCHER_UNLIMITED: dispatched(unlimited),
+                DISPATCHER: dispatch_once(dispatcher, calls),
+                DISPATCHER_UNLIMITED: dispatch_once(unlimited, calls),
                 DIRECT: direct(math.inf),
                 DIRECT_LIMITED: direct(16),
             },
@@ -214,11 +206,8 @@ async def _measure_overhead(config: Config, transport: str, progress: Progress) 
 
 
 async def _measure_mixed(config: Config, transport: str, progress: Progress) -> dict[str, list[float]]:
-    sets = batches_of(_mixed_config(config))
-    calls = [
-        [ToolCall(f"b{b}-{i}", WRITE if alone else READ, _arguments(i, alone)) for i, alone in enumerate(exclusive)]
-        for b, exclusive in enumerate(sets)
-    ]
+    sets = batches_of(mixed_config(config))
+    calls = turn_calls(sets)
     async with connect(transport, config.latency) as client, Dispatcher() as dispatcher:
         await dispatcher.add_mcp_server("bench", client, trusted=True)
 
@@ -249,17 +238,38 @@ async def _measure_mixed(config: Config, transport: str, progress: Progress) -> 
         )
 
 
-def _mixed_config(config: Config) -> MixedConfig:
+def mixed_config(config: Config | FaultsConfig) -> MixedConfig:
+    """The mixed turns (workload 3) of these batches, sizes, seed and latency."""
     return MixedConfig(batches=config.batches, size=config.size, seed=config.seed, latency=config.latency)
+
+
+def turn_calls(sets: Sequence[Sequence[bool]]) -> list[list[ToolCall]]:
+    """The ToolCalls of mixed turns on the MCP servers: `set_note` for an exclusive call, else `search_notes`."""
+    return [
+        [ToolCall(f"b{b}-{i}", WRITE if alone else READ, _arguments(i, alone)) for i, alone in enumerate(exclusive)]
+        for b, exclusive in enumerate(sets)
+    ]
 
 
 def _arguments(i: int, alone: bool) -> dict[str, Any]:
     return {"name": f"n{i}", "text": f"text {i}"} if alone else {"query": f"q{i}"}
 
 
+def _added_cost(what: str, samples: list[float], reference: str, references: list[float], detail: str) -> Target:
+    """The target "at most 10% added cost": (median of samples / median of references - 1) x 100."""
+    ratio = Stat.of(samples).median / Stat.of(references).median
+    return Target(
+        name=f"{what}: added cost over {reference} (%)",
+        value=(ratio - 1) * 100,
+        op="<=",
+        threshold=10.0,
+        detail=detail,
+    )
+
+
 def run(config: Config, progress: Progress) -> WorkloadResult:
     """Measure the dispatcher's added cost over direct `call_tool` on each transport."""
-    mixed_config = _mixed_config(config)
+    mixed = mixed_config(config)
     result = WorkloadResult(
         name="mcp",
         title=(
@@ -281,7 +291,7 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
     for name in ("httpx", "httpx2", "mcp"):
         logging.getLogger(name).setLevel(logging.WARNING)
     n = config.calls
-    ideal_ms = ideal_total(mixed_config) * 1000
+    ideal_ms = ideal_total(mixed) * 1000
     for transport in config.transports:
         samples = anyio.run(_measure_overhead, config, transport, progress, backend=config.backend)
         us = {name: [s / n * 1e6 for s in values] for name, values in samples.items()}
@@ -300,14 +310,9 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
             (DISPATCHER, DIRECT, "default settings (at most 16 in flight) against all calls in flight"),
             (DISPATCHER_UNLIMITED, DIRECT, "equal concurrency: all calls in flight on both sides"),
         ):
-            ratio = Stat.of(us[numerator]).median / Stat.of(us[reference]).median
             result.targets.append(
-                Target(
-                    name=f"{transport}, zero-latency calls, {numerator}: added cost over {reference} (%)",
-                    value=(ratio - 1) * 100,
-                    op="<=",
-                    threshold=10.0,
-                    detail=what,
+                _added_cost(
+                    f"{transport}, zero-latency calls, {numerator}", us[numerator], reference, us[reference], what
                 )
             )
 
@@ -327,14 +332,13 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
                 case, (DISPATCHER, ms[DISPATCHER]), (IDEAL, [ideal_ms] * len(ms[DISPATCHER])), better="lower"
             )
         )
-        mixed_ratio = Stat.of(ms[DISPATCHER]).median / Stat.of(ms[DIRECT_BARRIERS]).median
         result.targets.append(
-            Target(
-                name=f"{transport}, mixed turns: added cost over {DIRECT_BARRIERS} (%)",
-                value=(mixed_ratio - 1) * 100,
-                op="<=",
-                threshold=10.0,
-                detail=f"dispatcher / {DIRECT_BARRIERS}, medians",
+            _added_cost(
+                f"{transport}, mixed turns",
+                ms[DISPATCHER],
+                DIRECT_BARRIERS,
+                ms[DIRECT_BARRIERS],
+                f"dispatcher / {DIRECT_BARRIERS}, medians",
             )
         )
     return result
