@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Catalog", "Resolution", "ToolEntry", "ToolImpl"]
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# \Z, not $: "$" also matches before a trailing newline, and "read\n" is no name a model API accepts.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 _INVALID = re.compile(r"[^A-Za-z0-9_-]")
 _MAX_NAME = 64
 # The most characters of a name from a call that an error message repeats.

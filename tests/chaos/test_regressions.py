@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import anyio
@@ -59,3 +60,22 @@ async def test_a_huge_unknown_name_is_cut_in_its_error(anyio_backend: Any) -> No
     assert results[1].error == "unknown server 'nope' (servers: none)"
     assert results[2].error == f"unknown server {'a' * 100!r}... (1000000 characters) (servers: none)"
     assert all(r.status is CallStatus.FAILED for r in results)
+
+
+@pytest.mark.parametrize("tool", ["read\n", "0\n", "a" * 63 + "\n"])
+async def test_a_tool_name_ending_in_a_newline_gets_a_valid_catalogue_name(anyio_backend: Any, tool: str) -> None:
+    """A tool named "read\\n" is shown under a valid name; it kept its own ("$" matched before the newline)."""
+    from mcp import Client
+    from mcp.server.mcpserver import MCPServer
+
+    from dispatcher._inspect import _tool_findings
+
+    server = MCPServer("odd")
+    server.add_tool(double, name=tool, annotations=ToolAnnotations(read_only_hint=True), structured_output=False)
+    async with Client(server) as client, Dispatcher() as d:
+        [entry] = await d.add_mcp_server("odd", client, trusted=True)
+        [by_name] = await d.dispatch([ToolCall("1", entry.name, {"x": 2})])
+        findings = _tool_findings(entry)
+    assert re.fullmatch(r"[A-Za-z0-9_-]{1,64}", entry.name), entry.name
+    assert entry.tool == tool and by_name.ok
+    assert any(finding.code == "invalid_name" for finding in findings)  # `dispatcher inspect` warns too
