@@ -119,6 +119,25 @@ def check_results(calls: Sequence[ToolCall], results: Sequence[ToolResult]) -> l
     return problems
 
 
+# The oracle: what the example workspace's tools really are (its annotations are honest), written out
+# here rather than read from the dispatcher, so the checks do not share the logic they check.
+READ_ONLY_TOOLS = frozenset({"search_notes", "read_note", "fetch_url"})
+IDEMPOTENT_TOOLS = frozenset({"set_note", "delete_note"})
+TRUSTED_SERVERS = frozenset({"ws"})
+
+
+def must_run_alone(call: ToolCall) -> bool:
+    """Whether a workspace call must run alone: anything but a read of a trusted registration."""
+    return not (call.server in TRUSTED_SERVERS and call.name in READ_ONLY_TOOLS)
+
+
+def may_run(call: ToolCall, attempts: int, *, retry_read_only: bool = False) -> int:
+    """How often a workspace call may reach the server: `attempts` if it is safe to repeat, else once."""
+    trusted = call.server in TRUSTED_SERVERS
+    safe = call.name in IDEMPOTENT_TOOLS or (retry_read_only and call.name in READ_ONLY_TOOLS)
+    return attempts if trusted and safe else 1
+
+
 def call_key(tool: str, arguments: Mapping[str, Any] | None) -> str:
     """A call's identity on the server: its tool and its arguments (the suite makes them unique)."""
     return f"{tool} {json.dumps(arguments or {}, sort_keys=True)}"
@@ -501,11 +520,6 @@ class HttpWorkspace:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.kill()
-
-
-def allowed_runs(calls: Sequence[ToolCall], entries: Mapping[str, Any], attempts: int) -> dict[str, int]:
-    """How often each call may reach its server: `attempts` for a trusted idempotent tool, else once."""
-    return {call.id: attempts if entries[call.id].idempotent else 1 for call in calls}
 
 
 def abandoned(results: Sequence[ToolResult]) -> set[str]:

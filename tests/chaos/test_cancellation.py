@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -80,10 +81,9 @@ async def test_cancelling_a_batch_at_any_point(
         else make_call(rng, f"c{i}", kind)
         for i, kind in enumerate(kinds)
     ]
-    async with Dispatcher(max_concurrency=limit, call_timeout=0.1, retry=policy, on_event=on_event) as d:
+    async with Dispatcher(max_concurrency=limit, call_timeout=0.25, retry=policy, on_event=on_event) as d:
         await d.connect("ws", workspace.server, trusted=True)
         await d.connect("raw", workspace.server)
-        entries = {(entry.server, entry.tool): entry for entry in d.tools()}
         batch = d.batch()
         mark: int | None = None
         done_at_trigger = False
@@ -144,10 +144,10 @@ async def test_cancelling_a_batch_at_any_point(
         assert not harness.check_idle(d)
 
         # Every execution on the server was an attempt the client made, and none was repeated unsafely.
-        allowed = {}
-        for call, result in zip(calls, results, strict=True):
-            entry = entries[(call.server, call.name)]
-            allowed[call.id] = min(result.attempts, policy.attempts if entry.idempotent else 1)
+        allowed = {
+            call.id: min(result.attempts, harness.may_run(call, policy.attempts))
+            for call, result in zip(calls, results, strict=True)
+        }
         tool_of = {call.id: call.name for call in calls}
         executed = [call_key(e.tool, e.arguments) for e in faults.ledger]
         assert not harness.count_executions(executed, calls, allowed, tool_of=tool_of)
@@ -163,3 +163,83 @@ async def test_cancelling_a_batch_at_any_point(
         with anyio.fail_after(30):
             after = await d.dispatch(probe)
         assert [r.status for r in after] == [CallStatus.OK] * len(probe), [r.error for r in after]
+
+
+@settings(
+    max_examples=scale(10, 150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    kinds=st.lists(st.sampled_from(["ws", "raw", "retryable"]), min_size=1, max_size=16),
+    trigger=triggers,
+    seed=st.integers(0, 2**16),
+)
+async def test_closing_the_dispatcher_mid_batch(
+    anyio_backend: Any, kinds: list[str], trigger: Trigger, seed: int
+) -> None:
+    """A dispatcher closed while a batch runs: dispatch() returns every result, unfinished ones CANCELLED."""
+    import random
+
+    from dispatcher import DispatcherClosedError
+
+    rng = random.Random(seed)
+    workspace = Workspace(latency_by_tool={"set_note": 0.004, "search_notes": 0.002, "append_note": 0.003})
+    faults = inject_faults(workspace.server, rate=0.3, seed=seed, kinds=("error", "drop", "hang"), strike="either")
+    calls = [
+        ToolCall(f"c{i}", "set_note", {"name": "r", "text": f"c{i}"}, server="ws")
+        if kind == "retryable"
+        else make_call(rng, f"c{i}", kind)
+        for i, kind in enumerate(kinds)
+    ]
+    events: list[CallEvent] = []
+    fired = anyio.Event()
+
+    def on_event(event: CallEvent) -> None:
+        events.append(event)
+        finished = sum(1 for e in events if e.kind == "finished")
+        if (trigger[0] == "events" and len(events) >= trigger[1]) or finished == len(calls):
+            fired.set()
+
+    results: list[ToolResult] = []
+
+    async def run(d: Dispatcher, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        # What dispatch() does, with a signal once the calls are submitted.
+        batch = d.batch()
+        batch.submit_all(calls)
+        task_status.started()
+        results.extend(await batch.wait())
+
+    policy = RetryPolicy(attempts=5, wait_initial=0.005, wait_max=0.03, seed=seed)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as outer:
+            async with Dispatcher(call_timeout=0.25, retry=policy, on_event=on_event) as d:
+                await d.connect("ws", workspace.server, trusted=True)
+                await d.connect("raw", workspace.server)
+                await outer.start(run, d)
+                kind, amount = trigger
+                if kind == "checkpoints":
+                    for _ in range(int(amount)):
+                        await anyio.lowlevel.checkpoint()
+                elif kind == "seconds":
+                    await anyio.sleep(amount)
+                else:
+                    await fired.wait()  # the n-th event, or the end of the batch
+            closed_at = len(events)
+    FIGURES.cancellations += 1
+    FIGURES.batches += 1
+    FIGURES.calls += len(calls)
+    FIGURES.fault("close-mid-batch")
+    assert not harness.check_results(calls, results)
+    for result in results:
+        if result.status is CallStatus.CANCELLED:
+            assert result.error in ("the dispatcher closed", "cancelled before it started", "cancelled while running")
+    late = [f"{e.kind} {e.call.id}" for e in events[closed_at:] if e.kind in ("started", "retried")]
+    assert not late, late
+    assert await eventually(lambda: workspace.in_flight == 0)
+    assert await eventually(lambda: all(e.outcome != "running" for e in faults.ledger))
+    executed = [call_key(e.tool, e.arguments) for e in faults.ledger]
+    allowed = {c.id: min(r.attempts, harness.may_run(c, policy.attempts)) for c, r in zip(calls, results, strict=True)}
+    assert not harness.count_executions(executed, calls, allowed, tool_of={c.id: c.name for c in calls})
+    with pytest.raises(DispatcherClosedError):
+        await d.dispatch(calls)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import pathlib
     from collections.abc import AsyncIterator
 
-    from dispatcher import CallEvent, ToolEntry, ToolResult
+    from dispatcher import CallEvent, ToolResult
 
 pytestmark = pytest.mark.anyio
 
@@ -60,9 +60,11 @@ CASES = [
 
 @pytest.fixture(autouse=True)
 def quick_reconnects(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Reconnect backoff in tenths of a second, so a round does not wait out seconds of it."""
+    """Reconnect backoff in tenths of a second, so a round does not wait out seconds of it; a quick ping."""
     monkeypatch.setattr(dispatcher._connections, "_BACKOFF_FIRST", 0.05)
     monkeypatch.setattr(dispatcher._connections, "_BACKOFF_MAX", 0.2)
+    # Stalls last 0.5 to 2 s: some outlast the ping after a timeout, which then drops the connection.
+    monkeypatch.setattr(dispatcher._connections, "_PING_TIMEOUT", 1.0)
 
 
 class Round:
@@ -84,7 +86,6 @@ class Round:
         self.http: HttpWorkspace | None = None
         self.proxy: DroppingProxy | None = None
         self.events: list[CallEvent] = []
-        self.entries: dict[tuple[str | None, str], ToolEntry] = {}
         self.calls: list[ToolCall] = []
         self.results: list[ToolResult] = []
 
@@ -106,7 +107,6 @@ class Round:
             url = self.proxy.url() if self.proxy is not None else self.http.url
             for name in ("ws", "raw"):
                 await d.connect(name, url, trusted=name == "ws", mode=self.mode)  # type: ignore[arg-type]
-        self.entries = {(entry.server, entry.tool): entry for entry in d.tools()}
 
     async def strike(self) -> None:
         """The fault, at a random point of the batch (after a random number of calls reached a server)."""
@@ -163,10 +163,7 @@ class Round:
     def check_ledgers(self) -> list[str]:
         """What the processes executed against what each call allowed, and overlaps on each server."""
         tool_of = {call.id: call.name for call in self.calls}
-        allowed = {
-            call.id: self.policy.attempts if self.entries[(call.server, call.name)].idempotent else 1
-            for call in self.calls
-        }
+        allowed = {call.id: harness.may_run(call, self.policy.attempts) for call in self.calls}
         ledgers = {id(ledger): ledger for ledger in self.ledgers.values()}.values()
         entries = [entry for ledger in ledgers for entry in ledger.entries()]
         problems = harness.count_executions(
@@ -175,7 +172,7 @@ class Round:
         for call, result in zip(self.calls, self.results, strict=True):
             if result.attempts > allowed[call.id]:
                 problems.append(f"{call.id} made {result.attempts} attempts; at most {allowed[call.id]}")
-        exclusive_ids = {call.id for call in self.calls if self.entries[(call.server, call.name)].exclusive}
+        exclusive_ids = {call.id for call in self.calls if harness.must_run_alone(call)}
         exclusive = {call_key(call.name, call.arguments) for call in self.calls if call.id in exclusive_ids}
         for ledger in ledgers:
             problems += harness.check_server_overlaps(ledger.entries(), exclusive, harness.abandoned(self.results))
