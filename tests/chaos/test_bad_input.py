@@ -90,10 +90,11 @@ def clear(result: ToolResult) -> bool:
     return result.status is not CallStatus.OK and isinstance(result.error, str) and 0 < len(result.error) <= MAX_ERROR
 
 
-def check_batch(calls: Sequence[ToolCall], results: Sequence[ToolResult]) -> None:
-    """One result per call in order, and every error message bounded; counted in the figures."""
+def check_batch(calls: Sequence[ToolCall], results: Sequence[ToolResult], *, bad: int = 0) -> None:
+    """One result per call in order, and every error message bounded; counted in the figures (`bad` inputs too)."""
     FIGURES.batches += 1
     FIGURES.calls += len(calls)
+    FIGURES.fault("bad-input", bad)
     assert not harness.check_results(calls, results)
     for result in results:
         if result.status is not CallStatus.OK:
@@ -132,7 +133,7 @@ async def test_fuzzed_arguments_fail_their_own_call_only(anyio_backend: Any, bat
         d.add_function(counter, annotations=READ)
         with anyio.fail_after(60):
             results = await d.dispatch(calls)
-        check_batch(calls, results)
+        check_batch(calls, results, bad=sum(1 for tool, _ in batch if tool != "good"))
         assert not harness.check_idle(d)
     for (tool, _), result in zip(batch, results, strict=True):
         if tool == "good":
@@ -165,7 +166,7 @@ async def test_unknown_and_odd_tool_names(anyio_backend: Any, names: list[tuple[
         known = {entry.name for entry in d.tools()}
         with anyio.fail_after(60):
             results = await d.dispatch(calls)
-    check_batch(calls, results)
+    check_batch(calls, results, bad=len(names))
     for (name, server), result in zip(names, results, strict=False):
         if not isinstance(name, str) or name not in known or server not in (None, "ws"):
             assert result.status is CallStatus.FAILED and clear(result), result
@@ -187,7 +188,7 @@ async def test_servers_offering_tools_with_odd_names(anyio_backend: Any, tool_na
         by_own_name = [ToolCall(f"b{i}", entry.tool, {"x": i}, server="odd") for i, entry in enumerate(entries)]
         with anyio.fail_after(60):
             results = await d.dispatch(by_catalogue + by_own_name)
-    check_batch(by_catalogue + by_own_name, results)
+    check_batch(by_catalogue + by_own_name, results, bad=len(tool_names))
     for call, result in zip(by_catalogue + by_own_name, results, strict=True):
         assert result.ok, (call, result.error)
         content = result.result.content[0] if result.result is not None else None
@@ -225,6 +226,7 @@ async def test_duplicate_ids_and_bad_items_are_refused_before_anything_runs(anyi
             with pytest.raises(BatchError) as raised:
                 await d.dispatch(bad)  # type: ignore[arg-type]
             assert "item 1" in str(raised.value) or "duplicate call id 'a'" in str(raised.value)
+            FIGURES.fault("bad-input")
         assert workspace.ledger == ()
         assert await d.dispatch([]) == []
         assert await d.dispatch(()) == []
@@ -265,7 +267,7 @@ async def test_a_hundred_thousand_calls_in_one_batch(anyio_backend: Any) -> None
         with anyio.fail_after(300):
             results = await d.dispatch(calls)
         assert not harness.check_idle(d)
-    check_batch(calls, results)
+    check_batch(calls, results, bad=2 * size // 50)
     statuses = [result.status for result in results]
     assert statuses.count(CallStatus.FAILED) == 2 * size // 50
     assert statuses.count(CallStatus.OK) == size - 2 * size // 50
@@ -298,7 +300,7 @@ async def test_enormous_arguments_and_results_in_process(anyio_backend: Any) -> 
         ]
         with anyio.fail_after(120):
             results = await d.dispatch(calls)
-    check_batch(calls, results)
+    check_batch(calls, results, bad=3)
     assert all(result.ok for result in results), [r.error for r in results]
     texts = [r.result.content[0].text for r in results if r.result is not None]  # type: ignore[union-attr]
     assert [len(text) for text in texts] == [20_000_000, 20_000_000, len("set note 'big'"), 20_000_000, 2]

@@ -20,7 +20,7 @@ from .harness import FIGURES, call_key, scale
 from .scenario import make_call
 
 if TYPE_CHECKING:
-    from dispatcher import CallEvent, ToolResult
+    from dispatcher import CallEvent, PendingCall, ToolResult
 
 pytestmark = pytest.mark.anyio
 
@@ -49,15 +49,20 @@ async def eventually(condition: Any, within: float = 10.0) -> bool:
 )
 @given(
     kinds=st.lists(st.sampled_from(["ws", "raw", "retryable"]), min_size=1, max_size=24),
-    how=st.sampled_from(["scope", "batch"]),
+    how=st.sampled_from(["scope", "batch", "one"]),
     trigger=triggers,
     seed=st.integers(0, 2**16),
     limit=st.sampled_from([None, 1, 3, 8]),
+    victim=st.integers(0, 23),
 )
 async def test_cancelling_a_batch_at_any_point(
-    anyio_backend: Any, kinds: list[str], how: str, trigger: Trigger, seed: int, limit: int | None
+    anyio_backend: Any, kinds: list[str], how: str, trigger: Trigger, seed: int, limit: int | None, victim: int
 ) -> None:
-    """Cancellation propagates, nothing starts again after it, in-flight calls end, and the next batch runs."""
+    """Cancellation propagates, nothing starts again after it, in-flight calls end, and the next batch runs.
+
+    ``how``: the task waiting for the batch is cancelled ("scope"), `Batch.cancel()` ("batch"), or one
+    call's `PendingCall.cancel()` ("one": only that call may end CANCELLED).
+    """
     import random
 
     rng = random.Random(seed)
@@ -85,6 +90,7 @@ async def test_cancelling_a_batch_at_any_point(
         await d.connect("ws", workspace.server, trusted=True)
         await d.connect("raw", workspace.server)
         batch = d.batch()
+        pending: list[PendingCall] = []
         mark: int | None = None
         done_at_trigger = False
         completed = False
@@ -103,6 +109,9 @@ async def test_cancelling_a_batch_at_any_point(
             if how == "batch":
                 batch.cancel()
                 mark = len(events)  # cancel() is synchronous: nothing may start after this point
+            elif how == "one":
+                pending[victim % len(pending)].cancel()
+                mark = len(events)
             else:
                 scope.cancel()
 
@@ -110,7 +119,7 @@ async def test_cancelling_a_batch_at_any_point(
             async with anyio.create_task_group() as tg:
                 with anyio.CancelScope() as scope:
                     tg.start_soon(cancel_later, scope)
-                    batch.submit_all(calls)
+                    pending.extend(batch.submit_all(calls))
                     await batch.wait()
                     completed = True
                 tg.cancel_scope.cancel()  # a trigger that has not fired yet never will
@@ -126,6 +135,10 @@ async def test_cancelling_a_batch_at_any_point(
             assert not completed, "the cancellation was swallowed by wait()"
         if done_at_trigger:
             assert not cancelled, "calls that had ended were cancelled"
+        target = {calls[victim % len(calls)].id} if how == "one" else {call.id for call in calls}
+        assert {r.call_id for r in cancelled} <= target, "a call that was not cancelled ended CANCELLED"
+        if how == "one":
+            assert completed, "cancelling one call cancelled the wait for the batch"
 
         # Nothing starts after the cancellation was taken into account.
         if mark is None:
@@ -134,7 +147,9 @@ async def test_cancelling_a_batch_at_any_point(
                 None,
             )
             mark = first if first is not None else len(events)
-        late = [f"{e.kind} {e.call.id}" for e in events[mark:] if e.kind in ("started", "retried")]
+        late = [
+            f"{e.kind} {e.call.id}" for e in events[mark:] if e.kind in ("started", "retried") and e.call.id in target
+        ]
         FIGURES.retried_after_cancel += len(late)
         assert not late, f"calls started after the cancellation: {late}"
 
