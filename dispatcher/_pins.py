@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DefinitionChange", "Pins", "definition", "definition_hash", "describe_changes"]
 
-_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+_HASH = re.compile(r"\Asha256:[0-9a-f]{64}\Z")
 _HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
 _PARTS = (("description", "description"), ("inputSchema", "input schema"), ("outputSchema", "output schema"))
 

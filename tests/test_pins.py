@@ -358,6 +358,7 @@ async def test_importing_pins_checks_tools_already_listed() -> None:
         ({"ws": ["a"]}, r"pins\['ws'\] must map tool names"),
         ({"ws": {"t": "md5:abc"}}, r"pins\['ws'\]\['t'\] must be a 'sha256:<64 hex digits>'"),
         ({"ws": {"t": 3}}, "export_pins"),
+        ({"ws": {"t": "sha256:" + "0" * 64 + "\n"}}, r"must be a 'sha256:<64 hex digits>'"),
     ],
 )
 def test_import_pins_rejects_malformed_pins(pins: Any, message: str) -> None:
