@@ -7,15 +7,12 @@ import pathlib
 import re
 import socket
 import sys
-from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
-from mcp.client._memory import InMemoryTransport
 from mcp.server.mcpserver import MCPServer
-from mcp.shared.message import SessionMessage
 from mcp.types import TextContent, ToolAnnotations
 from trio.testing import MockClock
 
@@ -31,10 +28,11 @@ from dispatcher import (
 )
 from dispatcher.examples import Workspace, serve_http
 
-if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+from .cuttable import CuttableTransport
 
-    from mcp.client._transport import TransportStreams
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 
 pytestmark = pytest.mark.anyio
 
@@ -103,44 +101,6 @@ def tool_names(d: Dispatcher) -> set[str]:
     return {entry.name for entry in d.tools()}
 
 
-class _CuttableTransport:
-    """An in-process JSON-RPC transport whose connection can be cut, the way a crash cuts a pipe."""
-
-    def __init__(self, crashable: Crashable) -> None:
-        self._crashable = crashable
-        self._cm: Any = None
-
-    @asynccontextmanager
-    async def _connect(self) -> AsyncIterator[TransportStreams]:
-        async with InMemoryTransport(self._crashable.workspace.server) as (read, write):
-            send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](100)
-            scope = anyio.CancelScope()
-
-            async def pump() -> None:
-                async with send:
-                    with scope:
-                        async for message in read:
-                            await send.send(message)
-
-            self._crashable.live.add(scope)
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(pump)
-                    try:
-                        yield receive, write
-                    finally:
-                        scope.cancel()
-            finally:
-                self._crashable.live.discard(scope)
-
-    async def __aenter__(self) -> TransportStreams:
-        self._cm = self._connect()
-        return await self._cm.__aenter__()  # type: ignore[no-any-return]
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self._cm.__aexit__(*exc_info)
-
-
 class Crashable:
     """A workspace reached through client connections that a test can cut or refuse, like a crash."""
 
@@ -156,7 +116,7 @@ class Crashable:
         if self.down:
             raise ConnectionRefusedError("the server is down")
         self.connections += 1
-        return Client(_CuttableTransport(self), mode=self.mode)
+        return Client(CuttableTransport(self.workspace.server, self.live), mode=self.mode)
 
     def crash(self) -> None:
         """Cut every open connection: the clients see their connection closed."""

@@ -26,7 +26,6 @@ import pathlib
 import signal
 import sys
 from collections import Counter
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,16 +33,14 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 from mcp import Client, StdioServerParameters
-from mcp.client._memory import InMemoryTransport
-from mcp.shared.message import SessionMessage
 
 import dispatcher
 from dispatcher import CallStatus, Dispatcher, ToolCall, ToolResult
+from tests.cuttable import CuttableTransport
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
 
-    from mcp.client._transport import TransportStreams
     from mcp.server.mcpserver import MCPServer
 
     from dispatcher import CallEvent
@@ -243,7 +240,7 @@ class Cuttable:
     def client(self) -> Client:
         """A new client over a new connection."""
         self.connections += 1
-        return Client(_CuttableTransport(self), mode=self.mode)
+        return Client(CuttableTransport(self.server, self.live), mode=self.mode)
 
     def cut(self) -> int:
         """Cut every open connection; returns how many were cut."""
@@ -252,42 +249,6 @@ class Cuttable:
             scope.cancel()
         self.cuts += len(live)
         return len(live)
-
-
-class _CuttableTransport:
-    def __init__(self, owner: Cuttable) -> None:
-        self._owner = owner
-        self._cm: Any = None
-
-    @asynccontextmanager
-    async def _connect(self) -> AsyncIterator[TransportStreams]:
-        async with InMemoryTransport(self._owner.server) as (read, write):
-            send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](100)
-            scope = anyio.CancelScope()
-
-            async def pump() -> None:
-                async with send:
-                    with scope:
-                        async for message in read:
-                            await send.send(message)
-
-            self._owner.live.add(scope)
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(pump)
-                    try:
-                        yield receive, write
-                    finally:
-                        scope.cancel()
-            finally:
-                self._owner.live.discard(scope)
-
-    async def __aenter__(self) -> TransportStreams:
-        self._cm = self._connect()
-        return await self._cm.__aenter__()  # type: ignore[no-any-return]
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self._cm.__aexit__(*exc_info)
 
 
 # Processes ---------------------------------------------------------------------------------------
