@@ -152,3 +152,12 @@ def test_agent_loop_runs_as_written(
 def test_agent_loop_is_short(heading: str) -> None:
     """Each loop is complete in under 40 lines."""
     assert len(_loop(heading).strip().splitlines()) < 40
+
+
+def test_readme_shows_the_tested_loops() -> None:
+    """The README's two complete agent loops are exactly the ones this module runs from the docs."""
+    readme = (DOC.parent.parent / "README.md").read_text()
+    for heading in ("Anthropic Messages", "OpenAI Chat Completions"):
+        code = _loop(heading)
+        assert f"```python\n{code}```" in readme, f"README's {heading} loop differs from docs/agent-loop.md"
+        assert code.count("\n") < 40
