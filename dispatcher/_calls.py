@@ -61,7 +61,8 @@ class ToolResult:
         call: The call this result answers.
         status: How the call ended.
         result: The tool's `CallToolResult` when the tool answered (OK or TOOL_ERROR), else None.
-        error: A readable explanation for any status other than OK, else None.
+        error: A readable explanation for any status other than OK, else None; at most about 1,000
+            characters (the tool's full error text stays in `result`).
         attempts: How many attempts reached the tool (0 when it never ran).
         tool: The catalogue name the call resolved to, or None when it resolved to nothing.
         server: The server of that tool (None for local functions or unresolved calls).

@@ -52,6 +52,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Batch", "Dispatcher", "PendingCall"]
 
+# The longest `ToolResult.error` kept; a longer explanation is cut, saying how long it was.
+_MAX_ERROR = 1000
+
 # Parked workers kept for reuse when there is no concurrency limit; beyond this, idle workers exit.
 _IDLE_WORKERS_UNLIMITED = 64
 
@@ -134,6 +137,9 @@ class PendingCall:
         attempt_errors: tuple[str, ...] = (),
     ) -> None:
         entry = self._entry
+        if error is not None and len(error) > _MAX_ERROR:
+            # A tool or server can put anything in its error text; the full text stays in `result`.
+            error = f"{error[:_MAX_ERROR]}... ({len(error):,} characters in all)"
         self._result = settled = ToolResult(
             self.call,
             status,

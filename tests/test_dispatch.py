@@ -459,3 +459,18 @@ async def test_a_single_pending_call_can_be_cancelled() -> None:
         assert recorder.by_key("r1")[0].cancelled and recorder.by_key("w") == []
         running.cancel()  # a finished call: nothing happens
         assert dispatcher._gate.idle
+
+
+async def test_a_huge_error_text_is_cut_in_error_but_kept_in_result() -> None:
+    """ToolResult.error stays short whatever a tool reports; the full text stays in the CallToolResult."""
+
+    async def shout(text: str) -> str:
+        raise ValueError(text)
+
+    async with Dispatcher() as dispatcher:
+        dispatcher.add_function(shout, annotations=READ)
+        (result,) = await dispatcher.dispatch([ToolCall("1", "shout", {"text": "a" * 1_000_000})])
+    assert result.status is CallStatus.TOOL_ERROR
+    assert result.error is not None and len(result.error) < 1100
+    assert result.error.endswith("(1,000,012 characters in all)")
+    assert result.result is not None and len(result.result.content[0].text) == 1_000_012  # type: ignore[union-attr]
