@@ -431,7 +431,7 @@ async def test_cancelling_a_retry_attempt_ends_the_call() -> None:
                 await second.wait()
                 batch.cancel()
         await anyio.sleep(0.05)
-        assert dispatcher._gate.idle
+        assert dispatcher.idle
     result = pending.result()
     assert result.status is CallStatus.CANCELLED and result.error == "cancelled while running"
     assert result.attempts == 2 and result.attempt_errors == ("connection to the server lost: gone",)
@@ -460,7 +460,7 @@ async def test_cancelling_the_waiting_task_propagates_and_is_not_retried() -> No
             await started.wait()
             tg.cancel_scope.cancel()
         assert results == [], "the cancelled dispatch() returned instead of propagating"
-        assert dispatcher._gate.idle
+        assert dispatcher.idle
 
 
 @pytest.mark.anyio
