@@ -153,6 +153,10 @@ class Batch:
         Raises:
             BatchError: One of the items is not a `ToolCall` or has an empty or duplicate id.
         """
+        return self._executor.submit_all(self, self._accept(calls))
+
+    def _accept(self, calls: Iterable[ToolCall]) -> list[ToolCall]:
+        """Check every call and reserve their ids; raises before anything is reserved if one is bad."""
         calls = list(calls)
         seen = set(self._ids)
         for position, call in enumerate(calls, start=len(self._works)):
@@ -160,7 +164,7 @@ class Batch:
             seen.add(call.id)
         self._executor.check_open()
         self._ids = seen
-        return self._executor.submit_all(self, calls)
+        return calls
 
     def _check(self, call: object, position: int, seen: set[str] | None = None) -> None:
         if not isinstance(call, ToolCall):

@@ -135,6 +135,8 @@ class Connection:
         self._list_changed = anyio.Event()
         # Set when a call on the current client was given up on: the client is then asked to prove it is alive.
         self._suspect = anyio.Event()
+        # Set while the current client is suspect: calls wait for the ping's verdict before using it.
+        self._verdict: anyio.Event | None = None
 
     @property
     def protocol_version(self) -> str | None:
@@ -189,6 +191,7 @@ class Connection:
                 async with client, anyio.create_task_group() as tg:
                     self._list_changed = anyio.Event()
                     self._suspect = anyio.Event()
+                    self._give_verdict()
                     if self._follow:
                         # Listen first, then list: a change made in between is not missed.
                         await tg.start(self._follow_changes, client)
@@ -295,16 +298,25 @@ class Connection:
         while True:
             await self._suspect.wait()
             self._suspect = anyio.Event()
-            with anyio.move_on_after(_PING_TIMEOUT) as scope:
-                try:
-                    await client.session.send_ping()
-                except Exception as exc:
-                    if is_connection_loss(exc):
-                        self._lost(client, exc)
-                        return
-            if scope.cancelled_caught:
-                self._lost(client, TimeoutError(f"the server did not answer a ping within {_PING_TIMEOUT}s"))
-                return
+            try:
+                with anyio.move_on_after(_PING_TIMEOUT) as scope:
+                    try:
+                        await client.session.send_ping()
+                    except Exception as exc:
+                        if is_connection_loss(exc):
+                            self._lost(client, exc)
+                            return
+                if scope.cancelled_caught:
+                    self._lost(client, TimeoutError(f"the server did not answer a ping within {_PING_TIMEOUT}s"))
+                    return
+            finally:
+                self._give_verdict()
+
+    def _give_verdict(self) -> None:
+        """Let the calls waiting for the liveness check go on (to this client or to a fresh one)."""
+        verdict, self._verdict = self._verdict, None
+        if verdict is not None:
+            verdict.set()
 
     async def _resync(self, client: Client) -> None:
         try:
@@ -319,6 +331,7 @@ class Connection:
             self._client = None
             self._error = _describe(exc)
             self._drop.set()
+            self._give_verdict()
 
     def _failed(self, exc: BaseException) -> None:
         self._failures += 1
@@ -362,6 +375,9 @@ class Connection:
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> CallToolResult:
         """Call a tool on the current client; a lost connection is noted and the error re-raised."""
+        if self._verdict is not None:
+            # A call on this client was given up on: first learn whether the client still answers.
+            await self._verdict.wait()
         client = await self.client()
         # Checked again now: connecting lists the tools anew, which may have blocked or removed this one.
         reason = self._unavailable(name)
@@ -373,6 +389,8 @@ class Connection:
             # Given up on (a timeout, or its caller's cancellation): check that the connection still answers.
             if client is self._client:
                 self._suspect.set()
+                if self._verdict is None:
+                    self._verdict = anyio.Event()
             raise
         except Exception as exc:
             if is_connection_loss(exc):

@@ -504,7 +504,7 @@ class Dispatcher:
             ConfigurationError: ``approve``, ``approval`` or ``guard`` is not of the right kind.
         """
         batch = Batch(self._executor, self._batch_hooks(approve, approval, guard))
-        batch.submit_all(calls)
+        await self._executor.submit_yielding(batch, batch._accept(calls))
         return await batch.wait()
 
     def _batch_hooks(

@@ -1,9 +1,10 @@
 """Execution: how a submitted call is admitted, run and settled.
 
-Calls are admitted by `_gate.Gate` (a fair readers-writer discipline with limits) and run by a pool of
-worker tasks that lives in the dispatcher's task group. A worker that finishes a call takes the next
-admitted call itself, so a stream of short calls costs no task creation per call; workers are created
-on demand up to the concurrency limit and park when there is nothing to run.
+`Executor` carries out the gate's decisions (`_gate.Gate`: a fair readers-writer discipline with limits)
+with one task per admitted call, started in the dispatcher's task group. A call's task runs its attempts
+as the retry policy decides (a call that may not be retried has a policy of one attempt), each attempt
+under a cancel scope whose deadline is the call timeout, and settles the call. Cancelling a call cancels
+the scope around its attempts.
 
 Every call settles exactly once into a `ToolResult`. Failures are results, never exceptions that could
 cancel siblings. Cancelling a waiting caller cancels that caller's calls, waits until they have ended,
@@ -12,9 +13,9 @@ and then lets the cancellation propagate.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
-from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -46,8 +47,13 @@ __all__ = ["Executor", "settle"]
 # The longest `ToolResult.error` kept; a longer explanation is cut, saying how long it was.
 _MAX_ERROR = 1000
 
-# Parked workers kept for reuse when there is no concurrency limit; beyond this, idle workers exit.
-_IDLE_WORKERS_UNLIMITED = 64
+# Seconds of submitting calls after which `submit_yielding` lets the loop run, and how many calls it
+# submits between two readings of the clock.
+_SLICE = 0.002
+_SLICE_CHECK = 32
+
+# The policy of a call that may not be retried: one attempt, bounded by the call timeout alone.
+_ONE_ATTEMPT = RetryPolicy(attempts=1, timeout=None, jitter=False, budget=None)
 
 
 def settle(
@@ -95,16 +101,6 @@ def settle(
     batch._settled()
 
 
-class _Slot:
-    """A parked worker waiting to be handed a call."""
-
-    __slots__ = ("event", "ticket")
-
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-        self.ticket: Ticket[PendingCall] | None = None
-
-
 class Executor:
     """Admits, runs and settles the calls of every batch of one dispatcher.
 
@@ -133,11 +129,7 @@ class Executor:
         """The batches that have calls without a result."""
         self._tg: TaskGroup | None = None
         self._open = False
-        self._idle: list[_Slot] = []
-        self._idle_cap = max_concurrency if max_concurrency is not None else _IDLE_WORKERS_UNLIMITED
-        self._workers = 0
-        self._watched: deque[PendingCall] = deque()
-        self._watchdog_wake: anyio.Event | None = None
+        self._clock = anyio.current_time
 
     @property
     def idle(self) -> bool:
@@ -153,8 +145,6 @@ class Executor:
         """Run calls in `tg` from now on."""
         self._tg = tg
         self._open = True
-        if self._call_timeout is not None:
-            tg.start_soon(self._watchdog, self._call_timeout)
 
     def close(self) -> None:
         """Take no more calls; the outstanding ones end as CANCELLED."""
@@ -162,9 +152,6 @@ class Executor:
         # Waiters get their results instead of hanging.
         for batch in list(self.live):
             batch.cancel()
-        for slot in self._idle:
-            slot.event.set()
-        self._idle.clear()
 
     def check_open(self) -> None:
         """Raise `DispatcherClosedError` unless calls can be submitted."""
@@ -177,6 +164,28 @@ class Executor:
         """Queue checked calls of `batch` in order."""
         submit = self.submit
         return [submit(batch, call) for call in calls]
+
+    async def submit_yielding(self, batch: Batch, calls: list[ToolCall]) -> None:
+        """Queue checked calls of `batch` in order, letting the event loop run every few milliseconds.
+
+        Checking a call's arguments takes microseconds, so a batch of thousands would otherwise hold
+        the loop for as long (and, with no concurrency limit, start all of its calls in one go). If the
+        caller is cancelled meanwhile, the calls already queued are cancelled and awaited.
+        """
+        submit = self.submit
+        clock = self._clock
+        until = clock() + _SLICE
+        for position, call in enumerate(calls, start=1):
+            submit(batch, call)
+            if not position % _SLICE_CHECK and clock() >= until:
+                try:
+                    await anyio.lowlevel.checkpoint()
+                except BaseException:
+                    with anyio.CancelScope(shield=True):
+                        batch.cancel()
+                        await batch.wait()
+                    raise
+                until = clock() + _SLICE
 
     def submit(self, batch: Batch, call: ToolCall) -> PendingCall:
         """Queue one checked call of `batch`; a call that cannot run settles at once as FAILED."""
@@ -242,7 +251,7 @@ class Executor:
         if self._open:
             self._pump()
 
-    async def _approve_at_start(self, work: PendingCall, state: CallState, scope: anyio.CancelScope) -> bool:
+    async def _approve_at_start(self, work: PendingCall, state: CallState) -> bool:
         """Ask the approval the session guard may now require of a call about to start.
 
         Returns:
@@ -253,16 +262,13 @@ class Executor:
         request = hooks.recheck(work.call, state)
         if request is None:
             return False
-        work._scope = scope
         try:
             denial = await hooks.ask(request, state)
         except BaseException:
-            work._scope = None
             if work._result is None:
                 why = "cancelled while waiting for approval" if work._cancel_requested else "the dispatcher closed"
                 settle(work, CallStatus.CANCELLED, error=why)
             raise
-        work._scope = None
         if denial is None:
             return False
         settle(work, CallStatus.DENIED, error=denial)
@@ -287,231 +293,147 @@ class Executor:
         if withdrew and self._open:
             self._pump()
 
-    # Workers ---------------------------------------------------------------------------------------
+    # Running ---------------------------------------------------------------------------------------
 
     def _pump(self) -> None:
-        """Hand every call the gate admits now to a parked worker, or to a new one."""
+        """Start a task for every call the gate admits now."""
         gate = self.gate
-        idle = self._idle
-        while True:
+        ticket = gate.take()
+        if ticket is None:
+            return
+        tg = self._tg
+        assert tg is not None
+        run = self._run
+        while ticket is not None:
+            tg.start_soon(run, ticket)
             ticket = gate.take()
-            if ticket is None:
-                return
-            if idle:
-                slot = idle.pop()
-                slot.ticket = ticket
-                slot.event.set()
-            else:
-                assert self._tg is not None
-                self._workers += 1
-                self._tg.start_soon(self._worker, ticket)
 
-    async def _next(self) -> Ticket[PendingCall] | None:
-        """The next admitted call for a worker that just finished one, parking if there is none."""
-        # Take a call before waking others: a worker with work to do never parks.
-        ticket = self.gate.take()
-        self._pump()
-        if ticket is None and self._open and len(self._idle) < self._idle_cap:
-            slot = _Slot()
-            self._idle.append(slot)
-            await slot.event.wait()
-            ticket = slot.ticket
-        return ticket
-
-    async def _worker(self, ticket: Ticket[PendingCall] | None) -> None:
-        """Run admitted calls one after another until there is nothing left to run.
-
-        A cancel scope per call would cost more than the rest of a short call's bookkeeping, so a worker
-        runs its calls inside one scope and only opens a new one after that scope was cancelled to
-        interrupt a call (a timeout, or its caller giving up).
-        """
-        gate = self.gate
+    async def _run(self, ticket: Ticket[PendingCall]) -> None:
+        """Run one admitted call to its result, then free its place and start what that admits."""
+        work = ticket.item
         try:
-            while ticket is not None:
-                with anyio.CancelScope() as scope:
-                    while ticket is not None:
-                        await self._run(ticket.item, scope)
-                        gate.finish(ticket)
-                        ticket = None
-                        if scope.cancel_called:
-                            break  # the scope is spent; open a fresh one
-                        ticket = await self._next()
-                if ticket is not None:
-                    # The call was interrupted by its scope: settle it, free its place, go on.
-                    work = ticket.item
-                    work._scope = None
-                    if work._result is None:
-                        if work._cancel_requested:
-                            settle(work, CallStatus.CANCELLED, error="cancelled while running", attempts=1)
-                        else:
-                            timeout = self._call_timeout
-                            settle(
-                                work,
-                                CallStatus.TIMEOUT,
-                                error=f"no result within call_timeout={timeout}s",
-                                attempts=1,
-                            )
-                    gate.finish(ticket)
-                ticket = await self._next()
+            await self._execute(work)
         finally:
-            self._workers -= 1
-            if ticket is not None and ticket.item._result is None:
-                # The dispatcher is closing under this worker.
-                settle(ticket.item, CallStatus.CANCELLED, error="the dispatcher closed", attempts=1)
+            self.gate.finish(ticket)
+            if self._open:
+                self._pump()
 
-    # One call --------------------------------------------------------------------------------------
+    async def _execute(self, work: PendingCall) -> None:
+        """Run a call's attempts as its retry policy allows, and settle it.
 
-    async def _run(self, work: PendingCall, scope: anyio.CancelScope) -> None:
-        """Run one admitted call and settle it, unless its scope interrupts it."""
+        The call keeps its place in the gate through every attempt and every wait, so an exclusive
+        call keeps its exclusive turn and nothing overtakes it. `cancel` cancels the call's scope; the
+        dispatcher closing cancels the task group. Either way the call settles as CANCELLED with the
+        attempts made so far, and the cancellation is never retried.
+
+        Each attempt ends at its deadline (the call timeout, or the retry policy's deadline). A call
+        that gets one attempt only carries that deadline on its own scope; an attempt that may be
+        followed by another needs a scope of its own, since a timed-out attempt must leave the call
+        running.
+        """
         if work._cancel_requested:
             settle(work, CallStatus.CANCELLED, error="cancelled before it started")
             return
-        state = work._state
-        if state is not None and state.recheck and await self._approve_at_start(work, state, scope):
-            return
-        impl = work._impl
-        assert impl is not None
-        retry = self._retry
-        if retry is not None and work._entry is not None and eligible(retry, work._entry):
-            await self._run_retrying(work, scope, retry)
-            return
-        work.started_at = anyio.current_time()
-        if state is not None:
-            hooks = work._hooks
-            assert hooks is not None
-            hooks.attempt_started(work.call, state, work.started_at)  # its end is reported with the result
-        work._scope = scope
-        if self._call_timeout is not None:
-            self._watch(work)
-        try:
-            result = await impl.invoke(work._prepared)
-        except Exception as exc:
-            work._scope = None
-            status, error = describe_failure(exc)
-            settle(work, status, error=error, attempts=1)
-            return
-        work._scope = None
-        if result.is_error:
-            settle(work, CallStatus.TOOL_ERROR, result=result, error=_error_text(result), attempts=1)
-        else:
-            settle(work, CallStatus.OK, result=result, attempts=1)
-
-    async def _run_retrying(self, work: PendingCall, scope: anyio.CancelScope, policy: RetryPolicy) -> None:
-        """Run a call that may be repeated, attempt after attempt, and settle it.
-
-        The call keeps its place in the gate through every attempt and every wait, so an exclusive
-        call keeps its exclusive turn and nothing overtakes it. Each attempt has its own cancel scope
-        with its deadline instead of the watchdog, since a timed-out attempt must leave the call
-        running; `scope` is still what its caller's cancellation (or the dispatcher closing)
-        cancels, and that always propagates.
-        """
         entry = work._entry
-        impl = work._impl
-        assert entry is not None and impl is not None
-        prepared = work._prepared
-        server = entry.server
-        budget = None
-        if policy.budget is not None:
-            budget = self._budgets.get(server)
-            if budget is None:
-                budget = self._budgets[server] = Budget(policy.budget, policy.budget_refill)
-        retrier = Retrier(policy, budget, self._rng, server)
+        assert entry is not None
+        retry = self._retry
+        policy = retry if retry is not None and eligible(retry, entry) else _ONE_ATTEMPT
+        retrier = Retrier(policy, self._budget(policy, entry.server), self._rng, entry.server)
         call_timeout = self._call_timeout
-        state = work._state
-        hooks = work._hooks
-
-        async def attempt(start: float, limit: float) -> Attempt:
-            if state is None:
-                return await attempt_once(start, limit)
-            assert hooks is not None
-            hooks.attempt_started(work.call, state, start)
-            outcome = await attempt_once(start, limit)
-            hooks.attempt_finished(state, outcome.status, outcome.error)
-            return outcome
-
-        async def attempt_once(start: float, limit: float) -> Attempt:
-            deadline = limit if call_timeout is None else min(limit, start + call_timeout)
-            with anyio.CancelScope(deadline=deadline):
-                try:
-                    result = await impl.invoke(prepared)
-                except Exception as exc:
-                    status, error = describe_failure(exc)
-                    return Attempt(status, error=error, transient=is_transient(exc))
-                if result.is_error:
-                    return Attempt(CallStatus.TOOL_ERROR, result, _error_text(result))
-                return Attempt(CallStatus.OK, result)
-            # Only the attempt's own deadline is absorbed by its scope; a cancellation of the call
-            # (or of the dispatcher) is still pending and is raised here.
-            await anyio.lowlevel.checkpoint_if_cancelled()
-            if call_timeout is None or deadline == limit:
-                return Attempt(
-                    CallStatus.TIMEOUT,
-                    error=f"no result before the retry deadline (RetryPolicy.timeout={policy.timeout}s)",
-                    transient=True,
-                )
-            return Attempt(CallStatus.TIMEOUT, error=f"no result within call_timeout={call_timeout}s", transient=True)
-
-        work.started_at = started = anyio.current_time()
-        work._scope = scope
+        single = policy.attempts == 1
         try:
-            last = await retrier.run(attempt, started)
+            with anyio.CancelScope() as scope:
+                work._scope = scope
+                state = work._state
+                if state is not None and state.recheck and await self._approve_at_start(work, state):
+                    return
+                work.started_at = started = self._clock()
+                if single and call_timeout is not None:
+                    scope.deadline = started + call_timeout
+                last = await retrier.run(functools.partial(self._attempt, work, not single), started)
+                work._scope = None
+                errors = retrier.errors if last.error is None else retrier.errors[:-1]
+                settle(
+                    work,
+                    last.status,
+                    result=last.result,
+                    error=last.error,
+                    attempts=retrier.attempts,
+                    attempt_errors=tuple(errors) if errors else (),
+                )
+                return
         except BaseException:
-            # Cancelled: settled now with the attempts made so far, then propagated, never retried.
-            work._scope = None
             if work._result is None:
                 settle(
                     work,
                     CallStatus.CANCELLED,
-                    error="cancelled while running" if work._cancel_requested else "the dispatcher closed",
+                    error="the dispatcher closed",
                     attempts=retrier.attempts,
                     attempt_errors=tuple(retrier.errors),
                 )
             raise
-        work._scope = None
-        errors = retrier.errors if last.error is None else retrier.errors[:-1]
-        settle(
-            work,
-            last.status,
-            result=last.result,
-            error=last.error,
-            attempts=retrier.attempts,
-            attempt_errors=tuple(errors),
-        )
+        finally:
+            work._scope = None
+        # The call's scope was cancelled: by `cancel`, or at the deadline of its only attempt.
+        if work._result is None:
+            if work._cancel_requested:
+                status, error = CallStatus.CANCELLED, "cancelled while running"
+            else:
+                status, error = CallStatus.TIMEOUT, f"no result within call_timeout={call_timeout}s"
+            settle(work, status, error=error, attempts=retrier.attempts, attempt_errors=tuple(retrier.errors))
 
-    # Timeouts --------------------------------------------------------------------------------------
+    def _budget(self, policy: RetryPolicy, server: str | None) -> Budget | None:
+        """The retry budget of a server under a policy that has one."""
+        if policy.budget is None:
+            return None
+        budget = self._budgets.get(server)
+        if budget is None:
+            budget = self._budgets[server] = Budget(policy.budget, policy.budget_refill)
+        return budget
 
-    def _watch(self, work: PendingCall) -> None:
-        """Put a started call under the watchdog.
+    async def _attempt(self, work: PendingCall, scoped: bool, start: float, limit: float) -> Attempt:
+        """One attempt of a call, reported to its hooks; `scoped`: under a deadline scope of its own."""
+        state = work._state
+        if state is None:
+            return await (self._attempt_scoped(work, start, limit) if scoped else self._invoke(work))
+        hooks = work._hooks
+        assert hooks is not None
+        hooks.attempt_started(work.call, state, start)
+        outcome = await (self._attempt_scoped(work, start, limit) if scoped else self._invoke(work))
+        hooks.attempt_finished(state, outcome.status, outcome.error)
+        return outcome
 
-        Every call has the same timeout, so deadlines arrive in start order and a FIFO is a complete
-        timer queue. Entries of calls that already ended are dropped as they reach the front.
-        """
-        queue = self._watched
-        while queue and queue[0]._result is not None:
-            queue.popleft()
-        queue.append(work)
-        if self._watchdog_wake is not None:
-            self._watchdog_wake.set()
-            self._watchdog_wake = None
+    @staticmethod
+    async def _invoke(work: PendingCall) -> Attempt:
+        """Invoke the tool once and describe how that ended."""
+        impl = work._impl
+        assert impl is not None
+        try:
+            result = await impl.invoke(work._prepared)
+        except Exception as exc:
+            status, error = describe_failure(exc)
+            return Attempt(status, error=error, transient=is_transient(exc))
+        if result.is_error:
+            return Attempt(CallStatus.TOOL_ERROR, result, _error_text(result))
+        return Attempt(CallStatus.OK, result)
 
-    async def _watchdog(self, call_timeout: float) -> None:
-        queue = self._watched
-        while True:
-            while queue and (queue[0]._result is not None or queue[0]._scope is None):
-                queue.popleft()
-            if not queue:
-                wake = self._watchdog_wake = anyio.Event()
-                await wake.wait()
-                continue
-            head = queue[0]
-            assert head.started_at is not None
-            remaining = head.started_at + call_timeout - anyio.current_time()
-            if remaining > 0:
-                await anyio.sleep(remaining)
-                continue
-            queue.popleft()
-            if head._result is None and head._scope is not None:
-                head._scope.cancel()
+    async def _attempt_scoped(self, work: PendingCall, start: float, limit: float) -> Attempt:
+        """Invoke the tool once, cut off at the call timeout or at `limit` (the retry deadline)."""
+        call_timeout = self._call_timeout
+        deadline = limit if call_timeout is None else min(limit, start + call_timeout)
+        with anyio.CancelScope(deadline=deadline):
+            return await self._invoke(work)
+        # Only the attempt's own deadline is absorbed by its scope; a cancellation of the call
+        # (or of the dispatcher) is still pending and is raised here.
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        if call_timeout is None or deadline == limit:
+            assert self._retry is not None  # a finite limit comes from the retry policy's deadline
+            return Attempt(
+                CallStatus.TIMEOUT,
+                error=f"no result before the retry deadline (RetryPolicy.timeout={self._retry.timeout}s)",
+                transient=True,
+            )
+        return Attempt(CallStatus.TIMEOUT, error=f"no result within call_timeout={call_timeout}s", transient=True)
 
 
 def _invalid_arguments(arguments: object) -> str:
