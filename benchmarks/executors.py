@@ -1,8 +1,10 @@
 """Choosing the executor: one task per admitted call against the worker pool, in one run.
 
 Run it with ``python -m benchmarks.executors [--quick]``. Both executors serve the same `Dispatcher`
-(the pool, `_worker_pool.Executor`, is the executor of commit 4749c3b, put in place of the default one
-before the dispatcher is entered) and are measured in the same process, interleaved repetition by
+(the task-per-call executor of commit 30f8d3a, `_task_per_call`, and the worker pool of commit 4749c3b,
+`_worker_pool`, are put in place of the dispatcher's own before it is entered; the dispatcher's own
+"runners" reuse tasks like the pool but without its watchdog and reused cancel scopes, and yield on a
+shared time slice) and are measured in the same process, interleaved repetition by
 repetition, on asyncio and on trio:
 
 - overhead: one batch of 1,000 zero-latency read-only calls, default settings (us per call);
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import time
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +33,7 @@ from mcp.server.mcpserver import MCPServer
 
 from dispatcher import Dispatcher, ToolCall
 
-from . import _worker_pool
+from . import _task_per_call, _worker_pool
 from ._measure import Stat, interleave, paired_ratios
 from ._report import Progress
 from ._tools import READ_ONLY, lookup, zero_calls
@@ -42,6 +45,8 @@ __all__ = ["Config", "main", "measure"]
 
 TASKS = "task per call"
 POOL = "worker pool"
+RUNNERS = "runners (kept)"
+KINDS = [TASKS, POOL, RUNNERS]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,21 +61,18 @@ class Config:
 QUICK = Config(repeat=5, big=20_000, big_repeat=2)
 
 
-def _with_pool(dispatcher: Dispatcher) -> Dispatcher:
-    """Put the worker pool in place of the dispatcher's executor (before it is entered)."""
-    current = dispatcher._executor
-    dispatcher._executor = _worker_pool.Executor(  # type: ignore[assignment]
-        dispatcher._catalog,
-        max_concurrency=current.gate.limit,
-        call_timeout=dispatcher.call_timeout,
-        retry=dispatcher.retry,
-    )
-    return dispatcher
-
-
 def _make(kind: str, **settings: Any) -> Dispatcher:
+    """A dispatcher with the executor `kind` in place of its own (swapped before it is entered)."""
     dispatcher = Dispatcher(**settings)
-    return _with_pool(dispatcher) if kind == POOL else dispatcher
+    if kind != RUNNERS:
+        module = _worker_pool if kind == POOL else _task_per_call
+        dispatcher._executor = module.Executor(
+            dispatcher._catalog,
+            max_concurrency=dispatcher.max_concurrency,
+            call_timeout=dispatcher.call_timeout,
+            retry=dispatcher.retry,
+        )
+    return dispatcher
 
 
 def _timed(dispatcher: Dispatcher, calls: list[ToolCall], per: int) -> Callable[[], Awaitable[float]]:
@@ -134,50 +136,43 @@ async def _measure(config: Config) -> dict[str, dict[str, list[float]]]:
     small = [zero_calls(4, prefix=f"b{b}-")[0] for b in range(config.batches)]
     big, _ = zero_calls(config.big, prefix="x")
     progress = Progress()
-    async with (
-        _make(TASKS) as tasks,
-        _make(POOL) as pool,
-        _make(TASKS, max_concurrency=None) as tasks_unlimited,
-        _make(POOL, max_concurrency=None) as pool_unlimited,
-        _make(TASKS) as tasks_mcp,
-        _make(POOL) as pool_mcp,
-        Client(_mcp_server()) as client,
-    ):
-        for dispatcher in (tasks, pool, tasks_unlimited, pool_unlimited):
-            dispatcher.add_function(lookup, annotations=READ_ONLY)
-        await tasks_mcp.add_mcp_server("zero", client, trusted=True)
-        await pool_mcp.add_mcp_server("zero", client, trusted=True)
-        n = config.calls
+    n = config.calls
+    async with AsyncExitStack() as stack:
+        client = await stack.enter_async_context(Client(_mcp_server()))
+        default: dict[str, Dispatcher] = {}
+        unlimited: dict[str, Dispatcher] = {}
+        mcp: dict[str, Dispatcher] = {}
+        for kind in KINDS:
+            default[kind] = await stack.enter_async_context(_make(kind))
+            unlimited[kind] = await stack.enter_async_context(_make(kind, max_concurrency=None))
+            mcp[kind] = await stack.enter_async_context(_make(kind))
+            default[kind].add_function(lookup, annotations=READ_ONLY)
+            unlimited[kind].add_function(lookup, annotations=READ_ONLY)
+            await mcp[kind].add_mcp_server("zero", client, trusted=True)
         out["overhead, 1,000 calls (us/call)"] = await interleave(
-            {TASKS: _timed(tasks, calls, n), POOL: _timed(pool, calls, n)}, config.repeat, progress, label="overhead"
+            {kind: _timed(default[kind], calls, n) for kind in KINDS}, config.repeat, progress, label="overhead"
         )
         out["max_concurrency=None, 1,000 calls (us/call)"] = await interleave(
-            {TASKS: _timed(tasks_unlimited, calls, n), POOL: _timed(pool_unlimited, calls, n)},
-            config.repeat,
-            progress,
-            label="no limit",
+            {kind: _timed(unlimited[kind], calls, n) for kind in KINDS}, config.repeat, progress, label="no limit"
         )
         out["batches of 4 (us/batch)"] = await interleave(
-            {TASKS: _batches(tasks, small), POOL: _batches(pool, small)}, config.repeat, progress, label="batches"
+            {kind: _batches(default[kind], small) for kind in KINDS}, config.repeat, progress, label="batches"
         )
         out["through MCP in-process, 1,000 calls (us/call)"] = await interleave(
-            {TASKS: _timed(tasks_mcp, calls, n), POOL: _timed(pool_mcp, calls, n)},
-            max(3, config.repeat // 3),
-            progress,
-            label="mcp",
+            {kind: _timed(mcp[kind], calls, n) for kind in KINDS}, max(3, config.repeat // 3), progress, label="mcp"
         )
         big_case = f"{config.big:,} calls (us/call)"
         stall_case = f"{config.big:,} calls: longest ticker stall (ms)"
-        out[big_case] = {TASKS: [], POOL: []}
-        out[stall_case] = {TASKS: [], POOL: []}
+        out[big_case] = {kind: [] for kind in KINDS}
+        out[stall_case] = {kind: [] for kind in KINDS}
         for rep in range(config.big_repeat):
-            order = [(TASKS, tasks), (POOL, pool)]
-            for name, dispatcher in order if rep % 2 == 0 else order[::-1]:
-                progress.update(f"{big_case}: {name}, repetition {rep + 1}")
+            shift = rep % len(KINDS)
+            for kind in KINDS[shift:] + KINDS[:shift]:
+                progress.update(f"{big_case}: {kind}, repetition {rep + 1}")
                 gc.collect()
-                figure, stall = await stall_while(_timed(dispatcher, big, config.big))
-                out[big_case][name].append(figure)
-                out[stall_case][name].append(stall)
+                figure, stall = await stall_while(_timed(default[kind], big, config.big))
+                out[big_case][kind].append(figure)
+                out[stall_case][kind].append(stall)
     return out
 
 
@@ -187,19 +182,19 @@ def measure(config: Config) -> dict[str, dict[str, dict[str, list[float]]]]:
 
 
 def render(results: dict[str, dict[str, dict[str, list[float]]]]) -> str:
-    """A markdown table: each case on each backend, both executors, and the paired ratio pool / tasks."""
+    """A markdown table: each case on each backend, each executor, and paired ratios against task per call."""
     lines = [
-        f"| backend | case | {TASKS} | {POOL} | {POOL} / {TASKS} (min-max) |",
-        "|---|---|---:|---:|---|",
+        f"| backend | case | {TASKS} | {POOL} | {RUNNERS} | pool / tasks (min-max) | runners / tasks (min-max) |",
+        "|---|---|---:|---:|---:|---|---|",
     ]
     for backend, cases in results.items():
         for case, samples in cases.items():
-            tasks, pool = Stat.of(samples[TASKS]), Stat.of(samples[POOL])
-            ratio = Stat.of(paired_ratios(samples[POOL], samples[TASKS]))
-            lines.append(
-                f"| {backend} | {case} | {tasks.median:,.1f} | {pool.median:,.1f} | "
-                f"{ratio.median:.2f} ({ratio.min:.2f}-{ratio.max:.2f}) |"
-            )
+            medians = " | ".join(f"{Stat.of(samples[kind]).median:,.1f}" for kind in KINDS)
+            ratios = []
+            for kind in (POOL, RUNNERS):
+                ratio = Stat.of(paired_ratios(samples[kind], samples[TASKS]))
+                ratios.append(f"{ratio.median:.2f} ({ratio.min:.2f}-{ratio.max:.2f})")
+            lines.append(f"| {backend} | {case} | {medians} | {' | '.join(ratios)} |")
     return "\n".join(lines)
 
 

@@ -1,7 +1,9 @@
 """Execution: how a submitted call is admitted, run and settled.
 
 `Executor` carries out the gate's decisions (`_gate.Gate`: a fair readers-writer discipline with limits)
-with one task per admitted call, started in the dispatcher's task group. A call's task runs its attempts
+with runner tasks in the dispatcher's task group: a runner that finishes a call takes the next admitted
+one itself and parks when there is none, and a new runner starts only when no parked one is left (a
+measured choice: starting a task per call costs more, see docs/benchmarks.md). A runner runs a call's attempts
 as the retry policy decides (a call that may not be retried has a policy of one attempt), each attempt
 under a cancel scope whose deadline is the call timeout, and settles the call. Cancelling a call cancels
 the scope around its attempts.
@@ -101,6 +103,16 @@ def settle(
     batch._settled()
 
 
+class _Slot:
+    """A parked runner waiting to be handed a call."""
+
+    __slots__ = ("event", "ticket")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.ticket: Ticket[PendingCall] | None = None
+
+
 class Executor:
     """Admits, runs and settles the calls of every batch of one dispatcher.
 
@@ -130,6 +142,12 @@ class Executor:
         self._tg: TaskGroup | None = None
         self._open = False
         self._clock = anyio.current_time
+        self._idle: list[_Slot] = []
+        # Parked runners kept for reuse: as many as may run at once, or 64 without a limit.
+        self._idle_cap = max_concurrency if max_concurrency is not None else 64
+        self._runners = 0
+        # When the runners' current time slice ends (loop clock).
+        self._yield_at = 0.0
 
     @property
     def idle(self) -> bool:
@@ -152,6 +170,9 @@ class Executor:
         # Waiters get their results instead of hanging.
         for batch in list(self.live):
             batch.cancel()
+        for slot in self._idle:
+            slot.event.set()
+        self._idle.clear()
 
     def check_open(self) -> None:
         """Raise `DispatcherClosedError` unless calls can be submitted."""
@@ -296,27 +317,68 @@ class Executor:
     # Running ---------------------------------------------------------------------------------------
 
     def _pump(self) -> None:
-        """Start a task for every call the gate admits now."""
+        """Hand every call the gate admits now to a parked runner, or to a new one."""
         gate = self.gate
-        ticket = gate.take()
-        if ticket is None:
-            return
-        tg = self._tg
-        assert tg is not None
-        run = self._run
-        while ticket is not None:
-            tg.start_soon(run, ticket)
-            ticket = gate.take()
+        idle = self._idle
+        while (ticket := gate.take()) is not None:
+            if idle:
+                slot = idle.pop()
+                slot.ticket = ticket
+                slot.event.set()
+            else:
+                tg = self._tg
+                assert tg is not None
+                self._runners += 1
+                tg.start_soon(self._runner, ticket)
 
-    async def _run(self, ticket: Ticket[PendingCall]) -> None:
-        """Run one admitted call to its result, then free its place and start what that admits."""
-        work = ticket.item
+    async def _runner(self, ticket: Ticket[PendingCall] | None) -> None:
+        """Run admitted calls one after another, parking in between, until there is nothing left to run.
+
+        Runners are reused because starting a task costs more than the rest of a short call's
+        bookkeeping (docs/benchmarks.md, "Choosing the executor"). All runners share one time slice:
+        once it has passed, each lets the event loop run before its next call, so a long run of short
+        calls never holds the loop for more than a few milliseconds.
+        """
+        gate = self.gate
+        clock = self._clock
         try:
-            await self._execute(work)
+            while ticket is not None:
+                try:
+                    await self._execute(ticket.item)
+                finally:
+                    gate.finish(ticket)
+                ticket = None
+                if not self._open:
+                    return
+                now = clock()
+                if now >= self._yield_at:
+                    await anyio.lowlevel.cancel_shielded_checkpoint()
+                    if self._yield_at <= now:
+                        self._yield_at = clock() + _SLICE
+                ticket = await self._next()
         finally:
-            self.gate.finish(ticket)
-            if self._open:
-                self._pump()
+            self._runners -= 1
+
+    async def _next(self) -> Ticket[PendingCall] | None:
+        """The next admitted call for a runner that just finished one, parking if there is none."""
+        # Take a call before waking others: a runner with work to do never parks.
+        ticket = self.gate.take()
+        self._pump()
+        if ticket is not None or not self._open or len(self._idle) >= self._idle_cap:
+            return ticket
+        slot = _Slot()
+        self._idle.append(slot)
+        try:
+            await slot.event.wait()
+        except BaseException:
+            handed = slot.ticket
+            if handed is not None:
+                # Handed a call as the dispatcher closed: it ends here, never started.
+                if handed.item._result is None:
+                    settle(handed.item, CallStatus.CANCELLED, error="the dispatcher closed")
+                self.gate.finish(handed)
+            raise
+        return slot.ticket
 
     async def _execute(self, work: PendingCall) -> None:
         """Run a call's attempts as its retry policy allows, and settle it.

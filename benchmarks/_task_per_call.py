@@ -1,0 +1,455 @@
+"""The simplest executor, one task per admitted call (commit 30f8d3a), kept to compare with.
+
+`executors` measures it against the dispatcher's own executor; nothing else uses it.
+
+`Executor` carries out the gate's decisions (`_gate.Gate`: a fair readers-writer discipline with limits)
+with one task per admitted call, started in the dispatcher's task group. A call's task runs its attempts
+as the retry policy decides (a call that may not be retried has a policy of one attempt), each attempt
+under a cancel scope whose deadline is the call timeout, and settles the call. Cancelling a call cancels
+the scope around its attempts.
+
+Every call settles exactly once into a `ToolResult`. Failures are results, never exceptions that could
+cancel siblings. Cancelling a waiting caller cancels that caller's calls, waits until they have ended,
+and then lets the cancellation propagate.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.lowlevel
+
+from dispatcher._batch import Batch, PendingCall
+from dispatcher._calls import CallStatus, ToolResult
+from dispatcher._catalog import ArgumentError
+from dispatcher._errors import DispatcherClosedError
+from dispatcher._gate import Gate, Ticket
+from dispatcher._mcp import describe_failure
+from dispatcher._retry import Attempt, Budget, Retrier, RetryPolicy, eligible, is_transient
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from anyio.abc import TaskGroup
+    from mcp.types import CallToolResult
+
+    from dispatcher._approval import ApprovalRequest
+    from dispatcher._calls import ToolCall
+    from dispatcher._catalog import Catalog, ToolEntry
+    from dispatcher._hooks import CallHooks
+    from dispatcher._observe import CallState
+
+__all__ = ["Executor", "settle"]
+
+# The longest `ToolResult.error` kept; a longer explanation is cut, saying how long it was.
+_MAX_ERROR = 1000
+
+# Seconds of submitting calls after which `submit_yielding` lets the loop run, and how many calls it
+# submits between two readings of the clock.
+_SLICE = 0.002
+_SLICE_CHECK = 32
+
+# The policy of a call that may not be retried: one attempt, bounded by the call timeout alone.
+_ONE_ATTEMPT = RetryPolicy(attempts=1, timeout=None, jitter=False, budget=None)
+
+
+def settle(
+    work: PendingCall,
+    status: CallStatus,
+    *,
+    result: CallToolResult | None = None,
+    error: str | None = None,
+    attempts: int = 0,
+    attempt_errors: tuple[str, ...] = (),
+) -> None:
+    """Give a call its one result, tell its hooks and waiters, and count it done in its batch."""
+    entry = work._entry
+    if error is not None and len(error) > _MAX_ERROR:
+        # A tool or server can put anything in its error text; the full text stays in `result`.
+        error = f"{error[:_MAX_ERROR]}... ({len(error):,} characters in all)"
+    work._result = settled = ToolResult(
+        work.call,
+        status,
+        result=result,
+        error=error,
+        attempts=attempts,
+        tool=entry.name if entry is not None else None,
+        server=entry.server if entry is not None else None,
+        queued_at=work.queued_at,
+        started_at=work.started_at,
+        finished_at=anyio.current_time(),
+        attempt_errors=attempt_errors,
+        # Anything an open-world tool sent back, errors included, may carry instructions.
+        untrusted_content=attempts > 0 and entry is not None and bool(entry.annotations.open_world_hint),
+    )
+    work._prepared = None
+    # Drop the references that make cycles (call <-> batch, call <-> ticket): a finished batch is
+    # then freed by reference counting instead of waiting for the garbage collector.
+    work._ticket = None
+    batch = work._batch
+    work._batch = None
+    if work._state is not None:
+        hooks = work._hooks
+        assert hooks is not None
+        hooks.settled(work._state, settled)
+    if work._event is not None:
+        work._event.set()
+    assert batch is not None, "a call settles once"
+    batch._settled()
+
+
+class Executor:
+    """Admits, runs and settles the calls of every batch of one dispatcher.
+
+    Args:
+        catalog: Where call names resolve to tools.
+        max_concurrency: The most calls running at once, or None for no limit.
+        call_timeout: Seconds each attempt may take, or None.
+        retry: The retry policy, or None to never retry.
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        max_concurrency: int | None,
+        call_timeout: float | None,
+        retry: RetryPolicy | None,
+    ) -> None:
+        self._catalog = catalog
+        self._call_timeout = call_timeout
+        self._retry = retry
+        self._budgets: dict[str | None, Budget] = {}
+        self._rng = random.Random(retry.seed if retry is not None else None)
+        self.gate: Gate[PendingCall] = Gate(max_concurrency)
+        self.live: set[Batch] = set()
+        """The batches that have calls without a result."""
+        self._tg: TaskGroup | None = None
+        self._open = False
+        self._clock = anyio.current_time
+
+    @property
+    def idle(self) -> bool:
+        """Whether no call is queued or running and no batch waits for a result."""
+        return self.gate.idle and not self.live
+
+    @property
+    def running(self) -> int:
+        """How many calls are running."""
+        return self.gate.running
+
+    def start(self, tg: TaskGroup) -> None:
+        """Run calls in `tg` from now on."""
+        self._tg = tg
+        self._open = True
+
+    def close(self) -> None:
+        """Take no more calls; the outstanding ones end as CANCELLED."""
+        self._open = False
+        # Waiters get their results instead of hanging.
+        for batch in list(self.live):
+            batch.cancel()
+
+    def check_open(self) -> None:
+        """Raise `DispatcherClosedError` unless calls can be submitted."""
+        if not self._open:
+            raise DispatcherClosedError("the Dispatcher is not open: use it inside `async with Dispatcher() as d:`")
+
+    # Submission ------------------------------------------------------------------------------------
+
+    def submit_all(self, batch: Batch, calls: list[ToolCall]) -> list[PendingCall]:
+        """Queue checked calls of `batch` in order."""
+        submit = self.submit
+        return [submit(batch, call) for call in calls]
+
+    async def submit_yielding(self, batch: Batch, calls: list[ToolCall]) -> None:
+        """Queue checked calls of `batch` in order, letting the event loop run every few milliseconds.
+
+        Checking a call's arguments takes microseconds, so a batch of thousands would otherwise hold
+        the loop for as long (and, with no concurrency limit, start all of its calls in one go). If the
+        caller is cancelled meanwhile, the calls already queued are cancelled and awaited.
+        """
+        submit = self.submit
+        clock = self._clock
+        until = clock() + _SLICE
+        for position, call in enumerate(calls, start=1):
+            submit(batch, call)
+            if not position % _SLICE_CHECK and clock() >= until:
+                try:
+                    await anyio.lowlevel.checkpoint()
+                except BaseException:
+                    with anyio.CancelScope(shield=True):
+                        batch.cancel()
+                        await batch.wait()
+                    raise
+                until = clock() + _SLICE
+
+    def submit(self, batch: Batch, call: ToolCall) -> PendingCall:
+        """Queue one checked call of `batch`; a call that cannot run settles at once as FAILED."""
+        self.check_open()
+        work = PendingCall(call, batch, anyio.current_time())
+        batch._works.append(work)
+        batch._added()
+        resolution = self._catalog.resolve(call.name, call.server)
+        hooks = batch._hooks
+        if hooks is not None:
+            work._state = hooks.queued(call, resolution.entry, work.queued_at)
+        if resolution.entry is None or resolution.impl is None:
+            settle(work, CallStatus.FAILED, error=resolution.error)
+            return work
+        work._entry = entry = resolution.entry
+        work._impl = impl = resolution.impl
+        arguments = call.arguments if call.arguments is not None else {}
+        if not isinstance(arguments, Mapping):
+            settle(work, CallStatus.FAILED, error=_invalid_arguments(arguments))
+            return work
+        try:
+            work._prepared = impl.prepare(arguments)
+        except ArgumentError as exc:
+            settle(work, CallStatus.FAILED, error=str(exc))
+            return work
+        except Exception as exc:
+            settle(work, CallStatus.FAILED, error=f"invalid arguments: {type(exc).__name__}: {exc}")
+            return work
+        if hooks is None:
+            work._ticket = self.gate.submit(work, exclusive=entry.exclusive, server=entry.server)
+        else:
+            self._submit_hooked(work, entry, hooks)
+        self._pump()
+        return work
+
+    def _submit_hooked(self, work: PendingCall, entry: ToolEntry, hooks: CallHooks) -> None:
+        """Queue a call of a batch with hooks: held at its place while its approval is asked for."""
+        state = work._state
+        assert state is not None
+        request = hooks.approval(work.call, entry, state)
+        work._ticket = self.gate.submit(work, exclusive=entry.exclusive, server=entry.server, held=request is not None)
+        if request is not None:
+            assert self._tg is not None
+            self._tg.start_soon(self._approve_held, work, request, hooks, state)
+
+    async def _approve_held(
+        self, work: PendingCall, request: ApprovalRequest, hooks: CallHooks, state: CallState
+    ) -> None:
+        """Ask for a held call's approval, then release it to take its turn, or deny it."""
+        # Cancelling the call (see `cancel`) cancels this scope: the approver stops being asked.
+        with anyio.CancelScope() as scope:
+            work._scope = scope
+            denial = await hooks.ask(request, state)
+        work._scope = None
+        ticket = work._ticket
+        if scope.cancelled_caught or work._result is not None or ticket is None:
+            return
+        if denial is None:
+            self.gate.release(ticket)
+        else:
+            self.gate.withdraw(ticket)
+            settle(work, CallStatus.DENIED, error=denial)
+        if self._open:
+            self._pump()
+
+    async def _approve_at_start(self, work: PendingCall, state: CallState) -> bool:
+        """Ask the approval the session guard may now require of a call about to start.
+
+        Returns:
+            Whether the call was denied (and settled).
+        """
+        hooks = work._hooks
+        assert hooks is not None
+        request = hooks.recheck(work.call, state)
+        if request is None:
+            return False
+        try:
+            denial = await hooks.ask(request, state)
+        except BaseException:
+            if work._result is None:
+                why = "cancelled while waiting for approval" if work._cancel_requested else "the dispatcher closed"
+                settle(work, CallStatus.CANCELLED, error=why)
+            raise
+        if denial is None:
+            return False
+        settle(work, CallStatus.DENIED, error=denial)
+        return True
+
+    def cancel(self, works: Iterable[PendingCall]) -> None:
+        """Cancel calls that have not ended: queued ones settle now, running ones are interrupted."""
+        withdrew = False
+        for work in works:
+            if work._result is not None:
+                continue
+            ticket = work._ticket
+            if ticket is not None and self.gate.withdraw(ticket):
+                withdrew = True
+                settle(work, CallStatus.CANCELLED, error="cancelled before it started")
+                if work._scope is not None:
+                    work._scope.cancel()  # its approval is still being asked for
+            else:
+                work._cancel_requested = True
+                if work._scope is not None:
+                    work._scope.cancel()
+        if withdrew and self._open:
+            self._pump()
+
+    # Running ---------------------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Start a task for every call the gate admits now."""
+        gate = self.gate
+        ticket = gate.take()
+        if ticket is None:
+            return
+        tg = self._tg
+        assert tg is not None
+        run = self._run
+        while ticket is not None:
+            tg.start_soon(run, ticket)
+            ticket = gate.take()
+
+    async def _run(self, ticket: Ticket[PendingCall]) -> None:
+        """Run one admitted call to its result, then free its place and start what that admits."""
+        work = ticket.item
+        try:
+            await self._execute(work)
+        finally:
+            self.gate.finish(ticket)
+            if self._open:
+                self._pump()
+
+    async def _execute(self, work: PendingCall) -> None:
+        """Run a call's attempts as its retry policy allows, and settle it.
+
+        The call keeps its place in the gate through every attempt and every wait, so an exclusive
+        call keeps its exclusive turn and nothing overtakes it. `cancel` cancels the call's scope; the
+        dispatcher closing cancels the task group. Either way the call settles as CANCELLED with the
+        attempts made so far, and the cancellation is never retried.
+
+        Each attempt ends at its deadline (the call timeout, or the retry policy's deadline). A call
+        that gets one attempt only carries that deadline on its own scope; an attempt that may be
+        followed by another needs a scope of its own, since a timed-out attempt must leave the call
+        running.
+        """
+        if work._cancel_requested:
+            settle(work, CallStatus.CANCELLED, error="cancelled before it started")
+            return
+        entry = work._entry
+        assert entry is not None
+        retry = self._retry
+        policy = retry if retry is not None and eligible(retry, entry) else _ONE_ATTEMPT
+        retrier = Retrier(policy, self._budget(policy, entry.server), self._rng, entry.server)
+        call_timeout = self._call_timeout
+        single = policy.attempts == 1
+        try:
+            with anyio.CancelScope() as scope:
+                work._scope = scope
+                state = work._state
+                if state is not None and state.recheck and await self._approve_at_start(work, state):
+                    return
+                work.started_at = started = self._clock()
+                if single and call_timeout is not None:
+                    scope.deadline = started + call_timeout
+                last = await retrier.run(functools.partial(self._attempt, work, not single), started)
+                work._scope = None
+                errors = retrier.errors if last.error is None else retrier.errors[:-1]
+                settle(
+                    work,
+                    last.status,
+                    result=last.result,
+                    error=last.error,
+                    attempts=retrier.attempts,
+                    attempt_errors=tuple(errors) if errors else (),
+                )
+                return
+        except BaseException:
+            if work._result is None:
+                settle(
+                    work,
+                    CallStatus.CANCELLED,
+                    error="the dispatcher closed",
+                    attempts=retrier.attempts,
+                    attempt_errors=tuple(retrier.errors),
+                )
+            raise
+        finally:
+            work._scope = None
+        # The call's scope was cancelled: by `cancel`, or at the deadline of its only attempt.
+        if work._result is None:
+            if work._cancel_requested:
+                status, error = CallStatus.CANCELLED, "cancelled while running"
+            else:
+                status, error = CallStatus.TIMEOUT, f"no result within call_timeout={call_timeout}s"
+            settle(work, status, error=error, attempts=retrier.attempts, attempt_errors=tuple(retrier.errors))
+
+    def _budget(self, policy: RetryPolicy, server: str | None) -> Budget | None:
+        """The retry budget of a server under a policy that has one."""
+        if policy.budget is None:
+            return None
+        budget = self._budgets.get(server)
+        if budget is None:
+            budget = self._budgets[server] = Budget(policy.budget, policy.budget_refill)
+        return budget
+
+    async def _attempt(self, work: PendingCall, scoped: bool, start: float, limit: float) -> Attempt:
+        """One attempt of a call, reported to its hooks; `scoped`: under a deadline scope of its own."""
+        state = work._state
+        if state is None:
+            return await (self._attempt_scoped(work, start, limit) if scoped else self._invoke(work))
+        hooks = work._hooks
+        assert hooks is not None
+        hooks.attempt_started(work.call, state, start)
+        outcome = await (self._attempt_scoped(work, start, limit) if scoped else self._invoke(work))
+        hooks.attempt_finished(state, outcome.status, outcome.error)
+        return outcome
+
+    @staticmethod
+    async def _invoke(work: PendingCall) -> Attempt:
+        """Invoke the tool once and describe how that ended."""
+        impl = work._impl
+        assert impl is not None
+        try:
+            result = await impl.invoke(work._prepared)
+        except Exception as exc:
+            status, error = describe_failure(exc)
+            return Attempt(status, error=error, transient=is_transient(exc))
+        if result.is_error:
+            return Attempt(CallStatus.TOOL_ERROR, result, _error_text(result))
+        return Attempt(CallStatus.OK, result)
+
+    async def _attempt_scoped(self, work: PendingCall, start: float, limit: float) -> Attempt:
+        """Invoke the tool once, cut off at the call timeout or at `limit` (the retry deadline)."""
+        call_timeout = self._call_timeout
+        deadline = limit if call_timeout is None else min(limit, start + call_timeout)
+        with anyio.CancelScope(deadline=deadline):
+            return await self._invoke(work)
+        # Only the attempt's own deadline is absorbed by its scope; a cancellation of the call
+        # (or of the dispatcher) is still pending and is raised here.
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        if call_timeout is None or deadline == limit:
+            assert self._retry is not None  # a finite limit comes from the retry policy's deadline
+            return Attempt(
+                CallStatus.TIMEOUT,
+                error=f"no result before the retry deadline (RetryPolicy.timeout={self._retry.timeout}s)",
+                transient=True,
+            )
+        return Attempt(CallStatus.TIMEOUT, error=f"no result within call_timeout={call_timeout}s", transient=True)
+
+
+def _invalid_arguments(arguments: object) -> str:
+    """Why arguments that are not a mapping are rejected; JSON text that failed to parse says where."""
+    if isinstance(arguments, str):
+        try:
+            json.loads(arguments)
+        except ValueError as exc:
+            text = arguments if len(arguments) <= 200 else f"{arguments[:200]}..."
+            return f"invalid arguments: expected a JSON object, got text that is not valid JSON ({exc}): {text!r}"
+        return "invalid arguments: expected a JSON object, got a str of JSON text; parse it into a dict"
+    return f"invalid arguments: expected a JSON object, got {type(arguments).__name__}"
+
+
+def _error_text(result: CallToolResult) -> str:
+    texts = [block.text for block in result.content if getattr(block, "type", None) == "text"]  # type: ignore[union-attr]
+    return " ".join(texts).strip() or "the tool reported an error"
