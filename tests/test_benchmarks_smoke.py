@@ -45,13 +45,21 @@ def test_overhead() -> None:
     check_well_formed(result)
     assert set(medians(result, "asyncio")) == {
         overhead.DISPATCHER,
+        overhead.UNLIMITED,
+        overhead.FLOOR,
         overhead.TASKS_BARE,
         overhead.TASKS_ADAPTER,
         overhead.GATHER_BARE,
         overhead.GATHER_ADAPTER,
     }
-    assert set(medians(result, "trio")) == {overhead.DISPATCHER, overhead.TASKS_BARE, overhead.TASKS_ADAPTER}
-    assert len(result.targets) == 6
+    assert set(medians(result, "trio")) == {
+        overhead.DISPATCHER,
+        overhead.UNLIMITED,
+        overhead.FLOOR,
+        overhead.TASKS_BARE,
+        overhead.TASKS_ADAPTER,
+    }
+    assert [target.name.split(": ", 1)[1][:2] for target in result.targets] == ["1.", "2.", "2."] * 2
 
 
 def test_parallel_reads_never_beat_the_ideal() -> None:
@@ -87,18 +95,24 @@ def test_many_small_batches() -> None:
     result = batches.run(batches.Config(batches=20, repeat=1), QUIET)
     check_well_formed(result)
     assert {row.unit for row in result.rows} == {"batches/s"}
-    assert len(result.comparisons) == 2
+    assert len(result.comparisons) == 4
+    assert [target.threshold for target in result.targets] == [1.0, 1.0]
 
 
 def test_scale_reports_time_and_memory_per_call() -> None:
     """The scale workload gives time per call for each size and a positive memory figure per call."""
-    result = scale.run(scale.Config(sizes=(10, 1000, 1500), repeat=1, min_calls_per_sample=10), QUIET)
+    config = scale.Config(sizes=(10, 1000, 1500), repeat=1, min_calls_per_sample=10, backends=("asyncio",))
+    result = scale.run(config, QUIET)
     check_well_formed(result)
     points = result.series["time_per_call"]
     assert [point["calls"] for point in points] == [10, 1000, 1500]
     for point in points:
         assert point["dispatcher_peak_bytes_per_call"] > 0
-    assert [target.name for target in result.targets] == ["time per call at 1,500 / at 1,000"]
+    assert [target.name for target in result.targets] == [
+        "asyncio: 4. time per call at 1,500 / at 1,000",
+        "asyncio: 4. objects per finished call the cyclic collector must free",
+        "asyncio: 3. longest event-loop stall while 1,500 calls dispatch (ms)",
+    ]
 
 
 def test_through_mcp_in_process() -> None:
