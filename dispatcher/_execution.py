@@ -25,7 +25,7 @@ import anyio
 import anyio.lowlevel
 
 from ._batch import Batch, PendingCall
-from ._calls import CallStatus, ToolResult
+from ._calls import CallStatus, settled_result
 from ._catalog import ArgumentError
 from ._errors import DispatcherClosedError
 from ._gate import Gate, Ticket
@@ -72,20 +72,20 @@ def settle(
     if error is not None and len(error) > _MAX_ERROR:
         # A tool or server can put anything in its error text; the full text stays in `result`.
         error = f"{error[:_MAX_ERROR]}... ({len(error):,} characters in all)"
-    work._result = settled = ToolResult(
+    work._result = settled = settled_result(
         work.call,
         status,
-        result=result,
-        error=error,
-        attempts=attempts,
-        tool=entry.name if entry is not None else None,
-        server=entry.server if entry is not None else None,
-        queued_at=work.queued_at,
-        started_at=work.started_at,
-        finished_at=anyio.current_time(),
-        attempt_errors=attempt_errors,
+        result,
+        error,
+        attempts,
+        entry.name if entry is not None else None,
+        entry.server if entry is not None else None,
+        work.queued_at,
+        work.started_at,
+        anyio.current_time(),
+        attempt_errors,
         # Anything an open-world tool sent back, errors included, may carry instructions.
-        untrusted_content=attempts > 0 and entry is not None and bool(entry.annotations.open_world_hint),
+        attempts > 0 and entry is not None and bool(entry.annotations.open_world_hint),
     )
     work._prepared = None
     # Drop the references that make cycles (call <-> batch, call <-> ticket): a finished batch is
