@@ -350,12 +350,13 @@ class Executor:
                 ticket = None
                 if not self._open:
                     return
+                ticket = await self._next()
                 now = clock()
-                if now >= self._yield_at:
+                if ticket is not None and now >= self._yield_at:
+                    # Yield holding the next call: its place stays taken, so no other runner starts.
                     await anyio.lowlevel.cancel_shielded_checkpoint()
                     if self._yield_at <= now:
                         self._yield_at = clock() + _SLICE
-                ticket = await self._next()
         finally:
             self._runners -= 1
 
