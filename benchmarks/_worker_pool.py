@@ -1,7 +1,7 @@
 """The worker-pool executor the dispatcher had before one task per admitted call, kept to compare with.
 
 `executors` measures it against `dispatcher._execution.Executor`; nothing else uses it. It is the
-executor of commit 4749c3b unchanged but for its imports.
+executor of commit 4749c3b unchanged but for its imports and `submit_yielding` (which submits in one go).
 
 Calls are admitted by `_gate.Gate` (a fair readers-writer discipline with limits) and run by a pool of
 worker tasks that lives in the dispatcher's task group. A worker that finishes a call takes the next
