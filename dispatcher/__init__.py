@@ -18,6 +18,7 @@ from ._errors import DispatcherError as DispatcherError
 from ._errors import ServerConnectionError as ServerConnectionError
 from ._observe import CallEvent as CallEvent
 from ._pins import DefinitionChange as DefinitionChange
+from ._reconnect import ReconnectPolicy as ReconnectPolicy
 from ._retry import RetryPolicy as RetryPolicy
 from ._scheduler import Batch as Batch
 from ._scheduler import Dispatcher as Dispatcher
@@ -36,6 +37,7 @@ __all__ = [
     "DispatcherClosedError",
     "DispatcherError",
     "PendingCall",
+    "ReconnectPolicy",
     "RetryPolicy",
     "ServerConnectionError",
     "SessionGuard",
