@@ -43,4 +43,4 @@ def test_reconnect_policy_is_a_frozen_keyword_only_config() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         policy.wait_initial = 1.0  # type: ignore[misc]
     with pytest.raises(TypeError):
-        dispatcher.ReconnectPolicy(0.5)  # type: ignore[misc]
+        dispatcher.ReconnectPolicy(0.5)  # type: ignore[call-arg]

@@ -372,7 +372,7 @@ async def test_a_dict_for_annotations_names_the_tool() -> None:
         with pytest.raises(ConfigurationError, match=r"annotations of tool 'echo' must be"):
             await d.connect("s", server, overrides={"echo": {"readOnlyHint": True}})  # type: ignore[dict-item]
         # Nothing was registered: both names are still free.
-        d.add_function(lambda: 1, name="one", annotations=ToolAnnotations(readOnlyHint=True))
+        d.add_function(lambda: 1, name="one", annotations=ToolAnnotations(read_only_hint=True))
         await d.connect("s", server)
 
 

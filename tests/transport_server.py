@@ -19,7 +19,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_PARAMS, ToolAnnotations
 
 # Read-only and idempotent, so that a trusted server's calls run together and may be retried.
-SAFE = ToolAnnotations(readOnlyHint=True, idempotentHint=True, openWorldHint=False)
+SAFE = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
 
 _SOURCE_ROOT = pathlib.Path(__file__).resolve().parents[1]
 

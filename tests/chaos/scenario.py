@@ -126,9 +126,7 @@ async def run_scenario(
 
     hook = on_event if observe else None
     async with Dispatcher(max_concurrency=limit, call_timeout=call_timeout, retry=policy, on_event=hook) as d:
-        await d.connect(
-            "ws", cuttable.client, trusted=True, max_concurrency=rng.choice((None, 2)), reconnect=reconnect
-        )
+        await d.connect("ws", cuttable.client, trusted=True, max_concurrency=rng.choice((None, 2)), reconnect=reconnect)
         await d.connect("raw", cuttable.client, trusted=False, reconnect=reconnect)
 
         async def cutter() -> None:

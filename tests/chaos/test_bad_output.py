@@ -122,9 +122,7 @@ async def test_a_server_that_exits_mid_call(anyio_backend: Any, mode: Mode) -> N
 
 
 @MODES
-async def test_a_line_that_is_not_utf8_does_not_wedge_the_connection(
-    anyio_backend: Any, mode: Mode
-) -> None:
+async def test_a_line_that_is_not_utf8_does_not_wedge_the_connection(anyio_backend: Any, mode: Mode) -> None:
     """After bytes that are not UTF-8 stop the SDK reading a stdio server, the dispatcher replaces the connection."""
     before = [pid for pid, _, _ in harness.live_children()]
     try:

@@ -7,11 +7,10 @@ from typing import Any
 import pytest
 
 import dispatcher._scheduler
+from dispatcher import ReconnectPolicy
 
 from . import harness
 from .harness import FIGURES, scale
-from dispatcher import ReconnectPolicy
-
 from .scenario import describe, run_replayable, run_scenario
 
 _HERE = "tests/chaos/test_inprocess.py"

@@ -97,14 +97,22 @@ class Round:
             for name in ("ws", "raw"):
                 target = harness.workspace_stdio(self.ledgers[name].path, *self.options)
                 await d.connect(
-                    name, target, trusted=name == "ws", mode=self.mode, reconnect=QUICK_RECONNECTS  # type: ignore[arg-type]
+                    name,
+                    target,
+                    trusted=name == "ws",
+                    mode=self.mode,  # type: ignore[arg-type]
+                    reconnect=QUICK_RECONNECTS,
                 )
         else:
             assert self.http is not None
             url = self.proxy.url() if self.proxy is not None else self.http.url
             for name in ("ws", "raw"):
                 await d.connect(
-                    name, url, trusted=name == "ws", mode=self.mode, reconnect=QUICK_RECONNECTS  # type: ignore[arg-type]
+                    name,
+                    url,
+                    trusted=name == "ws",
+                    mode=self.mode,  # type: ignore[arg-type]
+                    reconnect=QUICK_RECONNECTS,
                 )
 
     async def strike(self) -> None:
