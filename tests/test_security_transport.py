@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mcp import Client
 from mcp.shared.exceptions import MCPError
-from mcp.types import TextContent, ToolAnnotations
+from mcp.types import JSONRPCRequest, TextContent, ToolAnnotations
 from trio.testing import MockClock
 
 import dispatcher
@@ -34,6 +36,8 @@ from dispatcher import (
     ToolCall,
     ToolResult,
 )
+from dispatcher._catalog import ArgumentError
+from dispatcher._mcp import check_arguments
 from dispatcher.examples import Workspace, serve_http
 
 from . import transport_server
@@ -209,13 +213,47 @@ async def test_invalid_params_is_never_retried_even_when_the_connection_breaks_m
 
 
 @TRANSPORTS
-async def test_unknown_method_and_invalid_params_are_final(kind: Kind) -> None:
-    """-32601 (no such tool on a legacy server) and -32602 end a trusted idempotent call after one attempt."""
+async def test_method_not_found_and_invalid_params_are_final(kind: Kind) -> None:
+    """-32601 and -32602 answers end a trusted idempotent call after one attempt, and keep the connection."""
     async with serving(kind) as target, Dispatcher(retry=QUICK_RETRY) as d:
         await d.connect("s", target.client, trusted=True)
-        [bad] = await d.dispatch([ToolCall("bad", "bad_params", {"key": "x"})])
-    assert bad.status is CallStatus.FAILED and bad.attempts == 1
+        results = await d.dispatch(
+            [ToolCall("bad", "bad_params", {"key": "x"}), ToolCall("none", "unsupported", {"key": "y"})]
+        )
+    assert [(r.status, r.attempts) for r in results] == [(CallStatus.FAILED, 1), (CallStatus.FAILED, 1)]
+    assert results[1].error == "the server does not support the request: nothing serves 'y'"
     assert target.connections == 1
+
+
+# Any code point, lone surrogates included (hypothesis leaves them out of text by default).
+ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | ANY_TEXT,
+        lambda children: st.lists(children, max_size=4) | st.dictionaries(ANY_TEXT, children, max_size=4),
+        max_leaves=12,
+    )
+)
+def test_arguments_are_refused_exactly_when_the_transport_cannot_encode_them(value: object) -> None:
+    """check_arguments refuses a value iff the SDK's own message encoder (as stdio sends it) fails on it."""
+    arguments = {"key": value}
+    message = JSONRPCRequest(jsonrpc="2.0", id=1, method="tools/call", params={"name": "t", "arguments": arguments})
+    try:
+        message.model_dump_json(by_alias=True, exclude_unset=True).encode()
+    except ValueError:
+        sendable = False
+    else:
+        sendable = True
+    try:
+        check_arguments({"type": "object"}, arguments)
+    except ArgumentError:
+        accepted = False
+    else:
+        accepted = True
+    assert accepted == sendable
 
 
 # 9. Bad arguments fail that call alone ----------------------------------------------------------

@@ -16,7 +16,7 @@ import anyio
 from mcp import StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
-from mcp.types import INVALID_PARAMS, ToolAnnotations
+from mcp.types import INVALID_PARAMS, METHOD_NOT_FOUND, ToolAnnotations
 
 # Read-only and idempotent, so that a trusted server's calls run together and may be retried.
 SAFE = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
@@ -45,6 +45,11 @@ def build() -> MCPServer[Any]:
     async def bad_params(key: str) -> str:
         """Answers every call with -32602 (invalid params)."""
         raise MCPError(INVALID_PARAMS, f"the server does not like {key!r}")
+
+    @server.tool(annotations=SAFE)
+    async def unsupported(key: str) -> str:
+        """Answers every call with -32601 (method not found)."""
+        raise MCPError(METHOD_NOT_FOUND, f"nothing serves {key!r}")
 
     @server.tool(annotations=SAFE)
     async def log(max_count: int, verbose: bool = False) -> str:
