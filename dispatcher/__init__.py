@@ -22,6 +22,7 @@ from ._errors import NotFinishedError as NotFinishedError
 from ._errors import ServerConnectionError as ServerConnectionError
 from ._observe import CallEvent as CallEvent
 from ._pins import DefinitionChange as DefinitionChange
+from ._reconnect import ReconnectPolicy as ReconnectPolicy
 from ._retry import RetryPolicy as RetryPolicy
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "DispatcherError",
     "NotFinishedError",
     "PendingCall",
+    "ReconnectPolicy",
     "RetryPolicy",
     "ServerConnectionError",
     "SessionGuard",

@@ -157,6 +157,8 @@ class Batch:
 
     def _accept(self, calls: Iterable[ToolCall]) -> list[ToolCall]:
         """Check every call and reserve their ids; raises before anything is reserved if one is bad."""
+        if isinstance(calls, ToolCall):
+            raise BatchError("expected a sequence of ToolCall, got a single ToolCall: wrap it in a list")
         calls = list(calls)
         seen = set(self._ids)
         for position, call in enumerate(calls, start=len(self._works)):

@@ -10,7 +10,13 @@ A server is registered in one of two ways:
   dispatcher closes. A `Client` can be entered only once, so the next call that needs the server
   connects a fresh one, which lists the tools again and re-checks their pins. There is one reconnect at
   a time per server, shared by every call that waits for it; after a failed attempt, calls fail at
-  once until a doubling, bounded backoff has passed, so a dead server is not hammered.
+  once until a doubling, bounded backoff has passed, so a dead server is not hammered. The settings
+  are a `ReconnectPolicy`.
+
+A connection is lost only when its transport fails. A server's error answer, whatever its code, is an
+answer: -32000 is in the server-defined range as well as the SDK's code for a closed connection, so a
+-32000 counts as a loss only once the connection fails to answer a ping (which the SDK refuses at
+once, sending nothing, when its connection has closed).
 
 Every listing goes through `ServerRegistry`: each tool is checked against its pin (`_pins`), changed
 tools are blocked, tools that disappeared leave a tombstone, and the catalogue is updated in one step.
@@ -23,6 +29,7 @@ import functools
 import inspect
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,21 +40,23 @@ from mcp.client.subscriptions import SubscriptionLost
 from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
-from mcp.types import ToolListChangedNotification
+from mcp.types import CONNECTION_CLOSED, ToolAnnotations, ToolListChangedNotification
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from ._annotations import effective_annotations
 from ._catalog import ToolEntry
 from ._errors import ConfigurationError
-from ._mcp import CONNECTION_CLOSED, MCPTool, ToolUnavailableError, is_connection_loss, list_all_tools
+from ._failures import ConnectionLost, ToolUnavailableError, explain, is_transport_failure
+from ._mcp import MCPTool, answers, list_all_tools
 from ._pins import DefinitionChange, Pins
+from ._reconnect import ReconnectPolicy
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping
+    from collections.abc import Awaitable, Callable
 
     from anyio.abc import TaskStatus
     from mcp.client.session import IncomingMessage, MessageHandlerFnT
-    from mcp.types import CallToolResult, Tool, ToolAnnotations
+    from mcp.types import CallToolResult, Tool
 
     from ._catalog import Catalog, ToolImpl
     from ._mcp import ToolCaller
@@ -55,17 +64,6 @@ if TYPE_CHECKING:
 __all__ = ["Connection", "ServerRegistry", "check_target"]
 
 logger = logging.getLogger("dispatcher")
-
-# Reconnect backoff after failed attempts: 1 s, 2 s, 4 s, ... up to 30 s. A lost connection is
-# reconnected at once; only attempts that fail make the next one wait.
-_BACKOFF_FIRST = 1.0
-_BACKOFF_MAX = 30.0
-# Seconds the dispatcher gives its clients to close cleanly on exit before cancelling them.
-_CLOSE_GRACE = 5.0
-# Seconds a server has to answer the ping sent after a call was given up on; no answer is a lost connection.
-_PING_TIMEOUT = 10.0
-# Seconds a 2026-07-28 server has to acknowledge `subscriptions/listen` before changes go unfollowed.
-_LISTEN_ACK_TIMEOUT = 10.0
 
 
 def check_target(target: object) -> None:
@@ -78,14 +76,13 @@ def check_target(target: object) -> None:
     )
 
 
-def _describe(exc: BaseException) -> str:
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    if isinstance(exc, MCPError):
-        code = exc.error.code
-        return exc.error.message if code == CONNECTION_CLOSED else f"{exc.error.message} (MCP error {code})"
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+def check_annotations(value: object, tool: str) -> None:
+    """Raise `ConfigurationError` unless `value` is a `ToolAnnotations` (or None), naming the tool."""
+    if value is not None and not isinstance(value, ToolAnnotations):
+        hint = " (build one: ToolAnnotations(readOnlyHint=True, ...))" if isinstance(value, Mapping) else ""
+        raise ConfigurationError(
+            f"the annotations of tool {tool!r} must be an mcp.types.ToolAnnotations, got {type(value).__name__}{hint}"
+        )
 
 
 @dataclass(eq=False)
@@ -112,8 +109,10 @@ class Connection:
         unavailable: Callable[[str], str | None],
         follow: bool,
         timeout: float | None,
+        policy: ReconnectPolicy,
     ) -> None:
         self.server = server
+        self.policy = policy
         self._target = target
         self._mode = mode
         self._sync = sync
@@ -260,7 +259,7 @@ class Connection:
                 async with contextlib.AsyncExitStack() as stack:
                     subscription = None
                     # A server that never acknowledges must not hold up connecting: go on without.
-                    with anyio.move_on_after(_LISTEN_ACK_TIMEOUT):
+                    with anyio.move_on_after(self.policy.listen_timeout):
                         subscription = await stack.enter_async_context(client.listen(tools_list_changed=True))
                     task_status.started()
                     started = True
@@ -280,11 +279,12 @@ class Connection:
         except Exception as exc:
             if not started:
                 task_status.started()
-            if isinstance(exc, SubscriptionLost) or is_connection_loss(exc):
+            # A server can end its own subscription (or answer -32000): that alone loses no connection.
+            if await self._is_lost(client, exc):
                 self._lost(client, exc)
             else:
                 # For example a server that does not serve subscriptions/listen: nothing to follow.
-                logger.debug("not following tool list changes of server %r: %s", self.server, _describe(exc))
+                logger.debug("not following tool list changes of server %r: %s", self.server, explain(exc))
 
     async def _check_alive(self, client: Client) -> None:
         """Ping the server after each call that was given up on; no answer in time means the connection is lost.
@@ -299,15 +299,8 @@ class Connection:
             await self._suspect.wait()
             self._suspect = anyio.Event()
             try:
-                with anyio.move_on_after(_PING_TIMEOUT) as scope:
-                    try:
-                        await client.session.send_ping()
-                    except Exception as exc:
-                        if is_connection_loss(exc):
-                            self._lost(client, exc)
-                            return
-                if scope.cancelled_caught:
-                    self._lost(client, TimeoutError(f"the server did not answer a ping within {_PING_TIMEOUT}s"))
+                if not await answers(client, self.policy.ping_timeout):
+                    self._lost(client, ConnectionLost(self._no_answer()))
                     return
             finally:
                 self._give_verdict()
@@ -318,25 +311,44 @@ class Connection:
         if verdict is not None:
             verdict.set()
 
+    def _no_answer(self) -> str:
+        return f"the server did not answer a ping within {self.policy.ping_timeout}s"
+
+    async def _is_lost(self, client: Client, exc: BaseException) -> bool:
+        """Whether `exc`, raised by a request on `client`, means that the connection is gone.
+
+        A transport failure is; a -32000 or the end of a subscription is only if the connection no
+        longer answers a ping; any other answer of the server is not.
+        """
+        if is_transport_failure(exc):
+            return True
+        if isinstance(exc, MCPError) and exc.error.code != CONNECTION_CLOSED:
+            return False  # an answer, whatever else happens on the connection meanwhile
+        if client is not self._client:
+            return True  # dropped already (by another call, or because the dispatcher is closing)
+        if isinstance(exc, SubscriptionLost | MCPError):
+            return not await answers(client, self.policy.ping_timeout)
+        return False
+
     async def _resync(self, client: Client) -> None:
         try:
             await self._ask(await self._sync(client))
         except Exception as exc:
-            if isinstance(exc, SubscriptionLost) or is_connection_loss(exc):
+            if isinstance(exc, SubscriptionLost) or await self._is_lost(client, exc):
                 raise
-            logger.warning("could not list the tools of server %r again: %s", self.server, _describe(exc))
+            logger.warning("could not list the tools of server %r again: %s", self.server, explain(exc))
 
     def _lost(self, client: Client, exc: BaseException) -> None:
         if client is self._client:
             self._client = None
-            self._error = _describe(exc)
+            self._error = explain(exc)
             self._drop.set()
             self._give_verdict()
 
     def _failed(self, exc: BaseException) -> None:
         self._failures += 1
-        self._error = _describe(exc)
-        self._retry_at = anyio.current_time() + min(_BACKOFF_MAX, _BACKOFF_FIRST * 2 ** (self._failures - 1))
+        self._error = explain(exc)
+        self._retry_at = anyio.current_time() + self.policy.backoff(self._failures)
         self._end_attempt(self._error)
 
     def _end_attempt(self, error: str | None) -> None:
@@ -393,14 +405,16 @@ class Connection:
                     self._verdict = anyio.Event()
             raise
         except Exception as exc:
-            if is_connection_loss(exc):
-                self._lost(client, exc)
-            elif client is self._client:
+            # An answer stays the server's answer (its code decides retries: -32602 is never retried),
+            # unless it is the SDK's -32000 for a connection that no longer answers.
+            if not await self._is_lost(client, exc):
                 raise
-            # Still -32000, so that retry rules treat it as what it is: an outcome nobody knows.
-            raise MCPError(
-                CONNECTION_CLOSED, f"{self._error} (server {self.server!r}; the next call reconnects)"
-            ) from exc
+            self._lost(client, exc)
+            raise self._connection_lost() from exc
+
+    def _connection_lost(self) -> ConnectionLost:
+        # An outcome nobody knows, which the retry rules treat as transient.
+        return ConnectionLost(f"{self._error} (server {self.server!r}; the next call reconnects)")
 
     async def refresh(self) -> None:
         """List the tools again now (connecting first if needed)."""
@@ -408,7 +422,7 @@ class Connection:
         try:
             changes = await self._sync(client)
         except Exception as exc:
-            if is_connection_loss(exc):
+            if await self._is_lost(client, exc):
                 self._lost(client, exc)
             raise
         await self._ask(changes)
@@ -445,7 +459,7 @@ class ServerRegistry:
         return name in self._servers
 
     async def aclose(self) -> None:
-        """Close every connection the dispatcher owns, cleanly, within a grace period.
+        """Close every connection the dispatcher owns, cleanly, each within its grace period.
 
         Shielded: it runs while the dispatcher exits, perhaps because its task is being cancelled.
         Whatever is still open after the grace period is closed by the task group's cancellation.
@@ -453,10 +467,10 @@ class ServerRegistry:
         connections = [server.connection for server in self._servers.values() if server.connection is not None]
         if not connections:
             return
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_GRACE):
+        with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
                 for connection in connections:
-                    tg.start_soon(connection.aclose)
+                    tg.start_soon(_close_within_grace, connection)
 
     def reserve(
         self,
@@ -471,6 +485,8 @@ class ServerRegistry:
             raise ConfigurationError(f"a server named {name!r} is already registered")
         if on_change is not None and not callable(on_change):
             raise ConfigurationError(f"on_definition_change must be callable, got {type(on_change).__name__}")
+        for tool, override in overrides.items():
+            check_annotations(override, tool)
         server = self._servers[name] = _Server(name, trusted, overrides, on_change)
         return server
 
@@ -483,10 +499,20 @@ class ServerRegistry:
 
     async def add_client(self, server: _Server, client: Client) -> None:
         """Register a server reached through a client the user owns, and list its tools."""
+        check_entered(client, server.name)
         server.caller = client
         await self.ask(server, await self.sync(server, client))
 
-    def connection(self, server: _Server, target: Any, *, mode: str, follow: bool, timeout: float | None) -> Connection:
+    def connection(
+        self,
+        server: _Server,
+        target: Any,
+        *,
+        mode: str,
+        follow: bool,
+        timeout: float | None,
+        policy: ReconnectPolicy | None = None,
+    ) -> Connection:
         """The connection for a server the dispatcher will own; its `run` must be started."""
         connection = Connection(
             server.name,
@@ -497,6 +523,7 @@ class ServerRegistry:
             unavailable=functools.partial(self._catalog.unavailable, server.name),
             follow=follow,
             timeout=timeout,
+            policy=check_reconnect(policy),
         )
         server.caller = server.connection = connection
         return connection
@@ -641,3 +668,33 @@ def _blocked(change: DefinitionChange | None) -> str | None:
         f"tool {change.tool!r} of server {change.server!r} is blocked: its definition changed since it was "
         f"approved ({change}); it stays unavailable until the change is accepted"
     )
+
+
+async def _close_within_grace(connection: Connection) -> None:
+    with anyio.move_on_after(connection.policy.close_grace):
+        await connection.aclose()
+
+
+_DEFAULT_RECONNECT = ReconnectPolicy()
+
+
+def check_reconnect(policy: object) -> ReconnectPolicy:
+    """The policy to use: `policy`, or the default for None; raise `ConfigurationError` for anything else."""
+    if policy is None:
+        return _DEFAULT_RECONNECT
+    if not isinstance(policy, ReconnectPolicy):
+        raise ConfigurationError(f"reconnect must be a ReconnectPolicy or None, got {type(policy).__name__}")
+    return policy
+
+
+def check_entered(client: object, server: str) -> None:
+    """Raise `ConfigurationError` if `client` is an `mcp.Client` outside its ``async with`` block."""
+    if not isinstance(client, Client):
+        return  # another object with the client's methods (a test double): it knows its own state
+    try:
+        client.session  # noqa: B018 - the SDK's way to tell an entered client from one that is not
+    except RuntimeError:
+        raise ConfigurationError(
+            f"the client of server {server!r} is not entered (or already closed): register it inside "
+            "`async with Client(...) as client:`, or let the dispatcher own it with Dispatcher.connect"
+        ) from None

@@ -16,12 +16,13 @@ from ._annotations import effective_annotations
 from ._approval import ApprovalPolicy, SessionGuard
 from ._batch import Batch
 from ._catalog import Catalog, ToolEntry
-from ._connections import ServerRegistry, check_target
+from ._connections import ServerRegistry, check_annotations, check_reconnect, check_target
 from ._errors import ConfigurationError, DispatcherClosedError, ServerConnectionError
 from ._execution import Executor
-from ._functions import FunctionTool
+from ._failures import explain as _describe
+from ._failures import innermost as _innermost
+from ._functions import FunctionTool, ThreadWatch
 from ._hooks import CallHooks
-from ._mcp import ToolUnavailableError, describe_failure
 from ._observe import Observer, resolve_tracer
 from ._retry import RetryPolicy
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from ._calls import ToolCall, ToolResult
     from ._observe import CallEvent
     from ._pins import DefinitionChange
+    from ._reconnect import ReconnectPolicy
 
 __all__ = ["Dispatcher"]
 
@@ -110,6 +112,7 @@ class Dispatcher:
             self._catalog, max_concurrency=max_concurrency, call_timeout=call_timeout, retry=retry
         )
         self._tg: TaskGroup | None = None
+        self._threads = ThreadWatch()
         self._approve = approve
         self._approval = approval if approval is not None else ApprovalPolicy()
         self._guard = guard
@@ -133,6 +136,15 @@ class Dispatcher:
     def retry(self) -> RetryPolicy | None:
         """The retry policy (None: calls are never retried)."""
         return self._retry
+
+    @property
+    def abandoned_threads(self) -> int:
+        """Worker threads of sync functions still running after their call ended TIMEOUT or CANCELLED.
+
+        A thread cannot be interrupted: the call ends on time, and its function goes on in the background
+        until it returns by itself. A number that keeps growing points at a function that hangs.
+        """
+        return self._threads.abandoned
 
     @property
     def idle(self) -> bool:
@@ -211,12 +223,14 @@ class Dispatcher:
         Raises:
             ConfigurationError: The name is taken by another local function or is not usable.
         """
+        self._check_not_closed()
         tool_name = name if name is not None else getattr(fn, "__name__", None)
         if not isinstance(tool_name, str) or not tool_name or tool_name == "<lambda>":
             raise ConfigurationError("a tool needs a name: pass name=... for lambdas and callable objects")
         if self._catalog.has(None, tool_name):
             raise ConfigurationError(f"a local function named {tool_name!r} is already registered")
-        impl = FunctionTool(fn)
+        check_annotations(annotations, tool_name)
+        impl = FunctionTool(fn, threads=self._threads)
         entry = ToolEntry(
             tool_name,
             None,
@@ -270,6 +284,7 @@ class Dispatcher:
             ConfigurationError: The name is taken or empty, a limit is invalid, or an override names a
                 tool the server does not have.
         """
+        self._check_not_closed()
         overrides = self._check_server(name, max_concurrency, overrides)
         server = self._servers.reserve(name, trusted=trusted, overrides=overrides, on_change=on_definition_change)
         self._executor.gate.set_server_limit(name, max_concurrency)
@@ -293,6 +308,7 @@ class Dispatcher:
         follow_changes: bool = True,
         on_definition_change: Callable[[DefinitionChange], bool | Awaitable[bool]] | None = None,
         connect_timeout: float | None = 30.0,
+        reconnect: ReconnectPolicy | None = None,
     ) -> list[ToolEntry]:
         """Connect to an MCP server and register its tools; the dispatcher owns the connection.
 
@@ -322,6 +338,8 @@ class Dispatcher:
                 reconnect, calls to the other tools go ahead while it decides.
             connect_timeout: Seconds that connecting and listing the tools may take (not counting
                 `on_definition_change`), or None.
+            reconnect: The reconnect backoff, ping timeout, close grace and subscription
+                acknowledgement timeout of this connection; None for `ReconnectPolicy()`.
 
         Returns:
             The server's callable catalogue entries.
@@ -343,8 +361,11 @@ class Dispatcher:
             raise ConfigurationError(
                 f"connect_timeout must be a positive number of seconds or None, got {connect_timeout!r}"
             )
+        policy = check_reconnect(reconnect)
         server = self._servers.reserve(name, trusted=trusted, overrides=overrides, on_change=on_definition_change)
-        connection = self._servers.connection(server, target, mode=mode, follow=follow_changes, timeout=connect_timeout)
+        connection = self._servers.connection(
+            server, target, mode=mode, follow=follow_changes, timeout=connect_timeout, policy=policy
+        )
         self._executor.gate.set_server_limit(name, max_concurrency)
         assert self._tg is not None
         try:
@@ -523,19 +544,9 @@ class Dispatcher:
     def _check_open(self) -> None:
         self._executor.check_open()
 
-
-def _innermost(exc: BaseException) -> BaseException:
-    """The one exception inside nested single-exception groups (task groups wrap what they carry)."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
-def _describe(exc: BaseException) -> str:
-    exc = _innermost(exc)
-    if isinstance(exc, ToolUnavailableError):
-        return str(exc)
-    return describe_failure(exc)[1] if isinstance(exc, Exception) else type(exc).__name__
+    def _check_not_closed(self) -> None:
+        if self._tg is not None:
+            self._executor.check_open()  # entered once: registering is only for while it is open
 
 
 def _check_approvals(approve: object, approval: object, guard: object) -> None:

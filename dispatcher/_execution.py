@@ -28,8 +28,8 @@ from ._batch import Batch, PendingCall
 from ._calls import CallStatus, settled_result
 from ._catalog import ArgumentError
 from ._errors import DispatcherClosedError
+from ._failures import describe as describe_failure
 from ._gate import Gate, Ticket
-from ._mcp import describe_failure
 from ._retry import Attempt, Budget, Retrier, RetryPolicy, eligible, is_transient
 
 if TYPE_CHECKING:

@@ -4,27 +4,76 @@ The input schema and argument validation come from the function's signature, thr
 the MCP SDK's `MCPServer` uses for its tools, so a function behaves like the same function served over
 MCP: arguments are validated before the call is queued, the return value becomes a `CallToolResult`, and
 an exception raised by the function becomes an error result the model can read.
+
+A sync function runs in a worker thread, and a thread cannot be interrupted: when its call times out or
+is cancelled, the call ends at once (TIMEOUT or CANCELLED) and the thread is abandoned, left to finish
+by itself in the background. `ThreadWatch` counts the abandoned threads still running, which
+`Dispatcher.abandoned_threads` reports.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
+import threading
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
-from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, _convert_to_content, func_metadata
+import pydantic_core
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, func_metadata
 from mcp.shared.exceptions import MCPError
-from mcp.types import CallToolResult, InputRequiredResult, TextContent
-from pydantic import BaseModel, ValidationError
+from mcp.types import CallToolResult, TextContent
+from pydantic import ValidationError
 
 from ._catalog import ArgumentError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-__all__ = ["FunctionTool", "describe_validation_error"]
+__all__ = ["FunctionTool", "ThreadWatch", "describe_validation_error"]
+
+
+class ThreadWatch:
+    """Counts the worker threads of sync functions that were abandoned and have not returned yet."""
+
+    __slots__ = ("_abandoned", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._abandoned = 0
+
+    @property
+    def abandoned(self) -> int:
+        """How many abandoned threads are still running."""
+        return self._abandoned
+
+    async def run(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+        """Run `fn(**kwargs)` in a worker thread; if the caller is cancelled, abandon the thread and count it.
+
+        Cancellation (a timeout, the caller giving up, the dispatcher closing) ends the wait at once:
+        the thread cannot be stopped, so it is left to finish by itself, counted until it does.
+        """
+        lock = self._lock
+        # [finished, abandoned], guarded by the lock: the thread and the event loop race to set them.
+        state = [False, False]
+
+        def call() -> Any:
+            try:
+                return fn(**kwargs)
+            finally:
+                with lock:
+                    state[0] = True
+                    if state[1]:
+                        self._abandoned -= 1
+
+        try:
+            return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            with lock:
+                if not state[0]:
+                    state[1] = True
+                    self._abandoned += 1
+            raise
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -37,7 +86,7 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 
 class FunctionTool:
-    """A sync or async callable run as a tool; sync callables run in a worker thread.
+    """A sync or async callable run as a tool; sync callables run in a worker thread, abandoned on cancellation.
 
     Arguments and results go through the SDK's `FuncMetadata`, as on an `MCPServer`. The common cases
     take a shortcut with the same outcome: reading a pydantic model's fields and private attributes on
@@ -51,8 +100,7 @@ class FunctionTool:
         "_exact_primitive",
         "_fields",
         "_json_keys",
-        "_output_adapter",
-        "_wrap_output",
+        "_threads",
         "fn",
         "input_schema",
         "is_async",
@@ -60,8 +108,9 @@ class FunctionTool:
         "output_schema",
     )
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], *, threads: ThreadWatch | None = None) -> None:
         self.fn = fn
+        self._threads = threads if threads is not None else ThreadWatch()
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None)  # noqa: B004 - an instance with an async __call__ is async too
         )
@@ -78,12 +127,10 @@ class FunctionTool:
             key for name, info in fields.items() if info.annotation is not str for key in (name, info.alias) if key
         )
         output_model = metadata.output_model if metadata.output_schema is not None else None
-        self._output_adapter = None if output_model is None else metadata._output_adapter(output_model)
-        self._wrap_output = metadata.wrap_output
         # A wrapped `-> str`, `-> int` or `-> bool` return type needs no validation when the value
         # has exactly that type: the structured result is {"result": value} as the adapter would build it.
         self._exact_primitive: type | None = None
-        if self._wrap_output and output_model is not None:
+        if metadata.wrap_output and output_model is not None:
             field = getattr(output_model, "model_fields", {}).get("result")
             if field is not None and field.annotation in (str, int, bool):
                 self._exact_primitive = field.annotation
@@ -104,15 +151,13 @@ class FunctionTool:
             if self.is_async:
                 value = await self.fn(**prepared)
             else:
-                value = await anyio.to_thread.run_sync(functools.partial(self.fn, **prepared))
+                value = await self._threads.run(self.fn, prepared)
             if isinstance(value, CallToolResult):
                 converted: object = value if self.output_schema is None else self.metadata.convert_result(value)
-            elif self.output_schema is None:
-                converted = CallToolResult(content=_convert_to_content(value))
-            elif isinstance(value, InputRequiredResult):
-                converted = self.metadata.convert_result(value)
+            elif type(value) is self._exact_primitive:
+                converted = _primitive(value)
             else:
-                converted = self._convert(value)
+                converted = self.metadata.convert_result(value)
         except MCPError:
             # A protocol-level error is the tool saying "this request failed", as on an MCP server.
             raise
@@ -124,20 +169,8 @@ class FunctionTool:
             raise TypeError(f"the function returned {type(value).__name__}, which is not a tool result")
         return converted
 
-    def _convert(self, value: Any) -> CallToolResult:
-        """`FuncMetadata.convert_result` for a plain return value, with the output adapter built once."""
-        content = _convert_to_content(value)
-        if type(value) is self._exact_primitive:
-            return CallToolResult(content=content, structured_content={"result": value})
-        adapter = self._output_adapter
-        if adapter is None:
-            return CallToolResult(content=content)
-        if self._wrap_output:
-            value = {"result": value}
-        validated = adapter.validate_python(value, by_alias=True, by_name=True)
-        if isinstance(validated, BaseModel):
-            # Dump via the instance so a returned subclass keeps its own fields.
-            structured = validated.model_dump(mode="json", by_alias=True)
-        else:
-            structured = adapter.dump_python(validated, mode="json", by_alias=True)
-        return CallToolResult(content=content, structured_content=structured)
+
+def _primitive(value: Any) -> CallToolResult:
+    """`FuncMetadata.convert_result` for a `str`, `int` or `bool` returned by a function declared to return one."""
+    text = value if isinstance(value, str) else pydantic_core.to_json(value).decode()
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content={"result": value})

@@ -1,60 +1,41 @@
-"""The boundary with the MCP SDK: listing a server's tools, calling them, translating failures.
+"""The boundary with the MCP SDK: listing a server's tools, checking arguments, calling tools.
 
-Everything the SDK or the transport can raise while a call runs is turned here into a status and a
-readable message. Cancellation is not an exception of this kind and always propagates.
+What the SDK or the transport raises while a call runs is described by `_failures`; here a -32000 from
+a user's client is checked (a ping) before it is taken for a lost connection.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
+import pydantic_core
+from mcp import Client
 from mcp.shared.exceptions import MCPError
-from pydantic import ValidationError
+from mcp.types import CONNECTION_CLOSED
 
-from ._calls import CallStatus
 from ._catalog import ArgumentError
+from ._failures import ConnectionLost, ToolUnavailableError, is_transport_failure
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
-    from mcp import Client
     from mcp.types import CallToolResult, Tool
 
 __all__ = [
     "MCPTool",
     "ToolCaller",
-    "ToolUnavailableError",
+    "answers",
     "check_arguments",
-    "describe_failure",
-    "is_connection_loss",
+    "encode_arguments",
     "list_all_tools",
 ]
 
-# JSON-RPC and SDK error codes.
-CONNECTION_CLOSED = -32000
-REQUEST_TIMEOUT = -32001
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-
 _MAX_PAGES = 1000
 
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "number": (int, float),
-    "integer": (int,),
-    "boolean": (bool,),
-    "array": (list, tuple),
-    "object": (Mapping,),
-    "null": (type(None),),
-}
-
-
-class ToolUnavailableError(Exception):
-    """A call that was not sent: its tool is blocked or removed, or its server cannot be reached."""
+# The wait for a ping that checks a user-owned client after a -32000 (`ReconnectPolicy.ping_timeout`'s default).
+_USER_CLIENT_PING_TIMEOUT = 10.0
 
 
 class ToolCaller(Protocol):
@@ -76,53 +57,71 @@ async def list_all_tools(client: Client, *, refresh: bool = False) -> list[Tool]
     raise RuntimeError(f"the server's tool list did not end after {_MAX_PAGES} pages")
 
 
-def _matches(expected: str, value: Any) -> bool:
-    kinds = _JSON_TYPES.get(expected)
-    if kinds is None:
-        return True  # a type this check does not know: the server decides
-    if isinstance(value, bool) and expected in ("number", "integer"):
-        return False
-    if expected == "integer" and isinstance(value, float):
-        return value.is_integer()
-    return isinstance(value, kinds)
+def encode_arguments(arguments: Mapping[str, Any]) -> bytes:
+    """The arguments as the transports put them on the wire (UTF-8 JSON, the SDK's pydantic encoder).
+
+    Raises:
+        ArgumentError: The arguments cannot be sent: a value JSON cannot hold (NaN, infinity, an
+            object of another type) or a string UTF-8 cannot encode (a lone UTF-16 surrogate, which
+            is what `json.loads` makes of a model's ``"\\ud800"``).
+    """
+    try:
+        data = pydantic_core.to_json(arguments)
+    except (pydantic_core.PydanticSerializationError, ValueError, TypeError) as exc:
+        raise ArgumentError(f"invalid arguments: they cannot be encoded as JSON: {exc}") from None
+    # pydantic writes NaN and infinities as bare constants, which are not JSON and which servers in
+    # other languages cannot parse; the strings themselves are rare enough to confirm the slow way.
+    if b"NaN" in data or b"Infinity" in data:
+        try:
+            json.dumps(arguments, allow_nan=False)
+        except ValueError as exc:
+            raise ArgumentError(f"invalid arguments: they cannot be encoded as JSON: {exc}") from None
+    return data
 
 
 def check_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> None:
-    """Reject arguments that plainly break a tool's input schema, before the call is queued.
+    """Reject arguments that certainly cannot succeed, before the call is queued.
 
-    This is a shallow check (required keys, unexpected keys, top-level types, JSON-serialisability);
-    the server validates fully. It exists so that obvious mistakes fail fast and never take a turn.
+    The server is the authority on its own schema, and servers are lenient in ways a schema does not
+    show (pydantic's lax mode takes ``"2"`` for an integer; a zod object drops keys it does not know
+    although its schema says ``additionalProperties: false``). So only what no server can accept is
+    rejected here: argument names that are not strings, a missing required argument, and arguments
+    the transport cannot encode (see `encode_arguments`). Types, formats and extra keys are left to the
+    server, whose answer the model reads.
 
     Raises:
         ArgumentError: What is wrong, in one line.
     """
     problems = [f"argument names must be strings, got {key!r}" for key in arguments if not isinstance(key, str)]
-    properties = schema.get("properties")
-    properties = properties if isinstance(properties, Mapping) else {}
     required = schema.get("required")
     if isinstance(required, list):
-        missing = [key for key in required if key not in arguments]
+        missing = [key for key in required if isinstance(key, str) and key not in arguments]
         if missing:
             problems.append("missing required " + ", ".join(repr(key) for key in missing))
-    if schema.get("additionalProperties") is False:
-        unexpected = [key for key in arguments if key not in properties]
-        if unexpected:
-            problems.append("unexpected " + ", ".join(repr(key) for key in unexpected))
-    for key, value in arguments.items():
-        declared = properties.get(key)
-        if not isinstance(declared, Mapping):
-            continue
-        expected = declared.get("type")
-        types = [expected] if isinstance(expected, str) else expected if isinstance(expected, list) else []
-        if types and not any(_matches(str(kind), value) for kind in types):
-            problems.append(f"{key!r} must be {' or '.join(map(str, types))}, got {type(value).__name__}")
-    if not problems:
-        try:
-            json.dumps(arguments, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            problems.append(f"arguments are not JSON-serialisable: {exc}")
     if problems:
         raise ArgumentError("invalid arguments: " + "; ".join(problems))
+    encode_arguments(arguments)
+
+
+async def answers(client: Client, wait: float) -> bool:
+    """Whether a client's connection still carries an answer from its server (a ping, within `wait` seconds).
+
+    Any answer counts, an error included (2026-07-28 servers do not serve ping), except -32000, which
+    is also what the SDK raises at once, without sending anything, once its connection has closed.
+    """
+    try:
+        session = client.session
+    except RuntimeError:
+        return False  # the client has exited
+    with anyio.move_on_after(wait):
+        try:
+            await session.send_ping()
+        except MCPError as exc:
+            return exc.error.code != CONNECTION_CLOSED
+        except Exception as exc:
+            return not is_transport_failure(exc)
+        return True
+    return False
 
 
 class MCPTool:
@@ -156,41 +155,15 @@ class MCPTool:
             reason = self.guard()
             if reason is not None:
                 raise ToolUnavailableError(reason)
-        return await self.client.call_tool(self.name, prepared)
-
-
-def is_connection_loss(exc: BaseException) -> bool:
-    """Whether an exception from a client means its connection is gone (a fresh client is needed)."""
-    if isinstance(exc, MCPError):
-        return exc.error.code == CONNECTION_CLOSED
-    if isinstance(exc, BaseExceptionGroup):
-        return any(is_connection_loss(inner) for inner in exc.exceptions)
-    if isinstance(exc, TimeoutError):
-        return False  # an OSError, but a slow server is not a lost one
-    return isinstance(exc, anyio.ClosedResourceError | anyio.BrokenResourceError | anyio.EndOfStream | OSError)
-
-
-def describe_failure(exc: Exception) -> tuple[CallStatus, str]:
-    """The status and message for an exception raised while a call ran."""
-    if isinstance(exc, ToolUnavailableError):
-        return CallStatus.FAILED, str(exc)
-    if isinstance(exc, MCPError):
-        code = exc.error.code
-        if code == REQUEST_TIMEOUT:
-            return CallStatus.TIMEOUT, f"the server did not answer in time ({exc.error.message})"
-        if code == CONNECTION_CLOSED:
-            return CallStatus.FAILED, f"connection to the server lost: {exc.error.message}"
-        if code == INVALID_PARAMS:
-            return CallStatus.FAILED, f"the server rejected the arguments: {exc.error.message}"
-        if code == METHOD_NOT_FOUND:
-            return CallStatus.FAILED, f"the server does not support the request: {exc.error.message}"
-        return CallStatus.FAILED, f"the server answered with error {code}: {exc.error.message}"
-    if isinstance(exc, anyio.ClosedResourceError | anyio.BrokenResourceError | anyio.EndOfStream):
-        return CallStatus.FAILED, f"connection to the server lost ({type(exc).__name__})"
-    if isinstance(exc, ValidationError):
-        return CallStatus.FAILED, f"the server's answer is malformed: {exc.error_count()} validation error(s)"
-    if isinstance(exc, TimeoutError):
-        return CallStatus.TIMEOUT, f"timed out: {exc}" if str(exc) else "timed out"
-    if isinstance(exc, OSError | ConnectionError):
-        return CallStatus.FAILED, f"connection error: {type(exc).__name__}: {exc}"
-    return CallStatus.FAILED, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        client = self.client
+        try:
+            return await client.call_tool(self.name, prepared)
+        except MCPError as exc:
+            # A connection the dispatcher owns has checked this already; a user's client is checked here.
+            if (
+                exc.error.code == CONNECTION_CLOSED
+                and isinstance(client, Client)
+                and not await answers(client, _USER_CLIENT_PING_TIMEOUT)
+            ):
+                raise ConnectionLost(exc.error.message) from exc
+            raise

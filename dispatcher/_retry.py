@@ -7,9 +7,10 @@ A call is repeated only when repeating it is known to be harmless and its failur
   untrusted server cannot buy retries by claiming idempotence. `RetryPolicy.retry_read_only` lets
   trusted read-only tools count as idempotent too;
 - transient: the outcome is unknown or the server may recover (a timeout, a lost connection or
-  transport error, JSON-RPC -32603, the SDK's -32000 and -32001). A tool that answered (even with
-  ``isError``), a request the server rejected (-32601, -32602, or any other code) and cancellation are
-  final.
+  transport error, JSON-RPC -32603, -32000 and -32001, whether the server answered them or the SDK
+  made them up). A tool that answered (even with ``isError``), a request the server rejected (-32601,
+  -32602, or any other code) and cancellation are final. A -32000 answer is never a lost connection
+  by itself: see `_failures`.
 
 tenacity is the engine: `Retrier` builds a fresh `tenacity.AsyncRetrying` for every call, sleeping with
 `anyio.sleep`. Its stop condition reads the event loop's clock (`anyio.current_time`), never tenacity's
@@ -30,11 +31,14 @@ from typing import TYPE_CHECKING
 
 import anyio
 from mcp.shared.exceptions import MCPError
+from mcp.types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
 from tenacity import AsyncRetrying
 from tenacity.retry import retry_if_result
 
+from ._backoff import ceiling, check_waits
+from ._backoff import is_number as _is_number
 from ._errors import ConfigurationError
-from ._mcp import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
+from ._failures import is_transport_failure
 
 if TYPE_CHECKING:
     import random
@@ -51,13 +55,10 @@ __all__ = ["MAX_ATTEMPTS", "Attempt", "Budget", "Retrier", "RetryPolicy", "eligi
 MAX_ATTEMPTS = 10
 """The most attempts a policy may allow (gRPC clamps its own to 5); more is a ConfigurationError."""
 
+# Answers that may go away: -32000 (a server's "try later", such as a rate limit, or the SDK's own
+# "connection closed" that the connection layer could not confirm), -32001 (the SDK's request timeout)
+# and -32603 (internal error). Every other code is final, -32601 and -32602 above all.
 _TRANSIENT_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT, INTERNAL_ERROR})
-_TRANSIENT_ERRORS = (
-    anyio.ClosedResourceError,
-    anyio.BrokenResourceError,
-    anyio.EndOfStream,
-    OSError,  # TimeoutError and ConnectionError are OSErrors
-)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -117,13 +118,7 @@ class RetryPolicy:
                 f"attempts must be at most {MAX_ATTEMPTS}, got {attempts!r}; "
                 "a call that fails that often will not be saved by more attempts"
             )
-        if not _is_number(self.wait_initial) or not 0 <= self.wait_initial < math.inf:
-            raise ConfigurationError(f"wait_initial must be a finite number of seconds >= 0, got {self.wait_initial!r}")
-        if not _is_number(self.wait_max) or not self.wait_initial <= self.wait_max < math.inf:
-            raise ConfigurationError(
-                f"wait_max must be a finite number of seconds >= wait_initial ({self.wait_initial!r}), "
-                f"got {self.wait_max!r}"
-            )
+        check_waits(self.wait_initial, self.wait_max)
         if self.timeout is not None and (not _is_number(self.timeout) or not 0 < self.timeout < math.inf):
             raise ConfigurationError(
                 f"timeout must be a positive number of seconds, got {self.timeout!r}; use None for no overall deadline"
@@ -144,14 +139,10 @@ class RetryPolicy:
 
     def backoff(self, retry: int, rng: random.Random) -> float:
         """Seconds to wait before the `retry`-th retry (1 for the wait after the first attempt)."""
-        ceiling = min(self.wait_max, self.wait_initial * 2.0 ** min(retry - 1, 64))
+        wait = ceiling(retry, self.wait_initial, self.wait_max)
         if not self.jitter:
-            return ceiling
-        return rng.uniform(self.wait_initial, min(self.wait_max, 2.0 * ceiling))
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+            return wait
+        return rng.uniform(self.wait_initial, min(self.wait_max, 2.0 * wait))
 
 
 def eligible(policy: RetryPolicy, entry: ToolEntry) -> bool:
@@ -172,7 +163,7 @@ def is_transient(exc: BaseException) -> bool:
     """
     if isinstance(exc, MCPError):
         return exc.error.code in _TRANSIENT_CODES
-    return isinstance(exc, _TRANSIENT_ERRORS)
+    return isinstance(exc, TimeoutError) or is_transport_failure(exc)
 
 
 class Budget:

@@ -21,6 +21,7 @@ from dispatcher import (
     CallStatus,
     ConfigurationError,
     Dispatcher,
+    ReconnectPolicy,
     RetryPolicy,
     ServerConnectionError,
     ToolCall,
@@ -166,14 +167,13 @@ async def test_stdio_subprocess_crash_and_reconnect(mode: Mode, tmp_path: pathli
 
 
 @HTTP_MODES
-async def test_streamable_http_restart(mode: Mode, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_streamable_http_restart(mode: Mode) -> None:
     """An HTTP server that stops and comes back on the same port: the call meanwhile fails, then calls reconnect."""
-    monkeypatch.setattr(dispatcher._connections, "_BACKOFF_FIRST", 0.05)
     workspace = Workspace()
     async with Dispatcher() as d:
         # The server vanishes without waiting for open streams, as a crashed one would.
         async with serve_http(workspace.server, shutdown_timeout=0.1) as url:
-            await d.connect("ws", url, trusted=True, mode=mode)
+            await d.connect("ws", url, trusted=True, mode=mode, reconnect=ReconnectPolicy(wait_initial=0.05))
             first = await d.dispatch(calls(("set_note", {"name": "a", "text": "x"})))
         down = await d.dispatch(calls(("read_note", {"name": "a"})))
         port = int(url.rsplit(":", 1)[1].split("/")[0])

@@ -30,3 +30,17 @@ def test_tuning_module_exports_the_sweep() -> None:
     assert dispatcher.tuning.__all__ == sorted(dispatcher.tuning.__all__)
     for name in dispatcher.tuning.__all__:
         assert hasattr(dispatcher.tuning, name)
+
+
+def test_reconnect_policy_is_a_frozen_keyword_only_config() -> None:
+    """`ReconnectPolicy` is exported and, like `RetryPolicy`, a frozen keyword-only dataclass with slots."""
+    import dataclasses
+
+    import pytest
+
+    policy = dispatcher.ReconnectPolicy(wait_initial=0.5)
+    assert dataclasses.is_dataclass(policy) and hasattr(dispatcher.ReconnectPolicy, "__slots__")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.wait_initial = 1.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        dispatcher.ReconnectPolicy(0.5)  # type: ignore[call-arg]

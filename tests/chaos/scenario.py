@@ -21,8 +21,7 @@ import anyio
 import trio
 from trio.testing import MockClock
 
-import dispatcher._connections
-from dispatcher import CallStatus, Dispatcher, RetryPolicy, ToolCall
+from dispatcher import CallStatus, Dispatcher, ReconnectPolicy, RetryPolicy, ToolCall
 from dispatcher.examples import Workspace
 from dispatcher.testing import inject_faults
 
@@ -85,7 +84,9 @@ def _event_line(event: CallEvent, start: float) -> str:
     return line
 
 
-async def run_scenario(seed: int, *, batches: int = 3, time_scale: float = 1.0) -> Report:
+async def run_scenario(
+    seed: int, *, batches: int = 3, time_scale: float = 1.0, reconnect: ReconnectPolicy | None = None
+) -> Report:
     """Run one seeded scenario; latencies and waits are multiplied by `time_scale`, timeouts by at least 0.5."""
     rng = random.Random(seed)
     report = Report(seed)
@@ -125,8 +126,8 @@ async def run_scenario(seed: int, *, batches: int = 3, time_scale: float = 1.0) 
 
     hook = on_event if observe else None
     async with Dispatcher(max_concurrency=limit, call_timeout=call_timeout, retry=policy, on_event=hook) as d:
-        await d.connect("ws", cuttable.client, trusted=True, max_concurrency=rng.choice((None, 2)))
-        await d.connect("raw", cuttable.client, trusted=False)
+        await d.connect("ws", cuttable.client, trusted=True, max_concurrency=rng.choice((None, 2)), reconnect=reconnect)
+        await d.connect("raw", cuttable.client, trusted=False, reconnect=reconnect)
 
         async def cutter() -> None:
             assert cut_every is not None
@@ -181,7 +182,7 @@ async def run_scenario(seed: int, *, batches: int = 3, time_scale: float = 1.0) 
         # The server came back: with no more faults and cuts, the next batch runs clean once a
         # reconnect may be tried again (a reconnect cut short backs off before the next one).
         faults.rate = 0.0
-        await anyio.sleep(dispatcher._connections._BACKOFF_MAX)
+        await anyio.sleep((reconnect or ReconnectPolicy()).wait_max)
         probe = [make_call(rng, f"probe-c{i}", "ws") for i in range(5)]
         with anyio.fail_after(60 * max(time_scale, 0.1) + 60):
             after = await d.dispatch(probe)

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import pytest
 
-import dispatcher._connections
-from dispatcher import CallStatus, Dispatcher, ToolCall
+from dispatcher import CallStatus, Dispatcher, ReconnectPolicy, ToolCall
 
 from . import harness
 from .harness import FIGURES, scale
@@ -123,15 +122,14 @@ async def test_a_server_that_exits_mid_call(anyio_backend: Any, mode: Mode) -> N
 
 
 @MODES
-async def test_a_line_that_is_not_utf8_does_not_wedge_the_connection(
-    anyio_backend: Any, mode: Mode, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_line_that_is_not_utf8_does_not_wedge_the_connection(anyio_backend: Any, mode: Mode) -> None:
     """After bytes that are not UTF-8 stop the SDK reading a stdio server, the dispatcher replaces the connection."""
-    monkeypatch.setattr(dispatcher._connections, "_PING_TIMEOUT", 0.5)
     before = [pid for pid, _, _ in harness.live_children()]
     try:
         async with Dispatcher(call_timeout=0.5) as d:
-            await d.connect("bad", harness.badserver_stdio(), trusted=True, mode=mode)
+            await d.connect(
+                "bad", harness.badserver_stdio(), trusted=True, mode=mode, reconnect=ReconnectPolicy(ping_timeout=0.5)
+            )
             with anyio.fail_after(30):
                 [wedged] = await d.dispatch([ToolCall("utf8", "bad_utf8", {"key": "x"})])
                 FIGURES.fault("invalid-utf8")

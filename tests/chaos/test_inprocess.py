@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-import dispatcher._connections
 import dispatcher._execution
+from dispatcher import ReconnectPolicy
 
 from . import harness
 from .harness import FIGURES, scale
@@ -26,11 +26,10 @@ def test_seeded_chaos_keeps_every_invariant(seed: int) -> None:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("seed", harness.seeds(scale(4, 60), base=1000), ids=lambda seed: f"seed{seed}")
-async def test_chaos_on_a_real_clock(anyio_backend: Any, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_chaos_on_a_real_clock(anyio_backend: Any, seed: int) -> None:
     """The same scenarios on real event loops (times scaled down): the invariants do not depend on a virtual clock."""
-    monkeypatch.setattr(dispatcher._connections, "_BACKOFF_FIRST", 0.02)
-    monkeypatch.setattr(dispatcher._connections, "_BACKOFF_MAX", 0.3)
-    report = await run_scenario(seed, batches=scale(2, 4), time_scale=0.02)
+    reconnect = ReconnectPolicy(wait_initial=0.02, wait_max=0.3)
+    report = await run_scenario(seed, batches=scale(2, 4), time_scale=0.02, reconnect=reconnect)
     assert not report.violations, describe(report, f"{_HERE}::test_chaos_on_a_real_clock")
 
 

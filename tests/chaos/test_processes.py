@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import pytest
 
-import dispatcher._connections
-from dispatcher import CallStatus, Dispatcher, RetryPolicy, ToolCall
+from dispatcher import CallStatus, Dispatcher, ReconnectPolicy, RetryPolicy, ToolCall
 
 from . import harness
 from .harness import FIGURES, DroppingProxy, HttpWorkspace, LedgerFile, call_key, scale
@@ -58,13 +57,9 @@ CASES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def quick_reconnects(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Reconnect backoff in tenths of a second, so a round does not wait out seconds of it; a quick ping."""
-    monkeypatch.setattr(dispatcher._connections, "_BACKOFF_FIRST", 0.05)
-    monkeypatch.setattr(dispatcher._connections, "_BACKOFF_MAX", 0.2)
-    # Stalls last 0.5 to 2 s: some outlast the ping after a timeout, which then drops the connection.
-    monkeypatch.setattr(dispatcher._connections, "_PING_TIMEOUT", 1.0)
+# Reconnect backoff in tenths of a second, so a round does not wait out seconds of it; a quick ping.
+# Stalls last 0.5 to 2 s: some outlast the ping after a timeout, which then drops the connection.
+QUICK_RECONNECTS = ReconnectPolicy(wait_initial=0.05, wait_max=0.2, ping_timeout=1.0)
 
 
 class Round:
@@ -101,12 +96,24 @@ class Round:
         if self.transport == "stdio":
             for name in ("ws", "raw"):
                 target = harness.workspace_stdio(self.ledgers[name].path, *self.options)
-                await d.connect(name, target, trusted=name == "ws", mode=self.mode)  # type: ignore[arg-type]
+                await d.connect(
+                    name,
+                    target,
+                    trusted=name == "ws",
+                    mode=self.mode,  # type: ignore[arg-type]
+                    reconnect=QUICK_RECONNECTS,
+                )
         else:
             assert self.http is not None
             url = self.proxy.url() if self.proxy is not None else self.http.url
             for name in ("ws", "raw"):
-                await d.connect(name, url, trusted=name == "ws", mode=self.mode)  # type: ignore[arg-type]
+                await d.connect(
+                    name,
+                    url,
+                    trusted=name == "ws",
+                    mode=self.mode,  # type: ignore[arg-type]
+                    reconnect=QUICK_RECONNECTS,
+                )
 
     async def strike(self) -> None:
         """The fault, at a random point of the batch (after a random number of calls reached a server)."""
@@ -212,7 +219,7 @@ async def play(seed: int, transport: Transport, fault: Fault, tmp: pathlib.Path)
                 if fault == "drop":
                     assert r.proxy is not None
                     r.proxy.drop()
-                await anyio.sleep(dispatcher._connections._BACKOFF_MAX)  # past any reconnect backoff
+                await anyio.sleep(QUICK_RECONNECTS.wait_max)  # past any reconnect backoff
                 after = await r.batch(d, "after", 6, strike=False)
                 problems = harness.check_idle(d)
             assert not problems, problems
