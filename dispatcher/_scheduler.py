@@ -135,6 +135,7 @@ class PendingCall:
         error: str | None = None,
         attempts: int = 0,
         attempt_errors: tuple[str, ...] = (),
+        untrusted: bool = False,
     ) -> None:
         entry = self._entry
         if error is not None and len(error) > _MAX_ERROR:
@@ -153,7 +154,9 @@ class PendingCall:
             finished_at=anyio.current_time(),
             attempt_errors=attempt_errors,
             # Anything an open-world tool sent back, errors included, may carry instructions.
-            untrusted_content=attempts > 0 and entry is not None and bool(entry.annotations.open_world_hint),
+            # An error that quotes a server's text (a blocked tool's changed definition) is untrusted too.
+            untrusted_content=untrusted
+            or (attempts > 0 and entry is not None and bool(entry.annotations.open_world_hint)),
         )
         self._prepared = None
         # Drop the references that make cycles (call <-> batch, call <-> ticket): a finished batch is
@@ -799,7 +802,7 @@ class Dispatcher:
         if hooks is not None:
             work._state = hooks.queued(call, resolution.entry, work.queued_at)
         if resolution.entry is None or resolution.impl is None:
-            work._settle(CallStatus.FAILED, error=resolution.error)
+            work._settle(CallStatus.FAILED, error=resolution.error, untrusted=resolution.untrusted)
             return work
         work._entry = entry = resolution.entry
         work._impl = impl = resolution.impl
@@ -990,7 +993,8 @@ class Dispatcher:
         except Exception as exc:
             work._scope = None
             status, error = describe_failure(exc)
-            work._settle(status, error=error, attempts=1)
+            # Why a tool is unavailable can quote its server (a blocked tool's changed definition).
+            work._settle(status, error=error, attempts=1, untrusted=isinstance(exc, ToolUnavailableError))
             return
         work._scope = None
         if result.is_error:
@@ -1038,7 +1042,8 @@ class Dispatcher:
                     result = await impl.invoke(prepared)
                 except Exception as exc:
                     status, error = describe_failure(exc)
-                    return Attempt(status, error=error, transient=is_transient(exc))
+                    unavailable = isinstance(exc, ToolUnavailableError)
+                    return Attempt(status, error=error, transient=is_transient(exc), untrusted=unavailable)
                 if result.is_error:
                     return Attempt(CallStatus.TOOL_ERROR, result, _error_text(result))
                 return Attempt(CallStatus.OK, result)
@@ -1076,6 +1081,7 @@ class Dispatcher:
             error=last.error,
             attempts=retrier.attempts,
             attempt_errors=tuple(errors),
+            untrusted=last.untrusted,
         )
 
     # Timeouts --------------------------------------------------------------------------------------
