@@ -169,6 +169,10 @@ class Catalog:
         """Whether a tool is registered: listed (blocked or not), or removed by its server (a tombstone)."""
         return (server, tool) in self._names
 
+    def tool_names(self, server: str | None) -> list[str]:
+        """The own names of a server's registered tools (listed, blocked or removed), in registration order."""
+        return [tool for key_server, tool in self._names if key_server == server]
+
     def get(self, server: str | None, tool: str) -> ToolEntry | None:
         """The entry of a server's tool, by the server's own tool name."""
         registered = self._tools.get((server, tool))

@@ -769,7 +769,8 @@ class Dispatcher:
         Raises:
             BatchError: An item is not a `ToolCall`, or two calls share an id; nothing was run.
             DispatcherClosedError: The dispatcher is not open.
-            ConfigurationError: ``approve``, ``approval`` or ``guard`` is not of the right kind.
+            ConfigurationError: ``approve``, ``approval`` or ``guard`` is not of the right kind, or the
+                approval policy names a tool that is not registered (see `ApprovalPolicy`).
         """
         batch = Batch(self, self._batch_hooks(approve, approval, guard))
         batch.submit_all(calls)
@@ -778,6 +779,7 @@ class Dispatcher:
     def _batch_hooks(
         self, approve: Approver | None, approval: ApprovalPolicy | None, guard: SessionGuard | None
     ) -> CallHooks | None:
+        (approval if isinstance(approval, ApprovalPolicy) else self._approval).check(self._catalog)
         if approve is None and approval is None and guard is None:
             return self._hooks
         _check_approvals(approve, approval, guard)
