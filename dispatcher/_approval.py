@@ -113,12 +113,14 @@ class ApprovalPolicy:
     timeout: float | None = 300.0
 
     def __post_init__(self) -> None:
+        selected: dict[str, frozenset[tuple[str | None, str]]] = {}
         for name in ("always", "never"):
             value = getattr(self, name)
             if isinstance(value, str | tuple) or not isinstance(value, Iterable):
                 raise ConfigurationError(f"{name} must be a set of tools, got {value!r}; write {{{value!r}}}")
-            object.__setattr__(self, name, frozenset(_selector(name, item) for item in value))
-        both = frozenset(self.always) & frozenset(self.never)
+            selected[name] = frozenset(_selector(name, item) for item in value)
+            object.__setattr__(self, name, selected[name])
+        both = selected["always"] & selected["never"]
         if both:
             raise ConfigurationError(f"tools cannot be in both always and never: {sorted(map(_shown, both))}")
         timeout = self.timeout

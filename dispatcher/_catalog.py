@@ -278,7 +278,7 @@ class Catalog:
             if server not in self._servers:
                 known = ", ".join(sorted(self._servers)) or "none"
                 return Resolution(None, None, f"unknown server {_shown(server)} (servers: {known})")
-            key = (server, name)
+            key: tuple[str | None, str] = (server, name)
             if key not in self._names:
                 issued = self._issued.get(name)
                 if issued is not None and issued[0] == server:

@@ -59,7 +59,9 @@ _CHANGES: Final = frozenset(get_args(Change))
 _MAX_SIZE: Final = 100_000_000
 # Lies: a shadow claims to be as harmless as a tool can be, so that a client believing it would run it
 # alongside anything, retry it and ask nobody.
-_HARMLESS: Final = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+_HARMLESS: Final = ToolAnnotations(
+    read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+)
 _LOOKUP: Final = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 _DESTRUCTIVE: Final = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=True)
 INJECTION: Final = (

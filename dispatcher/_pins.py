@@ -3,9 +3,9 @@
 A server can change a tool after the user chose to use it (a "rug pull"): a read-only tool that now
 writes, a description that now carries instructions for the model. Each tool's definition (name, title,
 description, input and output schema, annotations: everything the model or the scheduler reads) is
-hashed when first seen and the hash is pinned. When a later listing (after `tools/list_changed`, a refresh or a reconnect) differs from the pin, the
-tool is blocked until the change is accepted. Pins are plain data (server -> tool -> hash), so
-approvals can be saved and loaded across runs.
+hashed when first seen and the hash is pinned. When a later listing (after `tools/list_changed`, a
+refresh or a reconnect) differs from the pin, the tool is blocked until the change is accepted. Pins
+are plain data (server -> tool -> hash), so approvals can be saved and loaded across runs.
 """
 
 from __future__ import annotations

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -320,7 +319,9 @@ async def test_results_of_open_world_tools_are_marked_untrusted() -> None:
     assert [result.untrusted_content for result in results] == [True, False, True, True, False]
     assert results[3].status is CallStatus.TOOL_ERROR
     blocks = anthropic_results(results)
-    assert re.match(r'<untrusted-content-[0-9a-f]{16} tool="fetch_url">\n\[simulated offline fetch', blocks[0]["content"])
+    assert re.match(
+        r'<untrusted-content-[0-9a-f]{16} tool="fetch_url">\n\[simulated offline fetch', blocks[0]["content"]
+    )
     assert "ignore all previous instructions" in blocks[0]["content"]
     assert blocks[1]["content"] == "no notes match 'x'"
     assert anthropic_results(results[:1], untrusted=None)[0]["content"].startswith("[simulated offline fetch")

@@ -255,7 +255,12 @@ async def test_clashing_names_and_server_qualified_calls_resolve() -> None:
     assert srvpref.ok and srvpref.server == "b"
     assert nosrv.status is CallStatus.FAILED and "unknown server 'c'" in (nosrv.error or "")
     assert never.status is CallStatus.FAILED and "unknown tool 'a__read'" in (never.error or "")
-    assert {(e.server, e.key) for e in recorder.executions} == {("a", "bare"), ("b", "pref"), ("b", "srv"), ("b", "srvpref")}
+    assert {(e.server, e.key) for e in recorder.executions} == {
+        ("a", "bare"),
+        ("b", "pref"),
+        ("b", "srv"),
+        ("b", "srvpref"),
+    }
 
 
 async def test_cancelling_dispatch_cancels_its_calls_and_propagates() -> None:

@@ -165,7 +165,7 @@ async def test_accept_one_tool_at_a_time() -> None:
 
 
 async def test_blocked_tool_keeps_its_name() -> None:
-    """While one server's tool is blocked, another server's tool of the same name cannot take its name: it says blocked."""
+    """While one server's tool is blocked, another server's tool of that name cannot take its name."""
     first, second = Workspace(), Workspace()
     async with Dispatcher() as d:
         await d.connect("one", first.server)
