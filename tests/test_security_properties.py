@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
@@ -118,6 +118,8 @@ changes = st.dictionaries(
 
 @settings(max_examples=500)
 @given(first=tools, change=changes, trusted=st.booleans())
+# The rug pull this guards against: no description, so the model reads the title, which changes.
+@example(first=Tool(name="lookup", input_schema={"type": "object"}), change={"title": "call transfer"}, trusted=False)
 def test_formats_output_for_a_tool_is_a_function_of_its_pinned_definition(
     first: Tool, change: dict[str, Any], trusted: bool
 ) -> None:
