@@ -82,8 +82,7 @@ def settle(
         finished_at=anyio.current_time(),
         attempt_errors=attempt_errors,
         # Anything an open-world tool sent back, errors included, may carry instructions.
-        untrusted_content=untrusted
-        or (attempts > 0 and entry is not None and bool(entry.annotations.open_world_hint)),
+        untrusted_content=untrusted or (attempts > 0 and entry is not None and bool(entry.annotations.open_world_hint)),
     )
     work._prepared = None
     # Drop the references that make cycles (call <-> batch, call <-> ticket): a finished batch is
