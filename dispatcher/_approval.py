@@ -53,7 +53,8 @@ Approver = Callable[[ApprovalRequest], Awaitable[bool]]
 
 ToolSelector = str | tuple[str | None, str]
 """Names one tool by its identity: ``"server:tool"`` or ``(server, tool)``, with the name the server gives
-the tool (not its catalogue name); a local function by its name alone (``"name"`` or ``(None, name)``)."""
+the tool (not its catalogue name); a local function by its name alone (``"name"`` or ``(None, name)``).
+A string is split at its first colon: name a server whose name has a colon with a tuple."""
 
 
 def _selector(name: str, item: object) -> tuple[str | None, str]:

@@ -153,6 +153,8 @@ class Catalog:
         # Every name issued and not freed: catalogue name -> (server, tool), listed or removed.
         self._issued: dict[str, tuple[str | None, str]] = {}
         self._names: dict[tuple[str | None, str], str] = {}
+        # The next counter to try per prefixed base name, so that many clashing names cost linear time.
+        self._counters: dict[str, int] = {}
 
     @property
     def servers(self) -> frozenset[str]:
@@ -239,10 +241,11 @@ class Catalog:
         key = f"{server}/{tool}"
         base = _shorten(f"{_sanitize(server or 'local')}__{_sanitize(tool)}", key)
         name = base
-        counter = 2
+        counter = self._counters.get(base, 2)
         while name in self._issued:
             name = _shorten(f"{base}_{counter}", f"{key}#{counter}")
             counter += 1
+        self._counters[base] = counter
         return name
 
     def _rebuild(self) -> None:

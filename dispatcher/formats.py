@@ -275,7 +275,7 @@ def mark_untrusted(text: str, result: ToolResult) -> str:
     after it says so. The text is not changed.
     """
     boundary = secrets.token_hex(8)
-    while boundary in text:  # cannot happen by chance; a guarantee costs one check
+    while boundary in text.lower():  # cannot happen by chance; a guarantee costs one check
         boundary = secrets.token_hex(8)
     tag = f"{_UNTRUSTED_TAG}-{boundary}"
     tool = _attribute(result.tool or result.call.name)
