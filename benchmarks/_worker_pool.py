@@ -28,8 +28,8 @@ from dispatcher._batch import Batch, PendingCall
 from dispatcher._calls import CallStatus, ToolResult
 from dispatcher._catalog import ArgumentError
 from dispatcher._errors import DispatcherClosedError
+from dispatcher._failures import describe as describe_failure
 from dispatcher._gate import Gate, Ticket
-from dispatcher._mcp import describe_failure
 from dispatcher._retry import Attempt, Budget, Retrier, RetryPolicy, eligible, is_transient
 
 if TYPE_CHECKING:

@@ -27,9 +27,9 @@ from ._errors import ConfigurationError
 
 if TYPE_CHECKING:
     from ._calls import ToolCall, ToolResult
-    from ._catalog import ToolEntry
+    from ._catalog import Catalog, ToolEntry
 
-__all__ = ["ApprovalPolicy", "ApprovalRequest", "Approver", "SessionGuard", "ask", "writes_open_world"]
+__all__ = ["ApprovalPolicy", "ApprovalRequest", "Approver", "SessionGuard", "ToolSelector", "ask", "writes_open_world"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,21 +51,57 @@ Approver = Callable[[ApprovalRequest], Awaitable[bool]]
 """An async callable that returns True to let the call run and False to deny it."""
 
 
+ToolSelector = str | tuple[str | None, str]
+"""Names one tool by its identity: ``"server:tool"`` or ``(server, tool)``, with the name the server gives
+the tool (not its catalogue name); a local function by its name alone (``"name"`` or ``(None, name)``).
+A string is split at its first colon: name a server whose name has a colon with a tuple."""
+
+
+def _selector(name: str, item: object) -> tuple[str | None, str]:
+    if isinstance(item, str):
+        server, colon, tool = item.partition(":")
+        return (server, tool) if colon else (None, item)
+    if (
+        isinstance(item, tuple)
+        and len(item) == 2
+        and (item[0] is None or isinstance(item[0], str))
+        and isinstance(item[1], str)
+    ):
+        return item[0], item[1]
+    raise ConfigurationError(
+        f"{name} must hold tools named 'server:tool' or (server, tool), or a local function's name; got {item!r}"
+    )
+
+
+def _shown(key: tuple[str | None, str]) -> str:
+    return repr(key[1]) if key[0] is None else repr(f"{key[0]}:{key[1]}")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ApprovalPolicy:
     """Which calls need the approver's confirmation before they run.
 
     A call needs confirmation when any selected condition holds for its tool's effective annotations,
-    or its catalogue name is in `always`; a name in `never` needs none from the policy (the session
-    guard can still require it). Without an approver registered, the policy has no effect.
+    or its tool is in `always`; a tool in `never` needs none from the policy (the session guard can
+    still require it). Without an approver registered, the policy has no effect.
+
+    `always` and `never` select tools by identity, the server they were registered under and the
+    name the server gives the tool: ``"bank:transfer"`` or ``("bank", "transfer")``; a local function
+    by its name (``"lookup"``). Never by catalogue name: that name is the model's, and which tool owns
+    it depends on what the servers offer, so no server can move an approval to or from a tool by
+    choosing its tools' names. A selector must name a registered tool (listed, blocked until a change
+    is accepted, or removed by its server) whenever a batch is dispatched under the policy: one that
+    names an unknown server, a tool its server does not have or a missing local function raises
+    `ConfigurationError` from `dispatch`/`batch`, as a misspelt ``always`` would otherwise ask nobody.
+    Register every server a policy names before dispatching under it.
 
     Args:
         destructive: Confirm calls that are not read-only and may be destructive (the default rule:
             a tool without annotations, or from an untrusted server, counts as destructive).
         mutating: Confirm every call that is not read-only.
         open_world: Confirm every call of an open-world tool, reads included.
-        always: Catalogue names of tools to confirm every time.
-        never: Catalogue names of tools never to confirm (the policy's rules do not apply to them).
+        always: Tools to confirm every time (see above for how to name them).
+        never: Tools never to confirm (the policy's rules do not apply to them).
         timeout: Seconds to wait for a decision before the call is denied, or None to wait as long as
             it takes.
     """
@@ -73,22 +109,21 @@ class ApprovalPolicy:
     destructive: bool = True
     mutating: bool = False
     open_world: bool = False
-    always: Set[str] = field(default_factory=frozenset)
-    never: Set[str] = field(default_factory=frozenset)
+    always: Set[ToolSelector] = field(default_factory=frozenset)
+    never: Set[ToolSelector] = field(default_factory=frozenset)
     timeout: float | None = 300.0
 
     def __post_init__(self) -> None:
+        selected: dict[str, frozenset[tuple[str | None, str]]] = {}
         for name in ("always", "never"):
             value = getattr(self, name)
-            if isinstance(value, str) or not isinstance(value, Iterable):
-                raise ConfigurationError(f"{name} must be a set of tool names, got {value!r}; write {{{value!r}}}")
-            names = frozenset(value)
-            if not all(isinstance(item, str) for item in names):
-                raise ConfigurationError(f"{name} must hold tool names (str), got {sorted(map(repr, names))}")
-            object.__setattr__(self, name, names)
-        both = frozenset(self.always) & frozenset(self.never)
+            if isinstance(value, str | tuple) or not isinstance(value, Iterable):
+                raise ConfigurationError(f"{name} must be a set of tools, got {value!r}; write {{{value!r}}}")
+            selected[name] = frozenset(_selector(name, item) for item in value)
+            object.__setattr__(self, name, selected[name])
+        both = selected["always"] & selected["never"]
         if both:
-            raise ConfigurationError(f"tools cannot be in both always and never: {sorted(both)}")
+            raise ConfigurationError(f"tools cannot be in both always and never: {sorted(map(_shown, both))}")
         timeout = self.timeout
         if timeout is not None and (
             isinstance(timeout, bool)
@@ -99,11 +134,40 @@ class ApprovalPolicy:
                 f"timeout must be a positive number of seconds, got {timeout!r}; use None to wait without limit"
             )
 
+    def check(self, catalog: Catalog) -> None:
+        """Make sure every tool the policy names is registered.
+
+        Raises:
+            ConfigurationError: A selector names an unknown server, a tool its server does not have,
+                or a local function that is not registered.
+        """
+        problems = []
+        for name in ("always", "never"):
+            selectors: Set[tuple[str | None, str]] = getattr(self, name)
+            for key in sorted(selectors, key=_shown):
+                server, tool = key
+                if catalog.known(server, tool):
+                    continue
+                if server is None:
+                    problems.append(
+                        f"{name} names {tool!r}, but no local function has that name "
+                        "(name a server's tool 'server:tool')"
+                    )
+                elif server not in catalog.servers:
+                    known = ", ".join(sorted(catalog.servers)) or "none"
+                    problems.append(f"{name} names {_shown(key)}, but no server {server!r} is registered ({known})")
+                else:
+                    tools = ", ".join(sorted(catalog.tool_names(server))) or "no tools"
+                    problems.append(f"{name} names {_shown(key)}, but server {server!r} has {tools}")
+        if problems:
+            raise ConfigurationError("the approval policy selects tools that do not exist: " + "; ".join(problems))
+
     def reason(self, tool: ToolEntry) -> str | None:
         """Why a call of this tool needs confirmation, or None if the policy lets it run."""
-        if tool.name in self.never:
+        key = (tool.server, tool.tool)
+        if key in self.never:
             return None
-        if tool.name in self.always:
+        if key in self.always:
             return f"the approval policy lists {tool.name}"
         hints = tool.annotations
         if not hints.read_only_hint:

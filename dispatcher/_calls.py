@@ -73,8 +73,9 @@ class ToolResult:
         attempt_errors: Why each earlier attempt failed, oldest first, when the call was retried.
         untrusted_content: Whether what the tool sent back came from an open world: the tool's
             effective openWorldHint is true and it ran (an untrusted server's tools always count as
-            open-world). Such content may carry a prompt injection: show it to the model as data
-            (`dispatcher.formats` wraps it), never as instructions.
+            open-world), or the error quotes text a server wrote (the changed definition of a blocked
+            tool, the name of a removed one). Such content may carry a prompt injection: show it to the
+            model as data (`dispatcher.formats` wraps it), never as instructions.
     """
 
     call: ToolCall

@@ -111,6 +111,9 @@ class Resolution:
     entry: ToolEntry | None
     impl: ToolImpl | None
     error: str | None
+    _: KW_ONLY
+    # The error quotes text a server wrote (a changed definition, a tool's own name): untrusted content.
+    untrusted: bool = False
 
 
 def _shown(name: object) -> str:
@@ -132,7 +135,12 @@ def _shorten(name: str, key: str) -> str:
 
 
 class Catalog:
-    """Registered tools, indexed for resolution by catalogue name, server or bare tool name."""
+    """Registered tools, indexed for resolution by catalogue name, server or bare tool name.
+
+    Names are issued once and kept: a tool gets its catalogue name when it is first registered, keeps it
+    while it is listed (blocked or not), and keeps it reserved while it is removed (its tombstone), so
+    no later registration of any server can take it over. Only removing the server frees its names.
+    """
 
     def __init__(self) -> None:
         # (server, tool) -> registration; insertion order is registration order.
@@ -140,8 +148,13 @@ class Catalog:
         self._by_name: dict[str, _Registered] = {}
         self._by_tool: dict[str, list[_Registered]] = {}
         self._servers: set[str] = set()
-        # (server, tool) -> (its catalogue name when it was removed, why calls to it fail)
-        self._removed: dict[tuple[str, str], tuple[str, str]] = {}
+        # (server, tool) -> why calls to it fail, for tools their server stopped offering.
+        self._removed: dict[tuple[str, str], str] = {}
+        # Every name issued and not freed: catalogue name -> (server, tool), listed or removed.
+        self._issued: dict[str, tuple[str | None, str]] = {}
+        self._names: dict[tuple[str | None, str], str] = {}
+        # The next counter to try per prefixed base name, so that many clashing names cost linear time.
+        self._counters: dict[str, int] = {}
 
     @property
     def servers(self) -> frozenset[str]:
@@ -154,6 +167,14 @@ class Catalog:
     def has(self, server: str | None, tool: str) -> bool:
         return (server, tool) in self._tools
 
+    def known(self, server: str | None, tool: str) -> bool:
+        """Whether a tool is registered: listed (blocked or not), or removed by its server (a tombstone)."""
+        return (server, tool) in self._names
+
+    def tool_names(self, server: str | None) -> list[str]:
+        """The own names of a server's registered tools (listed, blocked or removed), in registration order."""
+        return [tool for key_server, tool in self._names if key_server == server]
+
     def get(self, server: str | None, tool: str) -> ToolEntry | None:
         """The entry of a server's tool, by the server's own tool name."""
         registered = self._tools.get((server, tool))
@@ -163,11 +184,14 @@ class Catalog:
         self._servers.add(server)
 
     def remove_server(self, server: str) -> None:
+        """Forget a server: its tools, its tombstones and the names they held."""
         self._servers.discard(server)
         for key in [key for key in self._tools if key[0] == server]:
             del self._tools[key]
         for key in [key for key in self._removed if key[0] == server]:
             del self._removed[key]
+        for key in [key for key in self._names if key[0] == server]:
+            del self._issued[self._names.pop(key)]
         self._rebuild()
 
     def set_server_tools(self, server: str, tools: Sequence[tuple[ToolEntry, ToolImpl, str | None]]) -> list[str]:
@@ -181,11 +205,8 @@ class Catalog:
         listed = {entry.tool for entry, _, _ in tools}
         removed = [key[1] for key in self._tools if key[0] == server and key[1] not in listed]
         for tool in removed:
-            registered = self._tools.pop((server, tool))
-            self._removed[(server, tool)] = (
-                registered.entry.name,
-                f"tool {tool!r} was removed by server {server!r}",
-            )
+            del self._tools[(server, tool)]
+            self._removed[(server, tool)] = f"tool {tool!r} was removed by server {server!r}"
         for entry, impl, blocked in tools:
             self._removed.pop((server, entry.tool), None)
             self._tools[(server, entry.tool)] = _Registered(entry, impl, blocked)
@@ -197,50 +218,58 @@ class Catalog:
         registered = self._tools.get((server, tool))
         if registered is not None:
             return registered.blocked
-        if server is not None and (server, tool) in self._removed:
-            return self._removed[(server, tool)][1]
+        if server is not None:
+            return self._removed.get((server, tool))
         return None
 
     def put(self, entries: Iterable[tuple[ToolEntry, ToolImpl]]) -> None:
-        """Add or replace tools, then recompute every catalogue name."""
+        """Add or replace tools; a new one gets a name, one already known keeps its own."""
         for entry, impl in entries:
             self._tools[(entry.server, entry.tool)] = _Registered(entry, impl)
         self._rebuild()
 
-    def remove(self, server: str | None, tool: str) -> None:
-        self._tools.pop((server, tool), None)
-        self._rebuild()
+    def _issue(self, server: str | None, tool: str) -> str:
+        """The name for a tool registered for the first time: never a name issued before.
+
+        A server's tool keeps its own name when that name is valid, free, and does not contain
+        ``__``: that form is reserved for the ``server__tool`` names that disambiguate, so that no
+        server can offer a tool whose name reads as another server's. (A local function's name is
+        the user's own choice, so it may contain ``__``.)
+        """
+        if NAME_PATTERN.match(tool) and (server is None or "__" not in tool) and tool not in self._issued:
+            return tool
+        key = f"{server}/{tool}"
+        base = _shorten(f"{_sanitize(server or 'local')}__{_sanitize(tool)}", key)
+        name = base
+        counter = self._counters.get(base, 2)
+        while name in self._issued:
+            name = _shorten(f"{base}_{counter}", f"{key}#{counter}")
+            counter += 1
+        self._counters[base] = counter
+        return name
 
     def _rebuild(self) -> None:
         by_tool: dict[str, list[_Registered]] = {}
-        for registered in self._tools.values():
-            by_tool.setdefault(registered.entry.tool, []).append(registered)
         by_name: dict[str, _Registered] = {}
-        # Unprefixed names first, so a prefixed name can never take a tool's own name.
-        for tool, group in by_tool.items():
-            if len(group) == 1 and NAME_PATTERN.match(tool):
-                by_name[tool] = group[0]
-        for (server, tool), registered in self._tools.items():
-            if len(by_tool[tool]) == 1 and NAME_PATTERN.match(tool):
-                continue
-            key = f"{server}/{tool}"
-            base = _shorten(f"{_sanitize(server or 'local')}__{_sanitize(tool)}", key)
-            name = base
-            counter = 2
-            while name in by_name:
-                name = _shorten(f"{base}_{counter}", f"{key}#{counter}")
-                counter += 1
-            by_name[name] = registered
-        for name, registered in by_name.items():
+        for key, registered in self._tools.items():
+            name = self._names.get(key)
+            if name is None:
+                name = self._names[key] = self._issue(*key)
+                self._issued[name] = key
             if registered.entry.name != name:
                 registered.entry = dataclasses.replace(registered.entry, name=name)
-        # Keep registration order, so the catalogue reads the way the user built it.
-        position = {id(registered): i for i, registered in enumerate(self._tools.values())}
-        self._by_name = dict(sorted(by_name.items(), key=lambda item: position[id(item[1])]))
+            by_tool.setdefault(registered.entry.tool, []).append(registered)
+            by_name[name] = registered
+        self._by_name = by_name
         self._by_tool = by_tool
 
     def resolve(self, name: str, server: str | None = None) -> Resolution:
-        """Find the one tool a call means, or explain why there is none."""
+        """Find the one tool a call means, or explain why there is none.
+
+        Without a server, a name is first a catalogue name; failing that, a tool's own name when exactly
+        one listed tool has it and it has no ``__`` (a name of that form is only ever a catalogue name,
+        so that ``bank__transfer`` never reaches a tool that another server named so).
+        """
         # Calls come from a model: a name that is not a string is that call's error, not the batch's.
         if not isinstance(name, str):
             return Resolution(None, None, f"invalid tool name: expected a string, got {type(name).__name__}")
@@ -252,23 +281,19 @@ class Catalog:
             if server not in self._servers:
                 known = ", ".join(sorted(self._servers)) or "none"
                 return Resolution(None, None, f"unknown server {_shown(server)} (servers: {known})")
-            registered = self._tools.get((server, name))
-            if registered is None:
-                by_name = self._by_name.get(name)
-                if by_name is not None and by_name.entry.server == server:
-                    registered = by_name
-            if registered is None:
-                return Resolution(
-                    None, None, self._gone(name, server) or f"server {server!r} has no tool {_shown(name)}"
-                )
-            return self._found(registered)
-        registered = self._by_name.get(name)
-        if registered is not None:
-            return self._found(registered)
+            key: tuple[str | None, str] = (server, name)
+            if key not in self._names:
+                issued = self._issued.get(name)
+                if issued is not None and issued[0] == server:
+                    key = issued
+            return self._at(key) or Resolution(None, None, f"server {server!r} has no tool {_shown(name)}")
+        issued = self._issued.get(name)
+        if issued is not None:
+            resolution = self._at(issued)
+            assert resolution is not None
+            return resolution
         group = self._by_tool.get(name)
-        if group is not None:
-            if len(group) == 1:
-                return self._found(group[0])
+        if group is not None and len(group) > 1:
             choices = ", ".join(repr(r.entry.name) for r in group)
             return Resolution(
                 None,
@@ -276,24 +301,31 @@ class Catalog:
                 f"tool name {name!r} is ambiguous: it is offered by {len(group)} servers; "
                 f"call one of {choices}, or set ToolCall.server",
             )
-        gone = self._gone(name, None)
-        if gone is not None:
-            return Resolution(None, None, gone)
+        if "__" not in name:
+            if group is not None:
+                return self._found(group[0])
+            for key in self._removed:
+                if key[1] == name:
+                    resolution = self._at(key)
+                    assert resolution is not None
+                    return resolution
         message = f"unknown tool {_shown(name)}"
         close = difflib.get_close_matches(name, list(self._by_name), n=3)
         if close:
             message += f"; did you mean {', '.join(repr(c) for c in close)}?"
         return Resolution(None, None, message)
 
+    def _at(self, key: tuple[str | None, str]) -> Resolution | None:
+        """The resolution of a registered tool (listed, blocked or removed), or None if it is unknown."""
+        registered = self._tools.get(key)
+        if registered is not None:
+            return self._found(registered)
+        if key[0] is not None and key in self._removed:
+            return Resolution(None, None, self._removed[(key[0], key[1])], untrusted=True)
+        return None
+
     @staticmethod
     def _found(registered: _Registered) -> Resolution:
         if registered.blocked is not None:
-            return Resolution(None, None, registered.blocked)
+            return Resolution(None, None, registered.blocked, untrusted=True)
         return Resolution(registered.entry, registered.impl, None)
-
-    def _gone(self, name: str, server: str | None) -> str | None:
-        """The tombstone message for a removed tool called by its own or its catalogue name."""
-        for (removed_server, tool), (catalogue_name, message) in self._removed.items():
-            if (server is None or server == removed_server) and name in (tool, catalogue_name):
-                return message
-        return None

@@ -522,7 +522,8 @@ class Dispatcher:
         Raises:
             BatchError: An item is not a `ToolCall`, or two calls share an id; nothing was run.
             DispatcherClosedError: The dispatcher is not open.
-            ConfigurationError: ``approve``, ``approval`` or ``guard`` is not of the right kind.
+            ConfigurationError: ``approve``, ``approval`` or ``guard`` is not of the right kind, or the
+                approval policy names a tool that is not registered (see `ApprovalPolicy`).
         """
         batch = Batch(self._executor, self._batch_hooks(approve, approval, guard))
         await self._executor.submit_yielding(batch, batch._accept(calls))
@@ -531,6 +532,7 @@ class Dispatcher:
     def _batch_hooks(
         self, approve: Approver | None, approval: ApprovalPolicy | None, guard: SessionGuard | None
     ) -> CallHooks | None:
+        (approval if isinstance(approval, ApprovalPolicy) else self._approval).check(self._catalog)
         if approve is None and approval is None and guard is None:
             return self._hooks
         _check_approvals(approve, approval, guard)

@@ -28,6 +28,7 @@ from ._batch import Batch, PendingCall
 from ._calls import CallStatus, settled_result
 from ._catalog import ArgumentError
 from ._errors import DispatcherClosedError
+from ._failures import ToolUnavailableError
 from ._failures import describe as describe_failure
 from ._gate import Gate, Ticket
 from ._retry import Attempt, Budget, Retrier, RetryPolicy, eligible, is_transient
@@ -66,6 +67,7 @@ def settle(
     error: str | None = None,
     attempts: int = 0,
     attempt_errors: tuple[str, ...] = (),
+    untrusted: bool = False,
 ) -> None:
     """Give a call its one result, tell its hooks and waiters, and count it done in its batch."""
     entry = work._entry
@@ -85,7 +87,7 @@ def settle(
         anyio.current_time(),
         attempt_errors,
         # Anything an open-world tool sent back, errors included, may carry instructions.
-        attempts > 0 and entry is not None and bool(entry.annotations.open_world_hint),
+        untrusted or (attempts > 0 and entry is not None and bool(entry.annotations.open_world_hint)),
     )
     work._prepared = None
     # Drop the references that make cycles (call <-> batch, call <-> ticket): a finished batch is
@@ -219,7 +221,7 @@ class Executor:
         if hooks is not None:
             work._state = hooks.queued(call, resolution.entry, work.queued_at)
         if resolution.entry is None or resolution.impl is None:
-            settle(work, CallStatus.FAILED, error=resolution.error)
+            settle(work, CallStatus.FAILED, error=resolution.error, untrusted=resolution.untrusted)
             return work
         work._entry = entry = resolution.entry
         work._impl = impl = resolution.impl
@@ -423,6 +425,7 @@ class Executor:
                     error=last.error,
                     attempts=retrier.attempts,
                     attempt_errors=tuple(errors) if errors else (),
+                    untrusted=last.untrusted,
                 )
                 return
         except BaseException:
@@ -475,7 +478,9 @@ class Executor:
             result = await impl.invoke(work._prepared)
         except Exception as exc:
             status, error = describe_failure(exc)
-            return Attempt(status, error=error, transient=is_transient(exc))
+            # Why a tool is unavailable can quote its server (a blocked tool's changed definition).
+            unavailable = isinstance(exc, ToolUnavailableError)
+            return Attempt(status, error=error, transient=is_transient(exc), untrusted=unavailable)
         if result.is_error:
             return Attempt(CallStatus.TOOL_ERROR, result, _error_text(result))
         return Attempt(CallStatus.OK, result)

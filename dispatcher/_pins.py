@@ -1,11 +1,11 @@
 """Definition pinning: a tool whose definition changes after approval is blocked until approved again.
 
 A server can change a tool after the user chose to use it (a "rug pull"): a read-only tool that now
-writes, a description that now carries instructions for the model. Each tool's definition (name,
-description, input and output schema, annotations) is hashed when first seen and the hash is pinned.
-When a later listing (after `tools/list_changed`, a refresh or a reconnect) differs from the pin, the
-tool is blocked until the change is accepted. Pins are plain data (server -> tool -> hash), so
-approvals can be saved and loaded across runs.
+writes, a description that now carries instructions for the model. Each tool's definition (name, title,
+description, input and output schema, annotations: everything the model or the scheduler reads) is
+hashed when first seen and the hash is pinned. When a later listing (after `tools/list_changed`, a
+refresh or a reconnect) differs from the pin, the tool is blocked until the change is accepted. Pins
+are plain data (server -> tool -> hash), so approvals can be saved and loaded across runs.
 """
 
 from __future__ import annotations
@@ -26,7 +26,12 @@ __all__ = ["DefinitionChange", "Pins", "definition", "definition_hash", "describ
 
 _HASH = re.compile(r"\Asha256:[0-9a-f]{64}\Z")
 _HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
-_PARTS = (("description", "description"), ("inputSchema", "input schema"), ("outputSchema", "output schema"))
+_PARTS = (
+    ("title", "title"),
+    ("description", "description"),
+    ("inputSchema", "input schema"),
+    ("outputSchema", "output schema"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +58,15 @@ class DefinitionChange:
 
 
 def definition(tool: Tool) -> dict[str, Any]:
-    """The pinned parts of a tool's definition, as JSON data with the protocol's field names."""
+    """The pinned parts of a tool's definition, as JSON data with the protocol's field names.
+
+    These are every part of a tool that the dispatcher reads: what `dispatcher.formats` shows the model
+    (name, title, description, input schema) and what scheduling, retries and approvals decide from
+    (annotations, input and output schema). The top-level ``title`` is included only when the tool has
+    one, so pins saved before it was pinned still match tools without a title.
+    """
     annotations = tool.annotations
-    return {
+    data: dict[str, Any] = {
         "name": tool.name,
         "description": tool.description,
         "inputSchema": tool.input_schema,
@@ -64,6 +75,9 @@ def definition(tool: Tool) -> dict[str, Any]:
         if annotations is None
         else annotations.model_dump(mode="json", by_alias=True, exclude_none=True) or None,
     }
+    if tool.title is not None:
+        data["title"] = tool.title
+    return data
 
 
 def definition_hash(data: Mapping[str, Any]) -> str:

@@ -197,12 +197,14 @@ class Attempt:
         result: The tool's answer (OK or TOOL_ERROR), else None.
         error: Why the attempt did not succeed, else None.
         transient: Whether trying again could give a different outcome.
+        untrusted: Whether `error` quotes text a server wrote (see `ToolResult.untrusted_content`).
     """
 
     status: CallStatus
     result: CallToolResult | None = None
     error: str | None = None
     transient: bool = False
+    untrusted: bool = False
 
     @property
     def answered(self) -> bool:

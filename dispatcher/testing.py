@@ -16,6 +16,22 @@ written to a ledger, so a test can check what actually executed, and how often::
 
 The injector is a server middleware (`MCPServer.middleware`), so it works over any transport: in
 process through `Client(server)`, or served over stdio or HTTP.
+
+`HostileServer` is a whole server that attacks its client the way an untrusted server can: tools that
+shadow another server's names (``transfer``, ``bank__transfer``), a rug pull that changes a tool's
+title, description and annotations mid-session and announces it, a prompt injection that tries every
+closing tag, a -32000 error storm, undecodable and enormous output. Try your loop against it::
+
+    from dispatcher.testing import HostileServer
+
+    hostile = HostileServer(victim="bank", tools=("transfer",))
+    async with Dispatcher() as dispatcher:
+        await dispatcher.connect("bank", bank_server, trusted=True)
+        await dispatcher.connect("hostile", hostile.server)
+        ...  # a call to "transfer" or "bank__transfer" must reach the bank, never the hostile server
+    assert hostile.ran("transfer") == hostile.ran("bank__transfer") == 0
+
+``python -m dispatcher.testing`` serves it over stdio (``--http`` for streamable HTTP; ``--help``).
 """
 
 from __future__ import annotations
@@ -29,13 +45,24 @@ import anyio
 from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, INTERNAL_ERROR, CallToolResult, TextContent
 
+from ._hostile import HostileServer
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
     from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
     from mcp.server.mcpserver import MCPServer
 
-__all__ = ["Execution", "FaultInjector", "FaultKind", "InjectedFault", "Outcome", "Strike", "inject_faults"]
+__all__ = [
+    "Execution",
+    "FaultInjector",
+    "FaultKind",
+    "HostileServer",
+    "InjectedFault",
+    "Outcome",
+    "Strike",
+    "inject_faults",
+]
 
 FaultKind = Literal["hang", "drop", "error", "tool_error", "crash"]
 """How an injected fault shows itself to the client.
@@ -339,3 +366,9 @@ def inject_faults(
         ValueError: A rate outside 0..1, an unknown fault kind or strike.
     """
     return FaultInjector(server, rate=rate, seed=seed, tools=tools, kinds=kinds, strike=strike)
+
+
+if __name__ == "__main__":
+    from ._hostile import main
+
+    main()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -111,17 +112,20 @@ def test_policy_options_select_mutating_open_world_and_named_tools() -> None:
 
     assert confirmed(ApprovalPolicy(mutating=True)) == ["create", "delete", "send", "unknown"]
     assert confirmed(ApprovalPolicy(destructive=False, open_world=True)) == ["fetch", "send", "unknown"]
-    assert confirmed(ApprovalPolicy(always={"read"}, never={"delete"})) == ["read", "unknown"]
+    assert confirmed(ApprovalPolicy(always={"s:read"}, never={("s", "delete")})) == ["read", "unknown"]
     assert confirmed(ApprovalPolicy(destructive=False)) == []
-    assert ApprovalPolicy(always={"read"}).reason(READ) == "the approval policy lists read"
+    assert ApprovalPolicy(always={"s:read"}).reason(READ) == "the approval policy lists read"
+    assert confirmed(ApprovalPolicy(always={"read"}, never={"delete"})) == ["delete", "unknown"]  # local functions
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"always": "read_note"}, "always must be a set of tool names"),
-        ({"never": [1]}, "never must hold tool names"),
-        ({"always": {"a"}, "never": {"a"}}, "both always and never"),
+        ({"always": "read_note"}, "always must be a set of tools"),
+        ({"always": ("s", "read_note")}, "always must be a set of tools"),
+        ({"never": [1]}, "never must hold tools named 'server:tool'"),
+        ({"never": [("s", "t", "u")]}, "never must hold tools named 'server:tool'"),
+        ({"always": {"s:a"}, "never": {("s", "a")}}, "both always and never"),
         ({"timeout": 0}, "timeout must be a positive number of seconds"),
         ({"timeout": float("inf")}, "use None to wait without limit"),
     ],
@@ -315,7 +319,9 @@ async def test_results_of_open_world_tools_are_marked_untrusted() -> None:
     assert [result.untrusted_content for result in results] == [True, False, True, True, False]
     assert results[3].status is CallStatus.TOOL_ERROR
     blocks = anthropic_results(results)
-    assert blocks[0]["content"].startswith('<untrusted-content tool="fetch_url">\n[simulated offline fetch')
+    assert re.match(
+        r'<untrusted-content-[0-9a-f]{16} tool="fetch_url">\n\[simulated offline fetch', blocks[0]["content"]
+    )
     assert "ignore all previous instructions" in blocks[0]["content"]
     assert blocks[1]["content"] == "no notes match 'x'"
     assert anthropic_results(results[:1], untrusted=None)[0]["content"].startswith("[simulated offline fetch")

@@ -78,17 +78,28 @@ def test_catalogue_names_are_unique_and_valid(tools: list[tuple[str, str]]) -> N
         assert by_server.entry is not None and by_server.entry.name == e.name
 
 
-def test_clashing_names_get_prefixed_and_bare_name_is_ambiguous() -> None:
-    """The same tool name on two servers is prefixed by server; the bare name names both choices."""
+def test_a_clashing_name_is_prefixed_for_the_later_arrival_only() -> None:
+    """The same tool name on a second server is prefixed by server; the first keeps its name."""
     catalog = Catalog()
     catalog.add_server("a")
     catalog.add_server("b")
     catalog.put([entry("a", "search"), entry("a", "only_a"), entry("b", "search")])
-    assert [e.name for e in catalog.entries()] == ["a__search", "only_a", "b__search"]
+    assert [e.name for e in catalog.entries()] == ["search", "only_a", "b__search"]
     resolution = catalog.resolve("search")
-    assert resolution.entry is None
-    assert resolution.error is not None and "'a__search'" in resolution.error and "'b__search'" in resolution.error
+    assert resolution.entry is not None and resolution.entry.server == "a"
     assert catalog.resolve("only_a").entry is not None
+
+
+def test_a_name_shared_by_no_catalogue_entry_is_ambiguous() -> None:
+    """A tool name two servers offer under prefixed names only resolves with a server; the error lists both."""
+    catalog = Catalog()
+    catalog.add_server("a")
+    catalog.add_server("b")
+    catalog.put([entry("a", "files.read"), entry("b", "files.read")])
+    resolution = catalog.resolve("files.read")
+    assert resolution.entry is None
+    assert resolution.error is not None and "'a__files_read'" in resolution.error
+    assert "'b__files_read'" in resolution.error
 
 
 def test_unknown_names_suggest_close_matches() -> None:

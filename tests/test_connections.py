@@ -428,26 +428,34 @@ async def test_refresh_a_user_owned_client(mode: Mode) -> None:
 
 
 async def test_removed_tool_called_by_its_prefixed_name() -> None:
-    """A removed tool's tombstone answers to its catalogue name, also when that name was prefixed."""
+    """A removed tool's tombstone answers to its catalogue name, prefixed or not; no other tool takes it."""
     first, second = Workspace(), Workspace()
     async with Dispatcher() as d:
         await d.connect("one", first.server)
         await d.connect("two", second.server)
-        assert "one__read_note" in tool_names(d)
-        first.remove_tool("read_note")
-        await first.notify_tools_changed()
+        assert {"read_note", "two__read_note"} <= tool_names(d)
+        second.remove_tool("read_note")
+        await second.notify_tools_changed()
         await anyio.wait_all_tasks_blocked()
-        names = tool_names(d)
         results = await d.dispatch(
             [
-                ToolCall("a", "one__read_note", {"name": "x"}),
-                ToolCall("b", "read_note", {"name": "x"}, server="one"),
+                ToolCall("a", "two__read_note", {"name": "x"}),
+                ToolCall("b", "read_note", {"name": "x"}, server="two"),
                 ToolCall("c", "read_note", {"name": "x"}),
             ]
         )
-    assert "read_note" in names  # two's read_note is no longer ambiguous
-    assert [r.error for r in results[:2]] == ["tool 'read_note' was removed by server 'one'"] * 2
-    assert results[2].server == "two" and results[2].status is CallStatus.TOOL_ERROR
+        first.remove_tool("read_note")
+        second.restore_tool("read_note")
+        await first.notify_tools_changed()
+        await second.notify_tools_changed()
+        await anyio.wait_all_tasks_blocked()
+        names = tool_names(d)
+        [bare] = await d.dispatch([ToolCall("d", "read_note", {"name": "x"})])
+    assert [r.error for r in results[:2]] == ["tool 'read_note' was removed by server 'two'"] * 2
+    assert results[2].server == "one" and results[2].status is CallStatus.TOOL_ERROR
+    # one's name stays reserved for it: two's tool comes back under its own catalogue name.
+    assert "two__read_note" in names and "read_note" not in names
+    assert bare.error == "tool 'read_note' was removed by server 'one'"
 
 
 # The guide ---------------------------------------------------------------------------------------

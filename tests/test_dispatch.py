@@ -236,8 +236,8 @@ async def test_duplicate_ids_and_non_calls_are_rejected_before_anything_runs() -
         assert await dispatcher.dispatch([]) == []
 
 
-async def test_ambiguous_names_fail_and_server_qualified_calls_resolve() -> None:
-    """The same bare tool name on two servers fails by name and resolves with ToolCall.server."""
+async def test_clashing_names_and_server_qualified_calls_resolve() -> None:
+    """The same tool name on a second server is prefixed; each name and each ToolCall.server resolves to one tool."""
     recorder = Recorder()
     async with (
         Client(recording_server(recorder, "a")) as a,
@@ -247,24 +247,30 @@ async def test_ambiguous_names_fail_and_server_qualified_calls_resolve() -> None
         await dispatcher.add_mcp_server("a", a, trusted=True)
         await dispatcher.add_mcp_server("b", b, trusted=True)
         names = {entry.name for entry in dispatcher.tools()}
-        assert {"a__read", "b__read", "a__write", "b__write"} <= names
+        assert {"read", "b__read", "write", "b__write"} <= names
         results = await dispatcher.dispatch(
             [
-                ToolCall("amb", "read", {"key": "amb"}),
+                ToolCall("bare", "read", {"key": "bare"}),
                 ToolCall("pref", "b__read", {"key": "pref"}),
-                ToolCall("srv", "read", {"key": "srv"}, server="a"),
-                ToolCall("srvpref", "a__write", {"key": "srvpref"}, server="a"),
+                ToolCall("srv", "read", {"key": "srv"}, server="b"),
+                ToolCall("srvpref", "b__write", {"key": "srvpref"}, server="b"),
                 ToolCall("nosrv", "read", {"key": "nosrv"}, server="c"),
+                ToolCall("never", "a__read", {"key": "never"}),
             ]
         )
-    amb, pref, srv, srvpref, nosrv = results
-    assert amb.status is CallStatus.FAILED and "ambiguous" in (amb.error or "")
-    assert "'a__read'" in (amb.error or "") and "'b__read'" in (amb.error or "")
+    bare, pref, srv, srvpref, nosrv, never = results
+    assert bare.ok and bare.server == "a"
     assert pref.ok and pref.server == "b" and pref.tool == "b__read"
-    assert srv.ok and srv.server == "a"
-    assert srvpref.ok and srvpref.server == "a"
+    assert srv.ok and srv.server == "b"
+    assert srvpref.ok and srvpref.server == "b"
     assert nosrv.status is CallStatus.FAILED and "unknown server 'c'" in (nosrv.error or "")
-    assert {(e.server, e.key) for e in recorder.executions} == {("b", "pref"), ("a", "srv"), ("a", "srvpref")}
+    assert never.status is CallStatus.FAILED and "unknown tool 'a__read'" in (never.error or "")
+    assert {(e.server, e.key) for e in recorder.executions} == {
+        ("a", "bare"),
+        ("b", "pref"),
+        ("b", "srv"),
+        ("b", "srvpref"),
+    }
 
 
 async def test_cancelling_dispatch_cancels_its_calls_and_propagates() -> None:

@@ -165,7 +165,7 @@ async def test_accept_one_tool_at_a_time() -> None:
 
 
 async def test_blocked_tool_keeps_its_name() -> None:
-    """While one server's tool is blocked, another server's tool of the same name cannot take its name."""
+    """While one server's tool is blocked, another server's tool of that name cannot take its name."""
     first, second = Workspace(), Workspace()
     async with Dispatcher() as d:
         await d.connect("one", first.server)
@@ -174,7 +174,8 @@ async def test_blocked_tool_keeps_its_name() -> None:
         await changed(first)
         results = await d.dispatch(calls(("read_note", {"name": "x"})))
         names = tool_names(d)
-    assert "ambiguous" in str(results[0].error)
+    assert "is blocked" in str(results[0].error) and "'one'" in str(results[0].error)
+    assert results[0].untrusted_content  # the error quotes the server's change
     assert "two__read_note" in names and "read_note" not in names
 
 

@@ -53,6 +53,7 @@ def test_public_names() -> None:
         "Execution",
         "FaultInjector",
         "FaultKind",
+        "HostileServer",
         "InjectedFault",
         "Outcome",
         "Strike",
