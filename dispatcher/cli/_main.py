@@ -1,20 +1,27 @@
 """The `dispatcher` command line: a small dispatcher of subcommands, argparse only.
 
-Each subcommand lives in the module of its feature and registers itself with an `add_parser(subparsers)`
+Each subcommand lives in a module of its own and registers itself with an `add_parser(subparsers)`
 function that adds its parser and sets ``handler=``: a function that takes the parsed arguments and
 returns the exit status. To add a subcommand, write that function and list it in `_COMMANDS`.
 
-Exit statuses: 0 success, 1 the command failed (the reason is on stderr), 2 usage error.
+Exit statuses: 0 success, 1 the command failed (the reason is on stderr), 2 usage error (one line on
+stderr). Output cut short by its reader (``dispatcher inspect ... | head``) ends the command quietly.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import TYPE_CHECKING
 
-from . import __version__
-from ._inspect import add_parser as add_inspect
-from ._tune import add_parser as add_tune
+from dispatcher import __version__
+from dispatcher._errors import ConfigurationError
+
+from ._inspect_command import add_parser as add_inspect
+from ._present import INSTALL_HINT, clean, require_rich
+from ._targets import UsageError
+from ._tune_command import add_parser as add_tune
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -35,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.set_defaults(handler=None)
-    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", dest="command")
     for add in _COMMANDS:
         add(subparsers)
     return parser
@@ -55,5 +62,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.handler is None:
         parser.print_help()
         return 2
-    status: int = args.handler(args)
+    try:
+        require_rich()
+    except ModuleNotFoundError:
+        print(f"dispatcher {args.command}: {INSTALL_HINT}", file=sys.stderr)
+        return 1
+    try:
+        status: int = args.handler(args)
+        sys.stdout.flush()
+    except (UsageError, ConfigurationError) as exc:
+        print(f"dispatcher {args.command}: {clean(exc)}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader stopped reading (`| head`): nothing more to say, and nothing left to flush at exit.
+        _silence_stdout()
+        return 1
     return status
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
