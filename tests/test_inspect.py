@@ -275,3 +275,20 @@ def test_console_script_and_module_entry_point() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)["tools"]) == len(Workspace.tool_names)
+
+
+@pytest.mark.anyio
+async def test_what_a_server_sends_cannot_drive_the_terminal() -> None:
+    """The server's own name and its tools' names are shown with control characters escaped, brackets as text."""
+    server = MCPServer("evil\x1b[2J[bold]x[/bold]")
+
+    def lookup(key: str) -> str:
+        return key
+
+    server.add_tool(lookup, name="look\x1b[31mup", annotations=ToolAnnotations(read_only_hint=True))
+    report = await inspect_server(server, server="odd", trusted=True)
+    assert report.server_name == "evil\x1b[2J[bold]x[/bold]"
+    text = render_table(report)
+    assert "\x1b" not in text
+    assert text.splitlines()[0].startswith("'evil\\x1b[2J[bold]x[/bold]'")
+    assert "'look\\x1b[31mup'" in text  # in the invalid-name warning, escaped

@@ -15,6 +15,7 @@ import anyio
 import pytest
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from trio.testing import MockClock
 
@@ -486,3 +487,160 @@ def test_the_guide_example_runs(capsys: pytest.CaptureFixture[str], monkeypatch:
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "4 Dispatcher(max_concurrency=4)"
     assert lines[1] == "tuning max_concurrency against in-process MCPServer (trusted)"
+
+
+# The first hour: what a new user runs into ---------------------------------------------------------
+
+
+def time_server() -> MCPServer:
+    """A server like mcp-server-time: read-only tools whose generated arguments ("tune-0") are no time zone."""
+    server = MCPServer("time")
+    closed = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+
+    def get_current_time(timezone: str) -> str:
+        raise ToolError(f"Invalid timezone: {timezone}")
+
+    def convert_time(source_timezone: str, time: str, target_timezone: str) -> str:
+        raise ToolError(f"Invalid timezone: {source_timezone}")
+
+    server.add_tool(get_current_time, annotations=closed)
+    server.add_tool(convert_time, annotations=closed)
+    return server
+
+
+@pytest.mark.anyio
+async def test_a_synthetic_workload_whose_calls_all_fail_is_not_measured() -> None:
+    """Generated calls that all fail measure nothing: no sweep, no recommendation, a pointer to --workload."""
+    with pytest.raises(ConfigurationError) as caught:
+        await tune(time_server(), "reads", (1, 2), trusted=True, calls=10)
+    message = str(caught.value)
+    assert message.startswith("every generated read of the synthetic workload failed (")
+    assert "get_current_time: Error executing tool get_current_time: Invalid timezone: tune-" in message
+    assert "convert_time: " in message
+    assert message.endswith("write the calls your agent makes to a --workload file")
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_calls_that_fail_are_errors_not_throughput() -> None:
+    """Tool errors count in the errors column, not as throughput; all-failing settings recommend nothing."""
+    failing = load_workload(['{"name": "read_note", "arguments": {"name": "missing"}}'])
+    report = await tune(Workspace(latency=0.05).server, failing, (1, 2), trusted=True, calls=10, warmup=0)
+    assert [(s.calls, s.throughput) for s in report.settings] == [(0, 0.0), (0, 0.0)]
+    assert all(s.errors >= 10 for s in report.settings)
+    assert report.recommended is None and report.how_to_apply == "no recommendation"
+    assert report.explanation.startswith("no setting got a successful answer")
+    text = render_table(report)
+    assert "warning: " in text and "measured calls failed; they are counted as errors, not throughput" in text
+    assert "tool_error: Error executing tool read_note: there is no note named 'missing'" in text
+    half = load_workload(['{"name": "read_note", "arguments": {"name": "missing"}}', '{"name": "search_notes"}'])
+    half = [*half[:1], ToolCall("1", "search_notes", {"query": "x"})]
+    [mixed] = (await tune(Workspace(latency=0.05).server, half, (2,), trusted=True, calls=20, warmup=0)).settings
+    assert mixed.calls == mixed.errors == 10
+    assert mixed.throughput == pytest.approx(1 / 0.05)  # the successful half of 2 slots of 50 ms calls
+
+
+def test_cli_synthetic_against_a_server_whose_calls_fail(tmp_path: pathlib.Path) -> None:
+    """The command line says why nothing was measured, on one line, and exits 2."""
+    script = tmp_path / "time_server.py"
+    script.write_text(
+        "from tests.test_tune import time_server\ntime_server().run('stdio')\n",
+        encoding="utf-8",
+    )
+    argv = ["tune", "--stdio", f"{shlex.quote(sys.executable)} {script}", "--env", f"PYTHONPATH={PYTHONPATH}"]
+    done = subprocess.run(
+        [sys.executable, "-m", "dispatcher", *argv, "--trusted", "--synthetic", "reads", "--range", "1,2", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("dispatcher tune: every generated read of the synthetic workload failed")
+    assert "--workload" in line and done.stdout == ""
+
+
+@pytest.mark.parametrize("command", ["tune", "inspect"])
+def test_an_unbalanced_quote_is_a_usage_error(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--stdio with an unbalanced quote exits 2 with one line, not a traceback."""
+    extra = ["--synthetic", "reads"] if command == "tune" else []
+    assert main([command, "--stdio", "python -c 'print(1)", *extra]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert (
+        line
+        == f'dispatcher {command}: --stdio "python -c \'print(1)" cannot be split into a command: No closing quotation'
+    )
+
+
+def test_help_shows_percent_signs(capsys: pytest.CaptureFixture[str]) -> None:
+    """`tune --help` says 5%, not 5%%."""
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "within 5% of the best throughput" in text and "%%" not in text
+
+
+def test_without_rich_the_command_line_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without rich (the cli extra) a command exits 1 saying how to install it."""
+    monkeypatch.setitem(sys.modules, "rich", None)
+    assert main(["tune", "--url", "http://127.0.0.1:9/mcp", "--synthetic", "reads"]) == 1
+    assert capsys.readouterr().err == (
+        "dispatcher tune: the dispatcher command line needs rich: pip install 'dispatcher[cli]'\n"
+    )
+
+
+NOISY = "import sys; print('NOI' + 'SE', file=sys.stderr, flush=True); from dispatcher.examples.workspace import main; main()"
+
+
+@pytest.mark.parametrize("to_file", [False, True])
+def test_a_servers_stderr_stays_out_of_the_terminal(to_file: bool, tmp_path: pathlib.Path) -> None:
+    """A stdio server's stderr is kept off the terminal by default, or appended to --server-log PATH."""
+    log = tmp_path / "server.log"
+    argv = ["tune", "--stdio", f"{shlex.quote(sys.executable)} -c {shlex.quote(NOISY)}", "--trusted"]
+    argv += ["--synthetic", "reads", "--range", "1", "--calls", "2", "--quiet"]
+    argv += ["--server-log", str(log)] if to_file else []
+    done = subprocess.run(
+        [sys.executable, "-m", "dispatcher", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "NOISE" not in done.stderr and "NOISE" not in done.stdout
+    assert ("NOISE" in log.read_text()) if to_file else not log.exists()
+
+
+def test_a_server_that_fails_to_start_shows_its_last_words(capsys: pytest.CaptureFixture[str]) -> None:
+    """When the server dies, the command exits 1 and shows the last lines of its stderr."""
+    script = "import sys; print('fatal: no config file', file=sys.stderr); sys.exit(3)"
+    argv = ["--stdio", f"{shlex.quote(sys.executable)} -c {shlex.quote(script)}", "--timeout", "20"]
+    assert main(["inspect", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("dispatcher inspect: could not connect to server 'server'")
+    assert "the server's stderr ended with (--server-log PATH keeps all of it):\n  fatal: no config file\n" in err
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path: pathlib.Path) -> None:
+    """`dispatcher inspect ... | head` with the reader gone: no traceback, nothing on stderr."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "dispatcher", "inspect", "--stdio", WORKSPACE],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": PYTHONPATH},
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert done.stderr == ""
+    assert done.returncode == 1

@@ -261,13 +261,14 @@ async def _probe(
     results = {result.tool: result for result in await dispatcher.dispatch(probes)}
     keep = {name for name in first if results[name].status is CallStatus.OK}
     by_name = {entry.name: entry for entry in entries}
-    for is_read, what, instead in ((True, "read", "a --workload file"), (False, "write", "--synthetic reads")):
+    instead = ("", "use --synthetic reads, or ")
+    for is_read, what, other in ((True, "read", instead[0]), (False, "write", instead[1])):
         group = [name for name in first if _declared_read_only(by_name[name]) is is_read]
         if group and not any(name in keep for name in group):
             failures = "; ".join(f"{name}: {_first_line(results[name].error)}" for name in group)
             raise ConfigurationError(
                 f"every generated {what} of the synthetic workload failed ({failures}), so there is nothing to "
-                f"measure; use {instead}, or write the calls your agent makes to a --workload file"
+                f"measure; {other}write the calls your agent makes to a --workload file"
             )
     notes.extend(
         f"the synthetic workload leaves out {name}: its generated call failed ({_first_line(results[name].error)})"
