@@ -593,7 +593,14 @@ def test_without_rich_the_command_line_says_what_to_install(
     )
 
 
-NOISY = "import sys; print('NOI' + 'SE', file=sys.stderr, flush=True); from dispatcher.examples.workspace import main; main()"
+NOISY = "; ".join(
+    [
+        "import sys",
+        "print('NOI' + 'SE', file=sys.stderr, flush=True)",
+        "from dispatcher.examples.workspace import main",
+        "main()",
+    ]
+)
 
 
 @pytest.mark.parametrize("to_file", [False, True])
