@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from dispatcher._annotations import HINTS, effective_annotations
 from dispatcher._catalog import NAME_PATTERN
+from dispatcher._dispatcher import Dispatcher
 from dispatcher._errors import DispatcherError
-from dispatcher._scheduler import Dispatcher
 from dispatcher._trifecta import communicates_externally, ingests_untrusted_content, reads_private_data
 
 from ._connection import connected, describe_target

@@ -29,8 +29,9 @@ from dispatcher._calls import CallStatus, ToolCall
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
 
+    from dispatcher._batch import Batch, PendingCall
     from dispatcher._calls import ToolResult
-    from dispatcher._scheduler import Batch, Dispatcher, PendingCall
+    from dispatcher._dispatcher import Dispatcher
 
 __all__ = ["SettingResult", "measure", "summarise"]
 

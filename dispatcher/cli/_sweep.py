@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from dispatcher._dispatcher import Dispatcher
 from dispatcher._errors import ConfigurationError, DispatcherError
-from dispatcher._scheduler import Dispatcher
 
 from ._connection import connected, describe_target
 from ._measure import measure

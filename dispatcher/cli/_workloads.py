@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
     from dispatcher._catalog import ToolEntry
-    from dispatcher._scheduler import Dispatcher
+    from dispatcher._dispatcher import Dispatcher
 
 __all__ = ["Synthetic", "load_workload", "resolve_workload", "synthetic_workload"]
 
