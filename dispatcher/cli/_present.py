@@ -74,12 +74,15 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, right: bool
     from rich.table import Table
     from rich.text import Text
 
+    cells = [[clean(cell) for cell in row] for row in rows]
     table = Table(box=None, pad_edge=False, padding=(0, 1), show_edge=False, header_style="bold")
     for index, header in enumerate(headers):
         last = index == len(headers) - 1
-        table.add_column(header, justify="right" if right and not last else "left", no_wrap=True)
-    for index, row in enumerate(rows):
-        table.add_row(*(Text(clean(cell)) for cell in row), style="bold green" if index == marked else None)
+        # Never narrower than its content: a narrow terminal wraps the lines rather than cut the figures.
+        width = max([len(header), *(len(row[index]) for row in cells)])
+        table.add_column(header, justify="right" if right and not last else "left", no_wrap=True, min_width=width)
+    for index, row in enumerate(cells):
+        table.add_row(*(Text(cell) for cell in row), style="bold green" if index == marked else None)
     return table
 
 
