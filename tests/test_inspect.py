@@ -292,3 +292,12 @@ async def test_what_a_server_sends_cannot_drive_the_terminal() -> None:
     assert "\x1b" not in text
     assert text.splitlines()[0].startswith("'evil\\x1b[2J[bold]x[/bold]'")
     assert "'look\\x1b[31mup'" in text  # in the invalid-name warning, escaped
+
+
+def test_the_cli_package_surface() -> None:
+    """`dispatcher.cli` exports the command line, inspect and machine_info; tune stays in dispatcher.tuning."""
+    import dispatcher.cli
+
+    assert dispatcher.cli.__all__ == ["Report", "inspect_server", "machine_info", "main"]
+    info = dispatcher.cli.machine_info()
+    assert info["cpu_count"] == os.cpu_count() and info["packages"]["mcp"] is not None
