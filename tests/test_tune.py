@@ -651,3 +651,17 @@ def test_a_closed_pipe_ends_quietly(tmp_path: pathlib.Path) -> None:
         os.close(write)
     assert done.stderr == ""
     assert done.returncode == 1
+
+
+def test_ctrl_c_ends_the_sweep_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An interrupted sweep exits 130 with one line on stderr, not a traceback."""
+    import dispatcher.cli._tune_command
+
+    async def interrupted(*args: object, **kwargs: object) -> TuneReport:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dispatcher.cli._tune_command, "tune", interrupted)
+    assert main(["tune", "--url", "http://127.0.0.1:9/mcp", "--synthetic", "reads", "--quiet"]) == 130
+    assert capsys.readouterr().err == "dispatcher tune: interrupted\n"

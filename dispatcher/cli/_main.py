@@ -5,7 +5,8 @@ function that adds its parser and sets ``handler=``: a function that takes the p
 returns the exit status. To add a subcommand, write that function and list it in `_COMMANDS`.
 
 Exit statuses: 0 success, 1 the command failed (the reason is on stderr), 2 usage error (one line on
-stderr). Output cut short by its reader (``dispatcher inspect ... | head``) ends the command quietly.
+stderr), 130 interrupted (Ctrl-C). Output cut short by its reader (``dispatcher inspect ... | head``)
+ends the command quietly.
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ConfigurationError) as exc:
         print(f"dispatcher {args.command}: {clean(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C: the user knows why; a traceback would only bury the last progress line.
+        print(f"dispatcher {args.command}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # The reader stopped reading (`| head`): nothing more to say, and nothing left to flush at exit.
         _silence_stdout()
