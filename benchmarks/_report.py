@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import datetime
-import importlib.metadata
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
+
+from dispatcher.cli import machine_info
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -22,7 +20,6 @@ if TYPE_CHECKING:
 __all__ = ["Progress", "machine_info", "render", "save_plots", "write_results"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-_PACKAGES = ("dispatcher", "anyio", "mcp", "pydantic", "pydantic-core", "tenacity", "trio", "uvicorn", "matplotlib")
 
 
 class Progress:
@@ -154,7 +151,7 @@ def render(results: Sequence[WorkloadResult], stream: TextIO | None = None) -> N
         from rich.console import Console
         from rich.table import Table
     except ImportError:
-        Console = None
+        Console = None  # type: ignore[misc,assignment]  # rich is optional here
     if Console is not None and stream.isatty():
         console = Console(file=stream)
         for result in results:
@@ -179,64 +176,6 @@ def render(results: Sequence[WorkloadResult], stream: TextIO | None = None) -> N
 
 
 # JSON -------------------------------------------------------------------------------------------------
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
-def _git(*args: str) -> str | None:
-    """The stripped output of a git command run in this checkout, or None if it fails."""
-    try:
-        out = subprocess.run(
-            ["git", *args],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip()
-
-
-def _git_commit() -> str | None:
-    return _git("rev-parse", "--short", "HEAD") or None
-
-
-def _git_dirty() -> bool | None:
-    out = _git("status", "--porcelain", "--untracked-files=no", "--", "dispatcher", "benchmarks")
-    return None if out is None else bool(out)
-
-
-def machine_info() -> dict[str, Any]:
-    """The machine, interpreter and package versions the figures come from."""
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_model": _cpu_model(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "python": sys.version.split()[0],
-        "python_implementation": platform.python_implementation(),
-        "packages": {name: _version(name) for name in _PACKAGES},
-        "git_commit": _git_commit(),
-        # Whether dispatcher/ or benchmarks/ had uncommitted changes when the figures were taken.
-        "git_dirty": _git_dirty(),
-    }
 
 
 def write_results(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from mcp.types import ToolAnnotations
 
-__all__ = ["SPEC_DEFAULTS", "effective_annotations"]
+__all__ = ["HINTS", "SPEC_DEFAULTS", "effective_annotations"]
 
 #: The spec's value for each hint when it is absent: mutating, destructive, non-idempotent, open-world.
 SPEC_DEFAULTS = ToolAnnotations(
@@ -20,7 +20,13 @@ SPEC_DEFAULTS = ToolAnnotations(
     open_world_hint=True,
 )
 
-_HINTS = ("read_only_hint", "destructive_hint", "idempotent_hint", "open_world_hint")
+HINTS: tuple[tuple[str, str], ...] = (
+    ("readOnlyHint", "read_only_hint"),
+    ("destructiveHint", "destructive_hint"),
+    ("idempotentHint", "idempotent_hint"),
+    ("openWorldHint", "open_world_hint"),
+)
+"""The four hints in the spec's order: each hint's name on the wire and its `ToolAnnotations` attribute."""
 
 
 def effective_annotations(
@@ -44,7 +50,7 @@ def effective_annotations(
         Annotations whose four hints are all booleans, never None.
     """
     values: dict[str, bool] = {}
-    for hint in _HINTS:
+    for _, hint in HINTS:
         value: bool | None = None
         if override is not None:
             value = getattr(override, hint)

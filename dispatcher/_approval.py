@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from ._errors import ConfigurationError
+from ._trifecta import communicates_externally, reads_private_data
 
 if TYPE_CHECKING:
     from ._calls import ToolCall, ToolResult
@@ -182,8 +183,7 @@ class ApprovalPolicy:
 
 def writes_open_world(tool: ToolEntry) -> bool:
     """Whether a tool can send data out: not read-only, and open-world."""
-    hints = tool.annotations
-    return not hints.read_only_hint and bool(hints.open_world_hint)
+    return communicates_externally(tool.annotations)
 
 
 class SessionGuard:
@@ -237,7 +237,7 @@ class SessionGuard:
     def _observe(self, tool: ToolEntry, result: ToolResult) -> None:
         if result.untrusted_content:
             self.note_untrusted_content(tool.name)
-        elif result.ok and tool.annotations.read_only_hint and not tool.annotations.open_world_hint:
+        elif result.ok and reads_private_data(tool.annotations):
             self.note_private_data(tool.name)
 
     def __repr__(self) -> str:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ._annotations import HINTS
 from ._errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["DefinitionChange", "Pins", "definition", "definition_hash", "describe_changes"]
 
 _HASH = re.compile(r"\Asha256:[0-9a-f]{64}\Z")
-_HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+_HINTS = tuple(spec for spec, _ in HINTS)
 _PARTS = (
     ("title", "title"),
     ("description", "description"),

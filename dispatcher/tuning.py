@@ -3,17 +3,18 @@
 `tune` runs a workload against one server under each setting, over one connection, and measures
 throughput and p50/p95 run and queue times; `TuneReport.recommended` is the smallest setting within 5%
 of the best throughput. The `dispatcher tune` command is the same from a terminal (docs/tuning.md).
+`render_table` needs `rich` (``pip install 'dispatcher[cli]'``).
 """
 
-from ._tune import DEFAULT_SETTINGS as DEFAULT_SETTINGS
-from ._tune import SettingResult as SettingResult
-from ._tune import TuneProgress as TuneProgress
-from ._tune import TuneReport as TuneReport
-from ._tune import load_workload as load_workload
-from ._tune import recommend as recommend
-from ._tune import render_table as render_table
-from ._tune import synthetic_workload as synthetic_workload
-from ._tune import tune as tune
+from .cli._measure import SettingResult as SettingResult
+from .cli._present import render_tune as render_table
+from .cli._recommend import recommend as recommend
+from .cli._sweep import DEFAULT_SETTINGS as DEFAULT_SETTINGS
+from .cli._sweep import TuneProgress as TuneProgress
+from .cli._sweep import TuneReport as TuneReport
+from .cli._sweep import tune as tune
+from .cli._workloads import load_workload as load_workload
+from .cli._workloads import synthetic_workload as synthetic_workload
 
 __all__ = [
     "DEFAULT_SETTINGS",

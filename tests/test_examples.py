@@ -22,12 +22,12 @@ from trio.testing import MockClock
 import dispatcher.examples
 from dispatcher.examples import (
     FaultConfig,
-    FaultKind,
     Workspace,
     saturated_latency,
     serve_http,
 )
 from dispatcher.examples.workspace import main
+from dispatcher.testing import FaultInjector, FaultKind
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -318,9 +318,11 @@ async def test_faults_fire_at_the_rate_and_repeat_for_a_seed() -> None:
     assert seen != other_seed
     assert 20 <= seen.count("error") + seen.count("tool_error") <= 40
     assert seen.count("error") > 0 and seen.count("tool_error") > 0
-    assert [e.fault or "ok" for e in workspace.ledger] == seen
-    assert [e.outcome for e in workspace.ledger] == seen
-    # A fault strikes before the effect: only the calls that succeeded left a note.
+    assert isinstance(workspace.faults, FaultInjector)  # the package's one injector, with its ledger
+    assert [e.fault or "ok" for e in workspace.faults.ledger] == seen
+    assert [e.outcome for e in workspace.faults.ledger] == seen
+    # A fault strikes before the tool runs: only the calls that succeeded ran, and left a note.
+    assert [e.outcome for e in workspace.ledger] == ["ok"] * seen.count("ok")
     assert sorted(workspace.notes) == sorted(f"n{i}" for i, how in enumerate(seen) if how == "ok")
 
 
@@ -331,7 +333,9 @@ async def test_faults_only_hit_the_named_tools() -> None:
         await _ok(client, "set_note", name="a", text="x")
         assert "injected fault" in await _refused(client, "send_message", to="eve", text="secret")
     assert workspace.outbox == ()
-    assert [e.fault for e in workspace.ledger] == [None, "tool_error"]
+    assert workspace.faults is not None
+    assert [e.fault for e in workspace.faults.ledger] == [None, "tool_error"]
+    assert [e.tool for e in workspace.ledger] == ["set_note"]
 
 
 @_virtual_time()
@@ -342,10 +346,11 @@ async def test_hang_fault_waits_until_the_client_gives_up() -> None:
         with pytest.raises(MCPError) as caught:
             await client.call_tool("search_notes", {"query": "x"}, read_timeout_seconds=30)
         assert caught.value.code == REQUEST_TIMEOUT
-    (execution,) = workspace.ledger
+    assert workspace.faults is not None and workspace.ledger == ()
+    (execution,) = workspace.faults.ledger
     assert execution.fault == "hang"
     assert execution.outcome == "cancelled"
-    assert execution.ended == pytest.approx(execution.started + 30)
+    assert execution.finished_at == pytest.approx(execution.started_at + 30)
 
 
 # -- configuration -----------------------------------------------------------------------------
@@ -464,3 +469,14 @@ async def test_http_subprocess_prints_its_url() -> None:
             process.terminate()
     # SIGTERM is handled: the server shuts down cleanly instead of dying.
     assert process.returncode == 0
+
+
+def test_the_examples_use_the_one_fault_injector() -> None:
+    """The workspace's faults come from dispatcher.testing: no second FaultKind, Outcome or Execution to confuse."""
+    import dispatcher.testing
+
+    assert not {"FaultKind", "Outcome", "Execution"} & set(dispatcher.examples.__all__)
+    workspace = Workspace(faults=FaultConfig(rate=0.5, kinds=("drop", "crash")))
+    assert isinstance(workspace.faults, dispatcher.testing.FaultInjector)
+    assert workspace.faults.kinds == ("drop", "crash") and workspace.faults.rate == 0.5
+    assert Workspace().faults is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shlex
 import subprocess
 import sys
@@ -15,10 +16,11 @@ import pytest
 from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
 
-from dispatcher import ToolEntry
+from dispatcher import ApprovalPolicy, CallStatus, Dispatcher, SessionGuard, ToolCall, ToolEntry
 from dispatcher._annotations import effective_annotations
-from dispatcher._cli import main
-from dispatcher._inspect import Report, analyze, inspect_server, render_table
+from dispatcher.cli import main
+from dispatcher.cli._inspect import Report, analyze, inspect_server
+from dispatcher.cli._present import render_inspect as render_table
 from dispatcher.examples import Workspace, serve_http
 
 from .test_connections import HTTP_MODES, SOURCE_ROOT, Mode
@@ -51,7 +53,7 @@ def codes(entries: list[ToolEntry]) -> dict[str, list[str]]:
 
 
 def test_contradictory_hints_are_flagged() -> None:
-    """destructiveHint or idempotentHint on a read-only tool is a contradiction; unset ones are not."""
+    """A read-only tool declared destructive, or not idempotent, is a contradiction; unset ones are not."""
     found = codes(
         [
             entry("a", ToolAnnotations(read_only_hint=True, destructive_hint=True), trusted=True),
@@ -61,6 +63,14 @@ def test_contradictory_hints_are_flagged() -> None:
         ]
     )
     assert found == {"a": ["contradictory_hints"], "b": ["contradictory_hints"], "c": [], "d": [], "*": []}
+
+
+def test_consistent_hints_of_a_read_only_tool_are_not_flagged() -> None:
+    """readOnly true with destructive false and idempotent true is consistent (every reference server says so)."""
+    consistent = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True)
+    assert codes([entry("now", consistent, trusted=True)]) == {"now": [], "*": []}
+    both = ToolAnnotations(read_only_hint=True, destructive_hint=True, idempotent_hint=False)
+    assert codes([entry("odd", both, trusted=True)])["odd"] == ["contradictory_hints", "contradictory_hints"]
 
 
 def test_names_models_reject_are_flagged() -> None:
@@ -80,15 +90,20 @@ def test_untrusted_read_only_tools_are_flagged_as_serialized() -> None:
     assert codes([entry("a", ToolAnnotations(read_only_hint=False))])["a"] == []
 
 
-@pytest.mark.parametrize(
+TRIFECTA_CASES = pytest.mark.parametrize(
     ("tools", "trifecta"),
     [
         ({"notes": (True, False), "web": (True, True), "mail": (False, True)}, True),
         ({"notes": (True, False), "web": (True, True), "save": (False, False)}, False),
-        ({"notes": (True, False), "mail": (False, True)}, False),
+        # mail's answers come from the open world too: a SessionGuard trips on notes, then mail, then mail.
+        ({"notes": (True, False), "mail": (False, True)}, True),
+        ({"notes": (True, False), "save": (False, False)}, False),
         ({"web": (True, True), "mail": (False, True), "unknown": (None, None)}, False),
     ],
 )
+
+
+@TRIFECTA_CASES
 def test_lethal_trifecta(tools: dict[str, tuple[bool | None, bool | None]], trifecta: bool) -> None:
     """Private reads, open-world reads and open-world writes together are flagged, naming the tools."""
     entries = [entry(name, ToolAnnotations(read_only_hint=ro, open_world_hint=ow)) for name, (ro, ow) in tools.items()]
@@ -96,8 +111,32 @@ def test_lethal_trifecta(tools: dict[str, tuple[bool | None, bool | None]], trif
     assert [w.code for w in warnings] == (["lethal_trifecta"] if trifecta else [])
     if trifecta:
         assert "read private data (notes)" in warnings[0].message
-        assert "ingest open-world content (web)" in warnings[0].message
+        assert "ingest open-world content (web, mail)" in warnings[0].message or "web" not in tools
         assert "write to the open world (mail)" in warnings[0].message
+
+
+@pytest.mark.anyio
+@TRIFECTA_CASES
+async def test_the_trifecta_warning_agrees_with_the_session_guard(
+    tools: dict[str, tuple[bool | None, bool | None]], trifecta: bool
+) -> None:
+    """inspect warns exactly when a SessionGuard over the same tools can be tripped into asking for approval."""
+
+    def echo(text: str) -> str:
+        return text
+
+    async with Dispatcher(guard=SessionGuard(), approval=ApprovalPolicy(destructive=False)) as dispatcher:
+        for name, (ro, ow) in tools.items():
+            dispatcher.add_function(echo, name=name, annotations=ToolAnnotations(read_only_hint=ro, open_world_hint=ow))
+        # Every tool once (the guard learns from the answers), then every tool again.
+        for round_ in ("first", "second"):
+            results = await dispatcher.dispatch([ToolCall(f"{round_}-{name}", name, {"text": "x"}) for name in tools])
+    asked = [result.tool for result in results if result.status is CallStatus.DENIED]
+    assert bool(asked) is trifecta
+    _, warnings = analyze(
+        [entry(name, ToolAnnotations(read_only_hint=ro, open_world_hint=ow)) for name, (ro, ow) in tools.items()]
+    )
+    assert bool(warnings) is trifecta
 
 
 def test_scheduling_and_retryable_follow_the_effective_hints() -> None:
@@ -190,7 +229,10 @@ async def test_cli_url_table(mode: Mode, capsys: pytest.CaptureFixture[str]) -> 
         status = await anyio.to_thread.run_sync(main, ["inspect", "--url", url, "--mode", mode])
     out = capsys.readouterr().out
     assert status == 0
-    assert f"server 'server': {url} (untrusted, protocol " in out
+    header = out.splitlines()[0]  # the server's own name, what was connected to, and the name it is registered under
+    assert re.fullmatch(
+        rf"'workspace'( \S+)?: {re.escape(url)} \(untrusted, protocol [\d-]+, registered as 'server'\)", header
+    )
     assert "search_notes  T - - F   F T F T    exclusive   no" in out
     assert "4 warnings:" in out and "toolset: lethal trifecta" in out
 
@@ -222,7 +264,7 @@ def test_cli_usage(capsys: pytest.CaptureFixture[str]) -> None:
 def test_console_script_and_module_entry_point() -> None:
     """`dispatcher` is a console script for the same main, and `python -m dispatcher` runs it too."""
     pyproject = tomllib.loads((pathlib.Path(SOURCE_ROOT) / "pyproject.toml").read_text())
-    assert pyproject["project"]["scripts"] == {"dispatcher": "dispatcher._cli:main"}
+    assert pyproject["project"]["scripts"] == {"dispatcher": "dispatcher.cli:main"}
     done = subprocess.run(
         [sys.executable, "-m", "dispatcher", "inspect", "--stdio", WORKSPACE, "--env", PYTHONPATH, "--json"],
         capture_output=True,
@@ -233,3 +275,29 @@ def test_console_script_and_module_entry_point() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)["tools"]) == len(Workspace.tool_names)
+
+
+@pytest.mark.anyio
+async def test_what_a_server_sends_cannot_drive_the_terminal() -> None:
+    """The server's own name and its tools' names are shown with control characters escaped, brackets as text."""
+    server = MCPServer("evil\x1b[2J[bold]x[/bold]")
+
+    def lookup(key: str) -> str:
+        return key
+
+    server.add_tool(lookup, name="look\x1b[31mup", annotations=ToolAnnotations(read_only_hint=True))
+    report = await inspect_server(server, server="odd", trusted=True)
+    assert report.server_name == "evil\x1b[2J[bold]x[/bold]"
+    text = render_table(report)
+    assert "\x1b" not in text
+    assert text.splitlines()[0].startswith("'evil\\x1b[2J[bold]x[/bold]'")
+    assert "'look\\x1b[31mup'" in text  # in the invalid-name warning, escaped
+
+
+def test_the_cli_package_surface() -> None:
+    """`dispatcher.cli` exports the command line, inspect and machine_info; tune stays in dispatcher.tuning."""
+    import dispatcher.cli
+
+    assert dispatcher.cli.__all__ == ["Report", "inspect_server", "machine_info", "main"]
+    info = dispatcher.cli.machine_info()
+    assert info["cpu_count"] == os.cpu_count() and info["packages"]["mcp"] is not None

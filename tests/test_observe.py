@@ -125,7 +125,7 @@ async def test_retried_events_come_with_the_previous_attempts_error() -> None:
         ("finished", 3),
     ]
     assert events[2].error == result.attempt_errors[0]
-    assert events[2].error is not None and "injected transient fault in set_note" in events[2].error
+    assert events[2].error is not None and "injected fault: internal error in 'set_note'" in events[2].error
 
 
 async def test_a_hook_that_raises_is_logged_and_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:

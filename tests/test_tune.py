@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -10,25 +11,29 @@ import shlex
 import subprocess
 import sys
 
+import anyio
 import pytest
 from mcp import Client
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
 from trio.testing import MockClock
 
 import dispatcher
 from dispatcher import ConfigurationError, Dispatcher, ToolCall
-from dispatcher._cli import main
-from dispatcher._tune import (
+from dispatcher.cli import main
+from dispatcher.cli._tune_command import doubling
+from dispatcher.examples import Workspace
+from dispatcher.tuning import (
     SettingResult,
     TuneProgress,
     TuneReport,
-    doubling,
     load_workload,
     recommend,
     render_table,
     synthetic_workload,
     tune,
 )
-from dispatcher.examples import Workspace
 
 # The folder holding the `dispatcher` package, so subprocesses import this checkout.
 SOURCE_ROOT = str(pathlib.Path(dispatcher.__file__).resolve().parents[1])
@@ -134,7 +139,7 @@ async def test_synthetic_workloads_only_call_safe_tools() -> None:
 
 def test_generated_arguments_follow_the_schema() -> None:
     """Required properties get values of their type, enum, format, bounds and $ref; optional ones are left out."""
-    from dispatcher._tune import _arguments
+    from dispatcher.cli._workloads import _arguments
 
     schema = {
         "type": "object",
@@ -216,11 +221,33 @@ async def test_per_server_limit_and_time_budget() -> None:
 @pytest.mark.anyio
 @virtual_time()
 async def test_an_untrusted_server_makes_every_setting_alike() -> None:
-    """Untrusted, every call runs alone: the smallest setting is recommended and a note says why."""
+    """Untrusted, every call runs alone: every setting measures the same, and a note says why."""
     report = await tune(Workspace(latency=0.05).server, "reads", (1, 4), calls=20)
-    assert report.recommended == 1
     assert [round(s.throughput) for s in report.settings] == [20, 20]
     assert any("no limit can matter here: the server is untrusted" in note for note in report.notes)
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_no_recommendation_when_no_limit_can_matter() -> None:
+    """When every call runs alone, differences between settings are noise: nothing is recommended from them."""
+    server = MCPServer("warming")
+    answered = 0
+
+    async def lookup(key: str) -> str:
+        """A server that gets faster as it warms up, so later settings measure more calls per second."""
+        nonlocal answered
+        answered += 1
+        await anyio.sleep(0.1 / (1 + answered / 10))
+        return key
+
+    server.add_tool(lookup, annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    report = await tune(server, "reads", (1, 2, 4), calls=20)
+    throughputs = [s.throughput for s in report.settings]
+    assert throughputs == sorted(throughputs) and throughputs[-1] > 1.5 * throughputs[0]
+    assert (report.recommended, report.best, report.how_to_apply) == (None, None, "no recommendation")
+    assert report.explanation.startswith("no limit can matter here, so there is nothing to recommend")
+    assert "<- recommended" not in render_table(report)
 
 
 @pytest.mark.anyio
@@ -236,19 +263,25 @@ async def test_a_workload_of_calls_with_failures() -> None:
     assert result.errors == 5
     assert result.throughput == pytest.approx(2 / 0.05)  # the failures take no slot time
     assert result.error == "failed: invalid arguments: missing required 'query'"
-    [note] = report.notes
+    note, warning = report.notes
     assert re.fullmatch(r"at 2, 5 of 1\d measured calls did not succeed \(failed: invalid .* required 'query'\)", note)
+    assert warning.startswith("failed calls count as errors, not throughput, and no setting is chosen from them")
+    assert warning.endswith("check the workload's calls")
     assert progress[-1] == TuneProgress(2, 0, 1, 10, 10)
     assert report.workload == "2 calls of search_notes"
 
 
 @pytest.mark.anyio
 async def test_knee_in_real_time_with_an_entered_client() -> None:
-    """On asyncio and trio in real time, through a client the caller owns and keeps using afterwards."""
+    """On asyncio and trio in real time, through a client the caller owns and keeps using afterwards.
+
+    Real time on a loaded machine is noisy, so this asserts a band: at or just past the knee (the virtual
+    clock tests above pin the knee exactly). Below it, 4 has half the throughput of 8 whatever the load.
+    """
     workspace = Workspace(latency=0.1, saturation=8)
     async with Client(workspace.server) as client:
         report = await tune(client, "reads", (4, 8, 16), trusted=True, calls=16)
-        assert report.recommended == 8, render_table(report)
+        assert report.recommended in (8, 16), render_table(report)
         assert report.target == "an entered mcp.Client"
         assert not (await client.call_tool("search_notes", {"query": "x"})).is_error
 
@@ -315,10 +348,14 @@ def test_table_rendering() -> None:
 
 
 def test_cli_over_stdio_finds_the_knee(tmp_path: pathlib.Path) -> None:
-    """`python -m dispatcher tune --stdio ...` against a server saturating at 8 recommends 8, writes JSON and a plot."""
-    # 150 ms calls. Each call's stdio round trip (about 4 ms here) leaves its slot idle for that long, and
-    # past the knee the extra calls in flight hide the gap, so throughput keeps creeping up by about
-    # 3 x delta / (4 x latency + delta) up to 32: 2% at 150 ms, but 7% at 50 ms, where 16 would win.
+    """`python -m dispatcher tune --stdio ...` against a server saturating at 8: the knee, JSON and a plot.
+
+    Real time over stdio on a loaded machine is noisy, so the recommendation is asserted as a band: at
+    the knee or past it, never below (the virtual clock tests pin the knee exactly). Each call's stdio
+    round trip leaves its slot idle for that long, and past the knee the extra calls in flight hide the
+    gap, so throughput creeps up by about round trip / latency: with 150 ms calls and an idle machine
+    8 is within 5% of the best, on a loaded one (longer round trips) 16 can win.
+    """
     server = f"{WORKSPACE} --latency 0.15 --saturation 8"
     out, plot = tmp_path / "tune.json", tmp_path / "tune.png"
     argv = ["--stdio", server, "--trusted", "--synthetic", "reads", "--range", "2,4,8,16,32", "--calls", "24"]
@@ -332,12 +369,14 @@ def test_cli_over_stdio_finds_the_knee(tmp_path: pathlib.Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
-    assert report["recommended"] == 8, done.stdout
+    assert report["recommended"] in (8, 16, 32), done.stdout
+    by_limit = {s["limit"]: s for s in report["settings"]}
+    assert by_limit[8]["throughput"] > 2 * by_limit[2]["throughput"], done.stdout  # 4 times as many slots
     assert [s["limit"] for s in report["settings"]] == [2, 4, 8, 16, 32]
     assert report["machine"]["cpu_count"] == os.cpu_count()
-    assert "recommended: Dispatcher(max_concurrency=8)" in done.stdout
+    assert f"recommended: Dispatcher(max_concurrency={report['recommended']})" in done.stdout
     row = next(line for line in done.stdout.splitlines() if line.endswith("<- recommended"))
-    assert row.split()[0] == "8"
+    assert row.split()[0] == str(report["recommended"])
     assert "setting 5/5: 32 ..." in done.stderr
     try:
         import matplotlib  # noqa: F401
@@ -435,11 +474,194 @@ def test_cli_needs_a_server_and_a_workload(capsys: pytest.CaptureFixture[str]) -
     assert "one of the arguments --workload --synthetic is required" in capsys.readouterr().err
 
 
-def test_the_guide_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    """The Python example of docs/tuning.md runs and recommends the knee it describes."""
+def test_the_guide_example_runs(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Python example of docs/tuning.md runs and recommends the knee it describes.
+
+    It runs as written, but on trio's virtual clock: in real time a loaded machine moves the knee.
+    """
     guide = pathlib.Path(SOURCE_ROOT) / "docs" / "tuning.md"
     [block] = re.findall(r"```python\n(.*?)```", guide.read_text(), re.S)
+    virtual = {"clock": MockClock(autojump_threshold=0)}
+    monkeypatch.setattr(anyio, "run", functools.partial(anyio.run, backend="trio", backend_options=virtual))
     exec(compile(block, "docs/tuning.md", "exec"), {"__name__": "__main__"})
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "4 Dispatcher(max_concurrency=4)"
     assert lines[1] == "tuning max_concurrency against in-process MCPServer (trusted)"
+
+
+# The first hour: what a new user runs into ---------------------------------------------------------
+
+
+def time_server() -> MCPServer:
+    """A server like mcp-server-time: read-only tools whose generated arguments ("tune-0") are no time zone."""
+    server = MCPServer("time")
+    closed = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+
+    def get_current_time(timezone: str) -> str:
+        raise ToolError(f"Invalid timezone: {timezone}")
+
+    def convert_time(source_timezone: str, time: str, target_timezone: str) -> str:
+        raise ToolError(f"Invalid timezone: {source_timezone}")
+
+    server.add_tool(get_current_time, annotations=closed)
+    server.add_tool(convert_time, annotations=closed)
+    return server
+
+
+@pytest.mark.anyio
+async def test_a_synthetic_workload_whose_calls_all_fail_is_not_measured() -> None:
+    """Generated calls that all fail measure nothing: no sweep, no recommendation, a pointer to --workload."""
+    with pytest.raises(ConfigurationError) as caught:
+        await tune(time_server(), "reads", (1, 2), trusted=True, calls=10)
+    message = str(caught.value)
+    assert message.startswith("every generated read of the synthetic workload failed (")
+    assert "get_current_time: Error executing tool get_current_time: Invalid timezone: tune-" in message
+    assert "convert_time: " in message
+    assert message.endswith("write the calls your agent makes to a --workload file")
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_calls_that_fail_are_errors_not_throughput() -> None:
+    """Tool errors count in the errors column, not as throughput; all-failing settings recommend nothing."""
+    failing = load_workload(['{"name": "read_note", "arguments": {"name": "missing"}}'])
+    report = await tune(Workspace(latency=0.05).server, failing, (1, 2), trusted=True, calls=10, warmup=0)
+    assert [(s.calls, s.throughput) for s in report.settings] == [(0, 0.0), (0, 0.0)]
+    assert all(s.errors >= 10 for s in report.settings)
+    assert report.recommended is None and report.how_to_apply == "no recommendation"
+    assert report.explanation.startswith("no setting got a successful answer")
+    text = render_table(report)
+    assert "warning: " in text and "measured calls failed; they are counted as errors, not throughput" in text
+    assert "tool_error: Error executing tool read_note: there is no note named 'missing'" in text
+    half = load_workload(['{"name": "read_note", "arguments": {"name": "missing"}}', '{"name": "search_notes"}'])
+    half = [*half[:1], ToolCall("1", "search_notes", {"query": "x"})]
+    [mixed] = (await tune(Workspace(latency=0.05).server, half, (2,), trusted=True, calls=20, warmup=0)).settings
+    assert mixed.calls == mixed.errors == 10
+    assert mixed.throughput == pytest.approx(1 / 0.05)  # the successful half of 2 slots of 50 ms calls
+
+
+def test_cli_synthetic_against_a_server_whose_calls_fail(tmp_path: pathlib.Path) -> None:
+    """The command line says why nothing was measured, on one line, and exits 2."""
+    script = tmp_path / "time_server.py"
+    script.write_text(
+        "from tests.test_tune import time_server\ntime_server().run('stdio')\n",
+        encoding="utf-8",
+    )
+    argv = ["tune", "--stdio", f"{shlex.quote(sys.executable)} {script}", "--env", f"PYTHONPATH={PYTHONPATH}"]
+    done = subprocess.run(
+        [sys.executable, "-m", "dispatcher", *argv, "--trusted", "--synthetic", "reads", "--range", "1,2", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("dispatcher tune: every generated read of the synthetic workload failed")
+    assert "--workload" in line and done.stdout == ""
+
+
+@pytest.mark.parametrize("command", ["tune", "inspect"])
+def test_an_unbalanced_quote_is_a_usage_error(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--stdio with an unbalanced quote exits 2 with one line, not a traceback."""
+    extra = ["--synthetic", "reads"] if command == "tune" else []
+    assert main([command, "--stdio", "python -c 'print(1)", *extra]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert (
+        line
+        == f'dispatcher {command}: --stdio "python -c \'print(1)" cannot be split into a command: No closing quotation'
+    )
+
+
+def test_help_shows_percent_signs(capsys: pytest.CaptureFixture[str]) -> None:
+    """`tune --help` says 5%, not 5%%."""
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "within 5% of the best throughput" in text and "%%" not in text
+
+
+def test_without_rich_the_command_line_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without rich (the cli extra) a command exits 1 saying how to install it."""
+    monkeypatch.setitem(sys.modules, "rich", None)
+    assert main(["tune", "--url", "http://127.0.0.1:9/mcp", "--synthetic", "reads"]) == 1
+    assert capsys.readouterr().err == (
+        "dispatcher tune: the dispatcher command line needs rich: pip install 'dispatcher[cli]'\n"
+    )
+
+
+NOISY = "; ".join(
+    [
+        "import sys",
+        "print('NOI' + 'SE', file=sys.stderr, flush=True)",
+        "from dispatcher.examples.workspace import main",
+        "main()",
+    ]
+)
+
+
+@pytest.mark.parametrize("to_file", [False, True])
+def test_a_servers_stderr_stays_out_of_the_terminal(to_file: bool, tmp_path: pathlib.Path) -> None:
+    """A stdio server's stderr is kept off the terminal by default, or appended to --server-log PATH."""
+    log = tmp_path / "server.log"
+    argv = ["tune", "--stdio", f"{shlex.quote(sys.executable)} -c {shlex.quote(NOISY)}", "--trusted"]
+    argv += ["--synthetic", "reads", "--range", "1", "--calls", "2", "--quiet"]
+    argv += ["--server-log", str(log)] if to_file else []
+    done = subprocess.run(
+        [sys.executable, "-m", "dispatcher", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "NOISE" not in done.stderr and "NOISE" not in done.stdout
+    assert ("NOISE" in log.read_text()) if to_file else not log.exists()
+
+
+def test_a_server_that_fails_to_start_shows_its_last_words(capsys: pytest.CaptureFixture[str]) -> None:
+    """When the server dies, the command exits 1 and shows the last lines of its stderr."""
+    script = "import sys; print('fatal: no config file', file=sys.stderr); sys.exit(3)"
+    argv = ["--stdio", f"{shlex.quote(sys.executable)} -c {shlex.quote(script)}", "--timeout", "20"]
+    assert main(["inspect", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("dispatcher inspect: could not connect to server 'server'")
+    assert "the server's stderr ended with (--server-log PATH keeps all of it):\n  fatal: no config file\n" in err
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path: pathlib.Path) -> None:
+    """`dispatcher inspect ... | head` with the reader gone: no traceback, nothing on stderr."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "dispatcher", "inspect", "--stdio", WORKSPACE],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": PYTHONPATH},
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert done.stderr == ""
+    assert done.returncode == 1
+
+
+def test_ctrl_c_ends_the_sweep_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An interrupted sweep exits 130 with one line on stderr, not a traceback."""
+    import dispatcher.cli._tune_command
+
+    async def interrupted(*args: object, **kwargs: object) -> TuneReport:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dispatcher.cli._tune_command, "tune", interrupted)
+    assert main(["tune", "--url", "http://127.0.0.1:9/mcp", "--synthetic", "reads", "--quiet"]) == 130
+    assert capsys.readouterr().err == "dispatcher tune: interrupted\n"

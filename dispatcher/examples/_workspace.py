@@ -18,14 +18,17 @@ Together they make the "lethal trifecta" that can be steered into exfiltration: 
 notes), untrusted content (`fetch_url`; a page on `evil.example` or its subdomains carries a
 prompt-injection payload) and a way to communicate externally (`send_message`).
 
-Every tool execution runs through one gate that models the server's costs and failures:
+Faults are injected by `dispatcher.testing.inject_faults`, the package's one fault injector, installed
+on the workspace's server when `Workspace(faults=FaultConfig(...))` asks for them: a fault strikes
+before the tool runs, so the notes and the outbox are left unchanged, and `Workspace.faults` is the
+injector, with its ledger of every call and the fault it got.
 
-1. It is numbered and recorded in the ledger as running, with the executions already running.
-2. If the fault injector picks it, its fault kind is decided now.
-3. It sleeps for its latency (`anyio.sleep`, so virtual clocks drive it), stretched by saturation.
-4. An injected fault strikes here, before the effect: the notes and the outbox are left unchanged.
-5. Otherwise the effect is applied atomically and the result returned.
-6. The ledger entry is completed with the end time and the outcome, even on cancellation.
+Every tool execution that gets past the injector runs through one gate that models the server's costs:
+
+1. It is numbered and recorded in the workspace's ledger as running, with the executions already running.
+2. It sleeps for its latency (`anyio.sleep`, so virtual clocks drive it), stretched by saturation.
+3. The effect is applied atomically and the result returned.
+4. The ledger entry is completed with the end time and the outcome, even on cancellation.
 
 The tool list can change while clients are connected, as real servers' lists do: `set_annotations`,
 `set_description`, `remove_tool` and `restore_tool` change what `tools/list` returns, and
@@ -38,12 +41,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import random
 import re
 import threading
 import urllib.parse
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Final, get_args
 
 import anyio
 import anyio.from_thread
@@ -53,8 +55,10 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.subscriptions import InMemorySubscriptionBus, ServerEvent, ToolsListChanged
 from mcp.shared.exceptions import MCPError
-from mcp.types import INTERNAL_ERROR, ToolAnnotations
+from mcp.types import ToolAnnotations
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from dispatcher.testing import FaultInjector, FaultKind, Outcome, inject_faults
 
 if TYPE_CHECKING:
     import pathlib
@@ -63,24 +67,6 @@ if TYPE_CHECKING:
     from anyio.lowlevel import EventLoopToken
     from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
     from mcp.server.session import ServerSession
-
-FaultKind = Literal["error", "tool_error", "hang"]
-"""How an injected fault shows itself to the client.
-
-- `"error"`: the call raises `MCPError` with code -32603 (internal error), a transient failure.
-- `"tool_error"`: the call returns a result with `is_error=True`.
-- `"hang"`: the call never answers until it is cancelled (for example by a client timeout).
-"""
-
-Outcome = Literal["running", "ok", "tool_error", "error", "cancelled"]
-"""How a tool execution ended, as the ledger records it.
-
-- `"running"`: it has not ended yet.
-- `"ok"`: it returned a normal result.
-- `"tool_error"`: it returned an `is_error=True` result (a refused request or an injected fault).
-- `"error"`: it raised `MCPError` (an injected transient fault).
-- `"cancelled"`: the client gave up on it (a timeout or a cancelled task).
-"""
 
 _FAULT_KINDS: Final = frozenset(get_args(FaultKind))
 
@@ -118,17 +104,17 @@ _INJECTION = (
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FaultConfig:
-    """Which tool executions fail on purpose, and how.
+    """Which tool calls of the workspace fail on purpose, and how.
 
-    Faults are drawn from `random.Random(seed)`, two numbers per targeted execution in the order the
-    executions start, so the fate of the n-th targeted execution depends only on `seed` and n: runs
-    that start their calls in the same order fail in the same places.
+    The workspace passes these to `dispatcher.testing.inject_faults` (faults strike before the tool
+    runs): the fate of the n-th targeted call depends only on `seed` and n, so runs that send their
+    calls in the same order fail in the same places.
 
     Attributes:
-        rate: The probability, from 0 to 1, that a targeted execution fails.
+        rate: The probability, from 0 to 1, that a targeted call fails.
         seed: The seed of the random generator.
-        tools: The names of the tools whose executions may fail; `None` targets every tool.
-        kinds: The fault kinds to choose from, uniformly (see `FaultKind`).
+        tools: The names of the tools whose calls may fail; `None` targets every tool.
+        kinds: The fault kinds to choose from, uniformly (see `dispatcher.testing.FaultKind`).
     """
 
     rate: float = 0.0
@@ -155,12 +141,12 @@ class FaultConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Execution:
+class ToolRun:
     """One tool execution, as the workspace's ledger records it.
 
-    An entry is recorded when the execution starts, so executions that then fault, hang or are
-    cancelled are counted too. Calls the SDK rejects before the tool runs (an unknown tool, invalid
-    arguments) never reach the ledger.
+    An entry is recorded when the execution starts, so executions that then hang or are cancelled are
+    counted too. Calls the SDK rejects before the tool runs (an unknown tool, invalid arguments) and
+    calls an injected fault stopped never reach this ledger (the injector's ledger has those).
 
     Attributes:
         seq: Its position in the order executions started, from 0.
@@ -168,8 +154,7 @@ class Execution:
         arguments: The arguments it was called with.
         started: `anyio.current_time()` when it started.
         ended: `anyio.current_time()` when it ended, or `None` while it runs.
-        outcome: How it ended (see `Outcome`).
-        fault: The fault injected into it, if any.
+        outcome: How it ended (see `dispatcher.testing.Outcome`).
         running_at_start: The `seq` of every execution still running when it started.
     """
 
@@ -179,7 +164,6 @@ class Execution:
     started: float
     ended: float | None = None
     outcome: Outcome = "running"
-    fault: FaultKind | None = None
     running_at_start: frozenset[int] = field(default_factory=frozenset)
 
     @property
@@ -187,7 +171,7 @@ class Execution:
         """How many executions were running when it started, itself included."""
         return len(self.running_at_start) + 1
 
-    def overlaps(self, other: Execution) -> bool:
+    def overlaps(self, other: ToolRun) -> bool:
         """Whether the two executions ran at the same time.
 
         This reads the order of events rather than the clock, so it is exact even when virtual time
@@ -232,7 +216,8 @@ class Workspace:
         latency_by_tool: Per-tool latencies that replace `latency` for the named tools.
         saturation: The number of concurrent executions at which the server saturates (see
             `saturated_latency`); `None` never saturates.
-        faults: Which executions fail on purpose; `None` injects no faults.
+        faults: Which calls fail on purpose (through `dispatcher.testing.inject_faults`); `None` injects
+            no faults.
         name: The server name announced to clients.
 
     Raises:
@@ -274,10 +259,8 @@ class Workspace:
         self._latency = latency
         self._latency_by_tool = latency_by_tool
         self._saturation = saturation
-        self._faults = faults
-        self._rng = random.Random(faults.seed if faults is not None else 0)
         self._lock = threading.Lock()
-        self._ledger: list[Execution] = []
+        self._ledger: list[ToolRun] = []
         self._running: set[int] = set()
         self._max_in_flight = 0
         self._notes: dict[str, str] = {}
@@ -291,11 +274,17 @@ class Workspace:
         self._legacy_clients: list[tuple[ServerSession, EventLoopToken]] = []
         self.server: MCPServer[Any] = self._build_server(name)
         """The MCP server, to pass to `mcp.Client` or `serve_http`."""
+        self.faults: FaultInjector | None = None
+        """The fault injector on `server` when `faults` was given, with its ledger of every call."""
+        if faults is not None:
+            self.faults = inject_faults(
+                self.server, rate=faults.rate, seed=faults.seed, tools=faults.tools, kinds=faults.kinds
+            )
 
     # -- what happened -------------------------------------------------------------------------
 
     @property
-    def ledger(self) -> tuple[Execution, ...]:
+    def ledger(self) -> tuple[ToolRun, ...]:
         """Every tool execution so far, in the order they started."""
         with self._lock:
             return tuple(self._ledger)
@@ -477,17 +466,15 @@ class Workspace:
             running_at_start = frozenset(self._running)
             self._running.add(seq)
             self._max_in_flight = max(self._max_in_flight, len(self._running))
-            fault = self._draw_fault(tool)
             delay = saturated_latency(
                 self._latency_by_tool.get(tool, self._latency), len(self._running), self._saturation
             )
             self._ledger.append(
-                Execution(
+                ToolRun(
                     seq=seq,
                     tool=tool,
                     arguments=arguments,
                     started=anyio.current_time(),
-                    fault=fault,
                     running_at_start=running_at_start,
                 )
             )
@@ -495,12 +482,6 @@ class Workspace:
         try:
             # Sleep even for zero latency: the checkpoint lets concurrent calls start and overlap.
             await anyio.sleep(delay)
-            if fault == "hang":
-                await anyio.sleep_forever()
-            elif fault == "error":
-                raise MCPError(INTERNAL_ERROR, f"injected transient fault in {tool} (execution {seq})")
-            elif fault == "tool_error":
-                raise ToolError(f"injected fault in {tool} (execution {seq})")
             with self._lock:
                 result = effect()
         except anyio.get_cancelled_exc_class():
@@ -516,16 +497,6 @@ class Workspace:
             with self._lock:
                 self._running.discard(seq)
                 self._ledger[seq] = replace(self._ledger[seq], ended=anyio.current_time(), outcome=outcome)
-
-    def _draw_fault(self, tool: str) -> FaultKind | None:
-        faults = self._faults
-        if faults is None or (faults.tools is not None and tool not in faults.tools):
-            return None
-        # Always draw both numbers, so one execution's fate never shifts the next one's.
-        roll, pick = self._rng.random(), self._rng.random()
-        if roll >= faults.rate:
-            return None
-        return faults.kinds[int(pick * len(faults.kinds))]
 
     # -- the effects, applied under the lock ---------------------------------------------------
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ._http import serve_http
-from ._workspace import Execution, FaultConfig, FaultKind, Outcome, Workspace, saturated_latency
+from ._workspace import FaultConfig, ToolRun, Workspace, saturated_latency
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -38,10 +38,8 @@ if TYPE_CHECKING:
     from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 
 __all__ = [
-    "Execution",
     "FaultConfig",
-    "FaultKind",
-    "Outcome",
+    "ToolRun",
     "Workspace",
     "main",
     "saturated_latency",
@@ -155,7 +153,9 @@ def _parser() -> argparse.ArgumentParser:
     faults.add_argument("--fault-rate", type=float, default=0.0, metavar="R", help="probability 0..1")
     faults.add_argument("--fault-seed", type=int, default=0, metavar="S")
     faults.add_argument("--fault-tools", metavar="A,B", help="tools that may fail (default: all)")
-    faults.add_argument("--fault-kinds", default="error", metavar="K,L", help="error, tool_error, hang")
+    faults.add_argument(
+        "--fault-kinds", default="error", metavar="K,L", help="of hang, drop, error, tool_error, crash (default: error)"
+    )
     faults.add_argument("--exit-after", type=int, metavar="N", help="exit abruptly on the N-th tool call (a crash)")
     faults.add_argument("--ledger", type=pathlib.Path, metavar="PATH", help="append a JSON line per tool call to PATH")
     transport = parser.add_mutually_exclusive_group()

@@ -68,14 +68,14 @@ async def test_a_tool_name_ending_in_a_newline_gets_a_valid_catalogue_name(anyio
     from mcp import Client
     from mcp.server.mcpserver import MCPServer
 
-    from dispatcher._inspect import _tool_findings
+    from dispatcher.cli._inspect import analyze
 
     server = MCPServer("odd")
     server.add_tool(double, name=tool, annotations=ToolAnnotations(read_only_hint=True), structured_output=False)
     async with Client(server) as client, Dispatcher() as d:
         [entry] = await d.add_mcp_server("odd", client, trusted=True)
         [by_name] = await d.dispatch([ToolCall("1", entry.name, {"x": 2})])
-        findings = _tool_findings(entry)
+        [report], _ = analyze([entry])
     assert re.fullmatch(r"[A-Za-z0-9_-]{1,64}", entry.name), entry.name
     assert entry.tool == tool and by_name.ok
-    assert any(finding.code == "invalid_name" for finding in findings)  # `dispatcher inspect` warns too
+    assert any(finding.code == "invalid_name" for finding in report.warnings)  # `dispatcher inspect` warns too

@@ -1,0 +1,64 @@
+"""`dispatcher inspect`: its options, and printing the report from them."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import TYPE_CHECKING
+
+import anyio
+
+from dispatcher._errors import ConfigurationError, DispatcherError
+
+from ._inspect import inspect_server
+from ._present import inspect_lines, print_lines
+from ._targets import add_target_options, target_from_args
+
+if TYPE_CHECKING:
+    import argparse
+
+__all__ = ["add_parser"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register the `inspect` subcommand."""
+    parser = subparsers.add_parser(
+        "inspect",
+        help="show how the dispatcher would schedule an MCP server's tools, with warnings",
+        description=(
+            "Connect to an MCP server and list each tool's declared hints, the hints the dispatcher acts on "
+            "under the chosen trust, how its calls are scheduled, whether they may be retried, and warnings."
+        ),
+    )
+    add_target_options(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of a table")
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    target = target_from_args(args)
+    with target.connect(mode=args.mode) as (connect_to, where_to_look):
+        run = functools.partial(
+            inspect_server,
+            connect_to,
+            server=args.name,
+            trusted=args.trusted,
+            mode=args.mode,
+            connect_timeout=args.timeout if args.timeout > 0 else None,
+        )
+        try:
+            report = anyio.run(run)
+        except ConfigurationError:
+            raise
+        except DispatcherError as exc:
+            print(f"dispatcher inspect: {exc}", file=sys.stderr)
+            hint = where_to_look()
+            if hint:
+                print(hint, file=sys.stderr)
+            return 1
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print_lines(inspect_lines(report), sys.stdout)
+    return 0

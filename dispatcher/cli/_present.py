@@ -1,0 +1,283 @@
+"""Presentation: the reports of `tune` and `inspect` as terminal tables, and the sweep's progress, with `rich`.
+
+`rich` comes with the `cli` extra (``pip install 'dispatcher[cli]'``); it is imported when something is
+drawn, so `dispatcher.tuning.tune` runs without it. On a terminal the tables are styled and the progress
+is a bar; elsewhere (a pipe, a log) the same tables are plain text and the progress a line per setting.
+
+Text a server sent (tool names, its own name, error messages) may hold control characters, such as
+terminal escape sequences that would rewrite the screen: `clean` shows them escaped, and every cell is
+a `rich.text.Text`, so square brackets in it are never read as markup.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from ._recommend import format_number
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from types import ModuleType
+    from typing import TextIO
+
+    from ._inspect import Report
+    from ._sweep import TuneProgress, TuneReport
+
+__all__ = [
+    "INSTALL_HINT",
+    "ProgressBar",
+    "clean",
+    "inspect_lines",
+    "print_lines",
+    "render_inspect",
+    "render_tune",
+    "require_rich",
+    "tune_lines",
+]
+
+INSTALL_HINT = "the dispatcher command line needs rich: pip install 'dispatcher[cli]'"
+
+_TUNE_HEADERS = ("calls/s", "of best", "in flight", "run p50", "run p95", "queue p50", "queue p95", "errors")
+_INSPECT_HEADERS = ("TOOL", "DECLARED", "EFFECTIVE", "SCHEDULING", "RETRYABLE")
+
+
+def require_rich() -> ModuleType:
+    """The `rich` package, or ModuleNotFoundError saying how to install it."""
+    try:
+        import rich
+        import rich.console
+        import rich.progress
+        import rich.table
+        import rich.text
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(INSTALL_HINT, name="rich") from exc
+    return rich
+
+
+def clean(text: object) -> str:
+    """Text safe to print: control characters (escape sequences, carriage returns, newlines) escaped."""
+    value = str(text)
+    if value.isprintable():
+        return value
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in value)
+
+
+# Tables ---------------------------------------------------------------------------------------------
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, right: bool, marked: int | None = None) -> Any:
+    """A borderless rich table, columns two spaces apart; row `marked` in bold green on a terminal."""
+    require_rich()
+    from rich.table import Table
+    from rich.text import Text
+
+    cells = [[clean(cell) for cell in row] for row in rows]
+    table = Table(box=None, pad_edge=False, padding=(0, 1), show_edge=False, header_style="bold")
+    for index, header in enumerate(headers):
+        last = index == len(headers) - 1
+        # Never narrower than its content: a narrow terminal wraps the lines rather than cut the figures.
+        width = max([len(header), *(len(row[index]) for row in cells)])
+        table.add_column(header, justify="right" if right and not last else "left", no_wrap=True, min_width=width)
+    for index, row in enumerate(cells):
+        table.add_row(*(Text(cell) for cell in row), style="bold green" if index == marked else None)
+    return table
+
+
+def _render(table: Any) -> list[str]:
+    """A table as plain lines, whatever its width."""
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    Console(file=buffer, width=100_000, color_system=None, force_terminal=False).print(table)
+    return [line.rstrip() for line in buffer.getvalue().splitlines()]
+
+
+def _tune_rows(report: TuneReport) -> list[list[str]]:
+    best = max((s.throughput for s in report.settings if math.isfinite(s.throughput)), default=0.0)
+    return [
+        [
+            str(s.limit),
+            format_number(s.throughput),
+            f"{s.throughput / best:.0%}" if best > 0 and math.isfinite(s.throughput) else "-",
+            format_number(s.in_flight),
+            format_number(s.run_p50 * 1000),
+            format_number(s.run_p95 * 1000),
+            format_number(s.queue_p50 * 1000),
+            format_number(s.queue_p95 * 1000),
+            str(s.errors),
+            "<- recommended" if s.limit == report.recommended else "",
+        ]
+        for s in report.settings
+    ]
+
+
+def _tune_table(report: TuneReport) -> Any:
+    limits = [s.limit for s in report.settings]
+    marked = limits.index(report.recommended) if report.recommended in limits else None
+    return _table([report.knob, *_TUNE_HEADERS, ""], _tune_rows(report), right=True, marked=marked)
+
+
+def _tune_heading(report: TuneReport) -> list[str]:
+    trust = "trusted" if report.trusted else "untrusted"
+    knob = "the per-server limit" if report.knob == "per_server" else "max_concurrency"
+    amount = f"{report.calls} measured calls" if report.calls is not None else "measured calls"
+    if report.duration is not None:
+        amount += f" (at most {report.duration:g} s)"
+    return [
+        f"tuning {knob} against {report.target} ({trust})",
+        f"workload: {report.workload}; {report.clients} callers; {amount} per setting after a warm-up",
+    ]
+
+
+def _tune_conclusion(report: TuneReport) -> list[str]:
+    lines = ["times in ms; run = from a call's start to its result, queue = waiting for a slot in the dispatcher"]
+    if report.errors:
+        lines.append(f"warning: {report.errors} measured calls failed; they are counted as errors, not throughput")
+    if report.recommended is not None:
+        lines.append(f"recommended: {report.how_to_apply}")
+    lines.append(report.explanation)
+    lines.extend(f"note: {note}" for note in report.notes)
+    return lines
+
+
+def tune_lines(report: TuneReport) -> list[Any]:
+    """What `dispatcher tune` prints: the heading, the table, the recommendation and the notes."""
+    return [*_tune_heading(report), "", _tune_table(report), "", *_tune_conclusion(report)]
+
+
+def render_tune(report: TuneReport) -> str:
+    """The report as plain text: the heading, the table (times in ms), the recommendation, notes.
+
+    Raises:
+        ModuleNotFoundError: rich is not installed (``pip install 'dispatcher[cli]'``).
+    """
+    return _as_text(tune_lines(report))
+
+
+def _flag(value: bool | None) -> str:
+    return "-" if value is None else "T" if value else "F"
+
+
+def _inspect_heading(report: Report) -> str:
+    trust = "trusted" if report.trusted else "untrusted"
+    protocol = f"protocol {report.protocol or 'unknown'}"
+    if not report.server_name:
+        return f"server {report.server!r}: {report.target} ({trust}, {protocol})"
+    # The name a server gives itself is a self-report: shown, quoted, never used as its identity.
+    version = f" {report.server_version}" if report.server_version else ""
+    return f"{report.server_name!r}{version}: {report.target} ({trust}, {protocol}, registered as {report.server!r})"
+
+
+def inspect_lines(report: Report) -> list[Any]:
+    """What `dispatcher inspect` prints: the heading, a row per tool, the legend and the warnings."""
+    rows = [
+        (
+            tool.name,
+            " ".join(_flag(v) for v in tool.declared.values()),
+            " ".join(_flag(v) for v in tool.effective.values()),
+            tool.scheduling,
+            "yes" if tool.retryable else "no",
+        )
+        for tool in report.tools
+    ]
+    lines: list[Any] = [_inspect_heading(report), "", _table(_INSPECT_HEADERS, rows, right=False), ""]
+    lines.append("hints in order ro de id ow (readOnly, destructive, idempotent, openWorld): T true, F false, - unset")
+    warnings = [(tool.name, w) for tool in report.tools for w in tool.warnings]
+    warnings += [("toolset", w) for w in report.warnings]
+    if warnings:
+        lines.append("")
+        lines.append(f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''}:")
+        lines.extend(f"  {where}: {w.message}" for where, w in warnings)
+    else:
+        lines.append("no warnings")
+    return lines
+
+
+def render_inspect(report: Report) -> str:
+    """The report as plain text for a terminal.
+
+    Raises:
+        ModuleNotFoundError: rich is not installed (``pip install 'dispatcher[cli]'``).
+    """
+    return _as_text(inspect_lines(report))
+
+
+def _as_text(lines: Sequence[Any]) -> str:
+    out: list[str] = []
+    for line in lines:
+        out.extend([clean(line)] if isinstance(line, str) else _render(line))
+    return "\n".join(out)
+
+
+def print_lines(lines: Sequence[Any], stream: TextIO) -> None:
+    """Print lines and tables: styled on a terminal, as plain text elsewhere."""
+    require_rich()
+    if not stream.isatty():
+        stream.write(_as_text(lines) + "\n")
+        stream.flush()
+        return
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(file=stream, highlight=False)
+    for line in lines:
+        console.print(Text(clean(line)) if isinstance(line, str) else line)
+
+
+# Progress ---------------------------------------------------------------------------------------------
+
+
+class ProgressBar:
+    """A sweep's progress on a stream: rich's bar on a terminal, a line per setting elsewhere (logs).
+
+    Call it with each `TuneProgress`; `close` takes the bar off the terminal (also after a failure).
+    """
+
+    def __init__(self, stream: TextIO, *, enabled: bool) -> None:
+        self._stream = stream
+        self._enabled = enabled
+        self._tty = stream.isatty()
+        self._index = -1
+        self._started = time.perf_counter()
+        self._bar: Any = None
+        if enabled and self._tty:
+            require_rich()
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+            columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn())
+            self._bar = Progress(*columns, console=Console(file=stream), transient=True)
+            self._task = self._bar.add_task("connecting", total=1.0)
+            self._bar.start()
+
+    def __call__(self, step: TuneProgress) -> None:
+        if not self._enabled:
+            return
+        if self._bar is None:
+            if step.index != self._index:
+                self._index = step.index
+                self._stream.write(f"setting {step.index + 1}/{step.total}: {step.limit} ...\n")
+                self._stream.flush()
+            return
+        self._index = step.index
+        share = step.completed / step.planned if step.planned else 0.0
+        planned = f"/{step.planned}" if step.planned is not None else ""
+        self._bar.update(
+            self._task,
+            completed=(step.index + min(share, 1.0)) / step.total,
+            description=f"setting {step.index + 1}/{step.total} ({step.limit}): {step.completed}{planned} calls",
+        )
+
+    def close(self) -> None:
+        """Take the bar off the terminal and say how long the sweep took."""
+        if self._bar is None:
+            return
+        self._bar.stop()
+        self._bar = None
+        self._enabled = False
+        if self._index >= 0:
+            self._stream.write(f"swept in {time.perf_counter() - self._started:.1f} s\n")
+            self._stream.flush()

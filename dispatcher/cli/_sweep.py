@@ -1,0 +1,320 @@
+"""`tune`: sweep a concurrency limit against a real server and recommend a setting.
+
+For each setting of the limit (`Dispatcher(max_concurrency=...)`, or the per-server limit of
+`add_mcp_server`), a fresh dispatcher runs the same workload on one shared connection, so what changes
+between settings is the limit and nothing else. Each setting is measured by a closed loop of callers
+(`_measure`); the recommendation (`_recommend`) is the smallest setting whose throughput is within 5% of
+the best: past it, more calls in flight only make each call slower. When no call of the workload may
+run concurrently (an untrusted server, a workload of writes), no limit can matter, and nothing is
+recommended.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from dispatcher._dispatcher import Dispatcher
+from dispatcher._errors import ConfigurationError, DispatcherError
+
+from ._connection import connected, describe_target
+from ._measure import measure
+from ._recommend import TOLERANCE, format_number, recommend
+from ._workloads import resolve_workload
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from dispatcher._calls import ToolCall
+
+    from ._connection import Target
+    from ._measure import SettingResult
+    from ._workloads import Synthetic
+
+__all__ = ["DEFAULT_SETTINGS", "TuneProgress", "TuneReport", "tune"]
+
+DEFAULT_SETTINGS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+"""The settings swept when none are given."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TuneReport:
+    """A sweep's measurements and the setting it recommends.
+
+    Attributes:
+        target: What was tuned against, for people.
+        trusted: Whether the server's annotations were trusted.
+        knob: "max_concurrency" (the dispatcher-wide limit) or "per_server" (`add_mcp_server`'s).
+        workload: A description of the workload.
+        concurrent_share: The share of the workload's calls that may run concurrently.
+        clients: Callers kept waiting on the dispatcher (the offered concurrency).
+        calls: Measured calls per setting (None: measured for `duration` instead).
+        duration: The time budget of each setting's measurement, if any.
+        settings: One result per setting, in increasing order.
+        recommended: The recommended setting, or None when no setting got a successful answer or no
+            limit can matter (no call of the workload may run concurrently).
+        best: The setting with the highest throughput, or None likewise.
+        explanation: Why the recommended setting (or why none), in a sentence or two.
+        notes: Things the reader should know (an untrusted server, failed calls, a narrow range).
+    """
+
+    target: str
+    trusted: bool
+    knob: Literal["max_concurrency", "per_server"]
+    workload: str
+    concurrent_share: float
+    clients: int
+    calls: int | None
+    duration: float | None
+    settings: tuple[SettingResult, ...]
+    recommended: int | None
+    best: int | None
+    explanation: str
+    notes: tuple[str, ...] = ()
+
+    @property
+    def how_to_apply(self) -> str:
+        """The code that applies the recommendation."""
+        if self.recommended is None:
+            return "no recommendation"
+        if self.knob == "per_server":
+            return f"add_mcp_server(..., max_concurrency={self.recommended})"
+        return f"Dispatcher(max_concurrency={self.recommended})"
+
+    @property
+    def errors(self) -> int:
+        """Measured calls that did not succeed, over every setting."""
+        return sum(setting.errors for setting in self.settings)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as JSON data (what `--json` writes, without the machine description)."""
+        return {
+            "target": self.target,
+            "trusted": self.trusted,
+            "knob": self.knob,
+            "workload": self.workload,
+            "concurrent_share": self.concurrent_share,
+            "clients": self.clients,
+            "calls": self.calls,
+            "duration_s": self.duration,
+            "settings": [setting.to_json() for setting in self.settings],
+            "recommended": self.recommended,
+            "best": self.best,
+            "apply": self.how_to_apply,
+            "explanation": self.explanation,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TuneProgress:
+    """Where a sweep is: setting `index` of `total` (from 0), `completed` of its `planned` calls.
+
+    `planned` is None when the setting runs for a time budget rather than a number of calls.
+    """
+
+    limit: int
+    index: int
+    total: int
+    completed: int
+    planned: int | None
+
+
+async def tune(
+    target: Target,
+    workload: Sequence[ToolCall] | Synthetic,
+    settings: Sequence[int] = DEFAULT_SETTINGS,
+    *,
+    trusted: bool = False,
+    per_server: bool = False,
+    calls: int | None = 200,
+    duration: float | None = None,
+    warmup: int | None = None,
+    clients: int | None = None,
+    call_timeout: float | None = 60.0,
+    tolerance: float = TOLERANCE,
+    server: str = "server",
+    mode: Literal["auto", "legacy"] = "auto",
+    connect_timeout: float | None = 30.0,
+    seed: int = 0,
+    progress: Callable[[TuneProgress], object] | None = None,
+) -> TuneReport:
+    """Run a workload under each setting of a concurrency limit and recommend one.
+
+    One connection serves every setting; each setting gets a fresh `Dispatcher` (no retries) with the
+    server added through `add_mcp_server`. Throughput counts successful calls only; calls that fail
+    are counted as errors, and a note says so.
+
+    Args:
+        target: An entered `mcp.Client` (you own it), anything `mcp.Client` connects to (an in-process
+            `MCPServer` or `Server`, a `StdioServerParameters`, or a streamable HTTP URL), or a function
+            that returns a new, unentered `mcp.Client`.
+        workload: The calls to repeat, in order (their ids are replaced), or "reads" / "mixed" for a
+            synthetic workload built from the server's tools (see `synthetic_workload`).
+        settings: The limits to try.
+        trusted: Whether to believe the server's annotations. Untrusted, every call runs alone, no
+            limit can matter, and nothing is recommended.
+        per_server: Sweep the per-server limit (`add_mcp_server(max_concurrency=...)`, with no
+            dispatcher-wide limit) instead of `Dispatcher(max_concurrency=...)`.
+        calls: Measured calls per setting, after the warm-up; None to measure for `duration` only.
+        duration: Seconds each setting's measurement may last (whichever of the two ends first).
+        warmup: Calls completed before measuring; None: two per slot of the setting being measured.
+        clients: Callers kept waiting on the dispatcher; None: the largest setting.
+        call_timeout: The dispatcher's `call_timeout`.
+        tolerance: The share of the best throughput the recommended setting may give up.
+        server: The name the server is registered under.
+        mode: The protocol negotiation when `tune` connects ("auto" or "legacy").
+        connect_timeout: Seconds to connect (when `tune` connects), or None.
+        seed: The seed of the synthetic mixed workload.
+        progress: Called after every completed call with a `TuneProgress`.
+
+    Returns:
+        The measurements and the recommendation.
+
+    Raises:
+        ConfigurationError: An argument is invalid, the workload names tools the server lacks, or every
+            generated call of a synthetic workload failed.
+        ServerConnectionError: The server could not be reached.
+    """
+    limits = _check_settings(settings)
+    if isinstance(workload, str) and workload not in ("reads", "mixed"):
+        raise ConfigurationError(f"the synthetic workload is 'reads' or 'mixed', got {workload!r}")
+    if calls is None and duration is None:
+        raise ConfigurationError("give calls, duration or both: each setting needs a way to end")
+    if calls is not None and (not isinstance(calls, int) or isinstance(calls, bool) or calls < 1):
+        raise ConfigurationError(f"calls must be an int >= 1 or None, got {calls!r}")
+    if duration is not None and not (duration > 0 and math.isfinite(duration)):
+        raise ConfigurationError(f"duration must be a positive number of seconds or None, got {duration!r}")
+    if warmup is not None and (not isinstance(warmup, int) or warmup < 0):
+        raise ConfigurationError(f"warmup must be an int >= 0 or None, got {warmup!r}")
+    if clients is not None and (not isinstance(clients, int) or clients < 1):
+        raise ConfigurationError(f"clients must be an int >= 1 or None, got {clients!r}")
+    if not 0 <= tolerance < 1:
+        raise ConfigurationError(f"tolerance must be in [0, 1), got {tolerance!r}")
+    callers = clients if clients is not None else limits[-1]
+    notes: list[str] = []
+    results: list[SettingResult] = []
+    failure: DispatcherError | None = None
+    async with connected(target, mode=mode, connect_timeout=connect_timeout) as client:
+        pattern: list[ToolCall] = []  # the workload's calls, repeated by each setting
+        description = ""
+        share = 0.0
+        for index, limit in enumerate(limits):
+            async with Dispatcher(
+                max_concurrency=None if per_server else limit, call_timeout=call_timeout, retry=None
+            ) as dispatcher:
+                # Raised once out of the task groups (the dispatcher's and the client's), which would wrap it.
+                try:
+                    entries = await dispatcher.add_mcp_server(
+                        server, client, trusted=trusted, max_concurrency=limit if per_server else None
+                    )
+                    if index == 0:
+                        pattern, description = await resolve_workload(
+                            dispatcher, workload, entries, seed=seed, notes=notes
+                        )
+                        by_name = {entry.name: entry for entry in entries}
+                        share = sum(by_name[call.name].concurrent for call in pattern) / len(pattern)
+                        notes.extend(_workload_notes(share, trusted, callers, limits))
+                    report = (
+                        None
+                        if progress is None
+                        else functools.partial(_report_progress, progress, limit, index, len(limits))
+                    )
+                    results.append(
+                        await measure(
+                            dispatcher,
+                            pattern,
+                            limit=limit,
+                            clients=callers,
+                            warmup=2 * limit if warmup is None else warmup,
+                            calls=calls,
+                            duration=duration,
+                            report=report,
+                        )
+                    )
+                except DispatcherError as exc:
+                    failure = exc
+            if failure is not None:
+                break
+    if failure is not None:
+        raise failure
+    notes.extend(_error_notes(results, synthetic=isinstance(workload, str)))
+    if share == 0:
+        recommended, best = None, None
+        low = min(results, key=lambda s: s.throughput)
+        high = max(results, key=lambda s: s.throughput)
+        explanation = (
+            "no limit can matter here, so there is nothing to recommend: every call of the workload runs alone "
+            f"(the settings measured {format_number(low.throughput)} to {format_number(high.throughput)} calls/s, "
+            "which is noise); see the notes"
+        )
+    else:
+        recommended, best, explanation = recommend(results, tolerance=tolerance)
+    return TuneReport(
+        target=describe_target(target),
+        trusted=trusted,
+        knob="per_server" if per_server else "max_concurrency",
+        workload=description,
+        concurrent_share=share,
+        clients=callers,
+        calls=calls,
+        duration=duration,
+        settings=tuple(results),
+        recommended=recommended,
+        best=best,
+        explanation=explanation,
+        notes=tuple(notes),
+    )
+
+
+def _report_progress(
+    progress: Callable[[TuneProgress], object], limit: int, index: int, total: int, completed: int, planned: int | None
+) -> None:
+    progress(TuneProgress(limit, index, total, completed, planned))
+
+
+def _check_settings(settings: Sequence[int]) -> list[int]:
+    if not settings:
+        raise ConfigurationError("settings is empty; give at least one limit to try, e.g. (1, 2, 4, 8)")
+    bad = [s for s in settings if not isinstance(s, int) or isinstance(s, bool) or s < 1]
+    if bad:
+        raise ConfigurationError(f"every setting must be an int >= 1, got {bad}")
+    return sorted(set(settings))
+
+
+def _workload_notes(share: float, trusted: bool, clients: int, limits: Sequence[int]) -> list[str]:
+    notes = []
+    if share == 0:
+        why = (
+            "the server is untrusted, so every call runs alone; pass --trusted (trusted=True) if you trust its hints"
+            if not trusted
+            else "no call of the workload is to a read-only tool, so every call runs alone"
+        )
+        notes.append(f"no limit can matter here: {why}")
+    elif share < 1:
+        notes.append(
+            f"{1 - share:.0%} of the workload's calls run alone (not read-only), which caps what concurrency can gain"
+        )
+    beyond = [limit for limit in limits if limit > clients]
+    if beyond:
+        notes.append(f"only {clients} callers offer calls, so settings above it ({beyond}) cannot run more at once")
+    return notes
+
+
+def _error_notes(results: Sequence[SettingResult], *, synthetic: bool) -> list[str]:
+    notes = [
+        f"at {result.limit}, {result.errors} of {result.calls + result.errors} measured calls did not succeed "
+        f"({result.error})"
+        for result in results
+        if result.errors
+    ]
+    if notes:
+        where = (
+            "the generated arguments are a guess; write the calls your agent makes to a --workload file"
+            if synthetic
+            else "check the workload's calls"
+        )
+        notes.append(f"failed calls count as errors, not throughput, and no setting is chosen from them; {where}")
+    return notes

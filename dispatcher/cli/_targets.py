@@ -1,0 +1,159 @@
+"""The server-target options that `inspect` and `tune` share, and the connection they describe.
+
+``--stdio CMD`` (split like a shell would, with ``--env KEY=VALUE`` for its environment) or ``--url URL``;
+``--trusted``, ``--mode``, ``--name``, ``--timeout``; and ``--server-log PATH``, where a stdio server's
+stderr goes. By default the stderr is kept out of the terminal (servers can log thousands of lines
+during a sweep) in a temporary file, whose last lines are shown if the command fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, TextIO
+
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from ._present import clean
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable, Iterator
+
+__all__ = ["ServerTarget", "UsageError", "add_target_options", "target_from_args"]
+
+_TAIL = 5
+
+
+class UsageError(Exception):
+    """A mistake on the command line: the command exits 2 with this message on one line."""
+
+
+def add_target_options(parser: argparse.ArgumentParser) -> None:
+    """Add the options that name a server and how to connect to it."""
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--stdio",
+        metavar="CMD",
+        help='launch the server as a subprocess, e.g. "npx -y some-server" (split as a shell would)',
+    )
+    where.add_argument("--url", help="the URL of a streamable HTTP endpoint")
+    parser.add_argument("--trusted", action="store_true", help="trust the server's annotations (default: untrusted)")
+    conn = parser.add_argument_group("connection")
+    conn.add_argument("--mode", choices=("auto", "legacy"), default="auto", help="protocol negotiation")
+    conn.add_argument("--name", default="server", help="the name to register the server under")
+    conn.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="for --stdio (repeatable)")
+    conn.add_argument("--timeout", type=float, default=30.0, metavar="S", help="seconds to connect (default 30)")
+    conn.add_argument(
+        "--server-log",
+        type=Path,
+        metavar="PATH",
+        help="append the --stdio server's stderr to PATH (default: kept out of the terminal, and its last "
+        "lines shown if the command fails)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTarget:
+    """A server named on the command line.
+
+    Attributes:
+        stdio: The subprocess to launch, or None for `url`.
+        url: The streamable HTTP endpoint, or None for `stdio`.
+        log: Where the subprocess's stderr goes, or None for a temporary file.
+    """
+
+    stdio: StdioServerParameters | None
+    url: str | None
+    log: Path | None
+
+    @property
+    def description(self) -> str:
+        """The target for people."""
+        if self.stdio is not None:
+            return shlex.join([self.stdio.command, *self.stdio.args])
+        return str(self.url)
+
+    @contextlib.contextmanager
+    def connect(
+        self, *, mode: Literal["auto", "legacy"]
+    ) -> Iterator[tuple[Callable[[], Client] | str, Callable[[], str]]]:
+        """What to connect to, and a function that says where to look when the server failed.
+
+        A stdio server's stderr goes to the log file (opened here, closed on exit) instead of the
+        terminal. The second function returns a sentence: the path of the log, or the last lines of
+        the temporary one; "" when there is nothing to show.
+        """
+        if self.stdio is None:
+            yield str(self.url), lambda: ""
+            return
+        params = self.stdio
+        with contextlib.ExitStack() as stack:
+            if self.log is not None:
+                try:
+                    log: TextIO = stack.enter_context(self.log.open("a", encoding="utf-8"))
+                except OSError as exc:
+                    raise UsageError(f"cannot open the server log: {exc}") from None
+            else:
+                log = stack.enter_context(tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace"))
+
+            yield _Launch(params, log, mode, self.description), lambda: self._where_to_look(log)
+
+    def _where_to_look(self, log: TextIO) -> str:
+        if self.log is not None:
+            return f"the server's stderr is in {self.log}"
+        try:
+            log.flush()
+            log.seek(0)
+            lines = [line.rstrip() for line in log.read().splitlines() if line.strip()]
+        except (OSError, ValueError):
+            return ""
+        if not lines:
+            return ""
+        tail = "\n".join(f"  {clean(line)[:300]}" for line in lines[-_TAIL:])
+        return f"the server's stderr ended with (--server-log PATH keeps all of it):\n{tail}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Launch:
+    """A client factory that launches a stdio server with its stderr sent to `log`."""
+
+    params: StdioServerParameters
+    log: TextIO
+    mode: Literal["auto", "legacy"]
+    description: str
+
+    def __call__(self) -> Client:
+        return Client(stdio_client(self.params, errlog=self.log), mode=self.mode)
+
+
+def target_from_args(args: argparse.Namespace) -> ServerTarget:
+    """The server the parsed options name.
+
+    Raises:
+        UsageError: An empty or unbalanced --stdio command, a malformed --env, --server-log with --url.
+    """
+    if args.stdio is None:
+        if args.env:
+            raise UsageError("--env applies to --stdio servers only")
+        if args.server_log is not None:
+            raise UsageError("--server-log applies to --stdio servers only")
+        return ServerTarget(None, args.url, None)
+    try:
+        command = shlex.split(args.stdio)
+    except ValueError as exc:
+        raise UsageError(f"--stdio {args.stdio!r} cannot be split into a command: {exc}") from None
+    if not command:
+        raise UsageError("--stdio needs a command")
+    env: dict[str, str] = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env takes KEY=VALUE, got {item!r}")
+        env[key] = value
+    params = StdioServerParameters(command=command[0], args=command[1:], env=env or None)
+    return ServerTarget(params, None, args.server_log)

@@ -1,0 +1,182 @@
+"""`dispatcher tune`: its options, and running the sweep from them."""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+
+from dispatcher._errors import ConfigurationError, DispatcherError
+
+from ._machine import machine_info
+from ._present import ProgressBar, print_lines, tune_lines
+from ._recommend import TOLERANCE
+from ._sweep import DEFAULT_SETTINGS, tune
+from ._targets import UsageError, add_target_options, target_from_args
+from ._workloads import load_workload
+
+if TYPE_CHECKING:
+    import argparse
+
+    from dispatcher._calls import ToolCall
+
+__all__ = ["add_parser", "doubling"]
+
+
+def doubling(start: int, stop: int) -> list[int]:
+    """The settings start, 2*start, 4*start, ... up to stop (stop included even off the sequence).
+
+    Raises:
+        ConfigurationError: start < 1 or stop < start.
+    """
+    if start < 1 or stop < start:
+        raise ConfigurationError(f"--from must be >= 1 and --to >= --from, got {start} and {stop}")
+    limits = []
+    value = start
+    while value < stop:
+        limits.append(value)
+        value *= 2
+    limits.append(stop)
+    return limits
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register the `tune` subcommand."""
+    parser = subparsers.add_parser(
+        "tune",
+        help="sweep max_concurrency against an MCP server and recommend a setting",
+        description=(
+            "Run a workload against an MCP server under each setting of max_concurrency (or of the per-server "
+            "limit), measure throughput and p50/p95 latency, and recommend the smallest setting within "
+            f"{TOLERANCE:.0%} of the best throughput."
+        ),
+    )
+    add_target_options(parser)
+    load = parser.add_mutually_exclusive_group(required=True)
+    load.add_argument(
+        "--workload", type=Path, metavar="FILE", help='JSONL: one {"name": ..., "arguments": {...}} a line'
+    )
+    load.add_argument(
+        "--synthetic",
+        choices=("reads", "mixed"),
+        help="calls of the server's own read-only (and additive) tools, with generated arguments",
+    )
+    sweep = parser.add_argument_group("the sweep")
+    sweep.add_argument("--range", metavar="A,B,...", help="the settings to try (default: 1,2,4,8,16,32,64)")
+    sweep.add_argument("--from", dest="start", type=int, metavar="N", help="double from N ...")
+    sweep.add_argument("--to", dest="stop", type=int, metavar="M", help="... up to M")
+    sweep.add_argument(
+        "--per-server", action="store_true", help="sweep the per-server limit instead of the dispatcher-wide one"
+    )
+    sweep.add_argument("--calls", type=int, default=None, metavar="N", help="measured calls per setting (default 200)")
+    sweep.add_argument("--duration", type=float, metavar="S", help="measure each setting for at most S seconds")
+    sweep.add_argument("--warmup", type=int, metavar="N", help="calls before measuring (default: twice the setting)")
+    sweep.add_argument("--clients", type=int, metavar="N", help="callers offering calls (default: the largest setting)")
+    sweep.add_argument("--call-timeout", type=float, default=60.0, metavar="S", help="per call (default 60)")
+    sweep.add_argument("--seed", type=int, default=0, help="seed of the synthetic mixed workload")
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", type=Path, metavar="PATH", help="write the report as JSON")
+    out.add_argument("--plot", type=Path, metavar="PATH", help="draw a PNG plot (needs matplotlib)")
+    out.add_argument("--quiet", action="store_true", help="no progress")
+    parser.set_defaults(handler=_run)
+
+
+def _settings(args: argparse.Namespace) -> list[int]:
+    if args.range is not None and (args.start is not None or args.stop is not None):
+        raise UsageError("give either --range or --from/--to, not both")
+    if args.range is not None:
+        try:
+            return [int(part) for part in args.range.split(",") if part.strip()]
+        except ValueError:
+            raise UsageError(f"--range takes integers separated by commas, got {args.range!r}") from None
+    if args.start is not None or args.stop is not None:
+        return doubling(args.start or 1, args.stop or 64)
+    return list(DEFAULT_SETTINGS)
+
+
+def _workload(args: argparse.Namespace) -> list[ToolCall] | Literal["reads", "mixed"]:
+    if args.workload is None:
+        synthetic: Literal["reads", "mixed"] = args.synthetic
+        return synthetic
+    try:
+        text = args.workload.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read the workload: {exc}") from None
+    return load_workload(text.splitlines(), source=str(args.workload))
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """The command's options for the JSON file; of --env only the names, as values may be secrets."""
+    options = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+    del options["handler"]
+    options["env"] = [item.partition("=")[0] for item in args.env]
+    return options
+
+
+def _run(args: argparse.Namespace) -> int:
+    target = target_from_args(args)
+    settings = _settings(args)
+    workload = _workload(args)
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print(
+                "dispatcher tune: --plot needs matplotlib (pip install 'dispatcher[plot]'); "
+                "the sweep runs, but no plot will be drawn",
+                file=sys.stderr,
+            )
+            args.plot = None
+    with target.connect(mode=args.mode) as (connect_to, where_to_look):
+        bar = ProgressBar(sys.stderr, enabled=not args.quiet)
+        run = functools.partial(
+            tune,
+            connect_to,
+            workload,
+            settings,
+            trusted=args.trusted,
+            per_server=args.per_server,
+            calls=args.calls if args.calls is not None or args.duration is not None else 200,
+            duration=args.duration,
+            warmup=args.warmup,
+            clients=args.clients,
+            call_timeout=args.call_timeout if args.call_timeout > 0 else None,
+            server=args.name,
+            mode=args.mode,
+            connect_timeout=args.timeout if args.timeout > 0 else None,
+            seed=args.seed,
+            progress=bar,
+        )
+        try:
+            report = anyio.run(run)
+        except ConfigurationError:
+            raise
+        except DispatcherError as exc:
+            bar.close()  # before the message, so that the bar does not draw over it
+            print(f"dispatcher tune: {exc}", file=sys.stderr)
+            hint = where_to_look()
+            if hint:
+                print(hint, file=sys.stderr)
+            return 1
+        finally:
+            bar.close()
+    if args.json is not None:
+        document = {
+            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "options": _options(args),
+            **report.to_json(),
+            "machine": machine_info(),
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    if args.plot is not None:
+        from ._plot import save_plot
+
+        save_plot(report, args.plot)
+    print_lines(tune_lines(report), sys.stdout)
+    return 0
