@@ -7,8 +7,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.reference import ideal_makespan, plan
 from dispatcher._gate import Gate, Ticket, TicketState
-from dispatcher._plan import ideal_makespan, plan
 
 
 @given(st.lists(st.booleans(), max_size=60))
