@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from mcp.types import CallToolResult, Tool, ToolAnnotations
 
     from ._catalog import Catalog, ToolImpl
+    from ._keys import KeyFunction
     from ._mcp import ToolCaller
 
 __all__ = ["Connection", "ServerRegistry", "check_target"]
@@ -413,6 +414,9 @@ class _Server:
     asked: dict[str, str] = field(default_factory=dict)
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     listed: bool = False
+    # The user's conflict domain and key functions (see `_keys`); never taken from the server.
+    domain: str | None = None
+    keys: Mapping[str, KeyFunction] = field(default_factory=dict)
 
 
 class ServerRegistry:
@@ -422,6 +426,8 @@ class ServerRegistry:
         self._catalog = catalog
         self._servers: dict[str, _Server] = {}
         self.pins = Pins()
+        # Told (server, tools) when changed definitions are accepted, so queued calls follow them.
+        self.on_accept: Callable[[str, list[str]], None] | None = None
 
     def __contains__(self, name: object) -> bool:
         return name in self._servers
@@ -447,13 +453,15 @@ class ServerRegistry:
         trusted: bool,
         overrides: Mapping[str, ToolAnnotations],
         on_change: Callable[[DefinitionChange], bool | Awaitable[bool]] | None,
+        domain: str | None = None,
+        keys: Mapping[str, KeyFunction] | None = None,
     ) -> _Server:
         """Claim a server name before its first listing, so that two registrations cannot race for it."""
         if name in self._servers or name in self._catalog.servers:
             raise ConfigurationError(f"a server named {name!r} is already registered")
         if on_change is not None and not callable(on_change):
             raise ConfigurationError(f"on_definition_change must be callable, got {type(on_change).__name__}")
-        server = self._servers[name] = _Server(name, trusted, overrides, on_change)
+        server = self._servers[name] = _Server(name, trusted, overrides, on_change, domain=domain, keys=keys or {})
         return server
 
     def release(self, server: _Server) -> None:
@@ -492,12 +500,13 @@ class ServerRegistry:
         async with server.lock:
             tools = await list_all_tools(client, refresh=server.listed)
             if not server.listed:
-                unknown = sorted(set(server.overrides) - {tool.name for tool in tools})
-                if unknown:
-                    have = ", ".join(sorted(tool.name for tool in tools)) or "no tools"
-                    raise ConfigurationError(
-                        f"overrides name tools server {server.name!r} does not have: {unknown} (it has {have})"
-                    )
+                for what, named in (("overrides", server.overrides), ("keys", server.keys)):
+                    unknown = sorted(set(named) - {tool.name for tool in tools})
+                    if unknown:
+                        have = ", ".join(sorted(tool.name for tool in tools)) or "no tools"
+                        raise ConfigurationError(
+                            f"{what} name tools server {server.name!r} does not have: {unknown} (it has {have})"
+                        )
             return self._apply(server, tools)
 
     async def ask(self, server: _Server, changes: list[DefinitionChange]) -> None:
@@ -547,6 +556,8 @@ class ServerRegistry:
             input_schema=tool.input_schema,
             output_schema=tool.output_schema,
             title=tool.title or (tool.annotations.title if tool.annotations else None),
+            domain=server.domain,
+            key_function=server.keys.get(tool.name),
         )
 
     def _impl(self, server: _Server, tool: Tool) -> MCPTool:
@@ -586,6 +597,8 @@ class ServerRegistry:
                 accepted.append(change)
         if accepted:
             self._apply(server, list(server.tools.values()))
+            if self.on_accept is not None:
+                self.on_accept(name, [change.tool for change in accepted])
         return accepted
 
     def pending(self, name: str | None = None) -> list[DefinitionChange]:

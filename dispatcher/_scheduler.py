@@ -29,8 +29,9 @@ from ._catalog import ArgumentError, Catalog, ToolEntry, ToolImpl
 from ._connections import ServerRegistry, check_target
 from ._errors import BatchError, ConfigurationError, DispatcherClosedError, ServerConnectionError
 from ._functions import FunctionTool
-from ._gate import Gate, Ticket
+from ._gate import Gate, Ticket, TicketState
 from ._hooks import CallHooks
+from ._keys import KeyRuleError, call_keys, check_domain, check_key_functions
 from ._mcp import ToolUnavailableError, describe_failure
 from ._observe import Observer, resolve_tracer
 from ._retry import Attempt, Budget, Retrier, RetryPolicy, eligible, is_transient
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
     from ._approval import ApprovalRequest, Approver
+    from ._keys import KeyFunction
     from ._observe import CallEvent, CallState
     from ._pins import DefinitionChange
 
@@ -59,6 +61,8 @@ _MAX_ERROR = 1000
 _IDLE_WORKERS_UNLIMITED = 64
 
 _DEFAULT_RETRY = RetryPolicy()
+
+_WAITING = (TicketState.PENDING, TicketState.HELD)
 
 
 class PendingCall:
@@ -369,6 +373,7 @@ class Dispatcher:
         self._rng = random.Random(retry.seed if retry is not None else None)
         self._catalog = Catalog()
         self._servers = ServerRegistry(self._catalog)
+        self._servers.on_accept = self._accepted
         self._gate: Gate[PendingCall] = Gate(max_concurrency)
         self._tg: TaskGroup | None = None
         self._open = False
@@ -457,6 +462,8 @@ class Dispatcher:
         name: str | None = None,
         annotations: ToolAnnotations | None = None,
         description: str | None = None,
+        domain: str | None = None,
+        keys: KeyFunction | None = None,
     ) -> ToolEntry:
         """Register a local sync or async callable as a tool.
 
@@ -469,6 +476,11 @@ class Dispatcher:
             name: The tool's name (default: the function's name).
             annotations: The tool's hints; set ``readOnlyHint=True`` for calls that may run together.
             description: Overrides the docstring as the description shown to the model.
+            domain: The conflict domain of the function's calls (see docs/conflicts.md): its writes
+                then wait only for calls in the same domain. None: the root key, which conflicts with
+                every call.
+            keys: A function from a call's arguments to its keys within `domain` (a string, an
+                iterable of strings, or None for the whole domain); needs `domain`.
 
         Returns:
             The catalogue entry.
@@ -481,6 +493,11 @@ class Dispatcher:
             raise ConfigurationError("a tool needs a name: pass name=... for lambdas and callable objects")
         if self._catalog.has(None, tool_name):
             raise ConfigurationError(f"a local function named {tool_name!r} is already registered")
+        owner = f"function {tool_name!r}"
+        domain = check_domain(domain, owner)
+        if keys is not None and not callable(keys):
+            raise ConfigurationError(f"keys for {owner} must be a function of the arguments, got {keys!r}")
+        key_function = check_key_functions({tool_name: keys} if keys is not None else None, domain, owner)
         impl = FunctionTool(fn)
         entry = ToolEntry(
             tool_name,
@@ -493,6 +510,8 @@ class Dispatcher:
             input_schema=impl.input_schema,
             output_schema=impl.output_schema,
             title=annotations.title if annotations is not None else None,
+            domain=domain,
+            key_function=key_function.get(tool_name),
         )
         self._catalog.put([(entry, impl)])
         return self._entry(None, tool_name)
@@ -506,6 +525,8 @@ class Dispatcher:
         max_concurrency: int | None = None,
         overrides: Mapping[str, ToolAnnotations] | None = None,
         on_definition_change: Callable[[DefinitionChange], bool | Awaitable[bool]] | None = None,
+        domain: str | None = None,
+        keys: Mapping[str, KeyFunction] | None = None,
     ) -> list[ToolEntry]:
         """Register the tools of an MCP server reached through an entered `mcp.Client`.
 
@@ -527,6 +548,12 @@ class Dispatcher:
             on_definition_change: Called with each `DefinitionChange` (a tool whose definition differs
                 from its pin); return True (or an awaitable of True) to accept it. The tool is blocked
                 until the change is accepted, here or with `accept_changes`.
+            domain: Your conflict domain for this server's state (see docs/conflicts.md): its calls
+                are keyed under it, so its writes wait only for calls in the same domain (and calls
+                with no domain). Servers that share state must share a domain. None: the root key,
+                which conflicts with every call.
+            keys: Key functions for some of its tools, by the server's tool name: each maps a
+                call's arguments to its keys within `domain`. Needs `domain`.
 
         Returns:
             The server's callable catalogue entries.
@@ -536,7 +563,16 @@ class Dispatcher:
                 tool the server does not have.
         """
         overrides = self._check_server(name, max_concurrency, overrides)
-        server = self._servers.reserve(name, trusted=trusted, overrides=overrides, on_change=on_definition_change)
+        domain = check_domain(domain, f"server {name!r}")
+        key_functions = check_key_functions(keys, domain, f"server {name!r}")
+        server = self._servers.reserve(
+            name,
+            trusted=trusted,
+            overrides=overrides,
+            on_change=on_definition_change,
+            domain=domain,
+            keys=key_functions,
+        )
         self._gate.set_server_limit(name, max_concurrency)
         try:
             await self._servers.add_client(server, client)
@@ -558,6 +594,8 @@ class Dispatcher:
         follow_changes: bool = True,
         on_definition_change: Callable[[DefinitionChange], bool | Awaitable[bool]] | None = None,
         connect_timeout: float | None = 30.0,
+        domain: str | None = None,
+        keys: Mapping[str, KeyFunction] | None = None,
     ) -> list[ToolEntry]:
         """Connect to an MCP server and register its tools; the dispatcher owns the connection.
 
@@ -587,6 +625,8 @@ class Dispatcher:
                 reconnect, calls to the other tools go ahead while it decides.
             connect_timeout: Seconds that connecting and listing the tools may take (not counting
                 `on_definition_change`), or None.
+            domain: Your conflict domain for this server's state (see `add_mcp_server`).
+            keys: Key functions for some of its tools (see `add_mcp_server`).
 
         Returns:
             The server's callable catalogue entries.
@@ -608,7 +648,16 @@ class Dispatcher:
             raise ConfigurationError(
                 f"connect_timeout must be a positive number of seconds or None, got {connect_timeout!r}"
             )
-        server = self._servers.reserve(name, trusted=trusted, overrides=overrides, on_change=on_definition_change)
+        domain = check_domain(domain, f"server {name!r}")
+        key_functions = check_key_functions(keys, domain, f"server {name!r}")
+        server = self._servers.reserve(
+            name,
+            trusted=trusted,
+            overrides=overrides,
+            on_change=on_definition_change,
+            domain=domain,
+            keys=key_functions,
+        )
         connection = self._servers.connection(server, target, mode=mode, follow=follow_changes, timeout=connect_timeout)
         self._gate.set_server_limit(name, max_concurrency)
         assert self._tg is not None
@@ -815,21 +864,76 @@ class Dispatcher:
         except Exception as exc:
             work._settle(CallStatus.FAILED, error=f"invalid arguments: {type(exc).__name__}: {exc}")
             return work
+        try:
+            keys = call_keys(entry, arguments)
+        except KeyRuleError as exc:
+            work._settle(CallStatus.FAILED, error=f"invalid conflict keys: {exc}")
+            return work
         if hooks is None:
-            work._ticket = self._gate.submit(work, exclusive=entry.exclusive, server=entry.server)
+            work._ticket = self._gate.submit(work, exclusive=entry.exclusive, server=entry.server, keys=keys)
         else:
-            self._submit_hooked(work, entry, hooks)
+            self._submit_hooked(work, entry, hooks, keys)
         self._pump()
         return work
 
-    def _submit_hooked(self, work: PendingCall, entry: ToolEntry, hooks: CallHooks) -> None:
+    def _submit_hooked(self, work: PendingCall, entry: ToolEntry, hooks: CallHooks, keys: tuple[str, ...]) -> None:
         """Queue a call of a batch with hooks: held at its place while its approval is asked for."""
         state = work._state
         assert state is not None
+        state.keys = keys
         request = hooks.approval(work.call, entry, state)
-        work._ticket = self._gate.submit(work, exclusive=entry.exclusive, server=entry.server, held=request is not None)
+        work._ticket = self._gate.submit(
+            work, exclusive=entry.exclusive, server=entry.server, held=request is not None, keys=keys
+        )
         if request is not None:
             assert self._tg is not None
+            self._tg.start_soon(self._approve_held, work, request, hooks, state)
+
+    def _accepted(self, server: str, tools: list[str]) -> None:
+        """Changed definitions were accepted: classify the calls of those tools that have not started anew.
+
+        A call queued while its tool was read-only, whose tool is now mutating, waits for an exclusive
+        turn at its place in the order, and is put to the approver if the policy now selects it.
+        Costs one pass over the unfinished calls; it happens only when a change is accepted.
+        """
+        changed = False
+        for batch in list(self._live):
+            for work in batch._works:
+                entry = work._entry
+                ticket = work._ticket
+                if work._result is not None or ticket is None or entry is None:
+                    continue
+                if entry.server != server or entry.tool not in tools or ticket.state not in _WAITING:
+                    continue
+                new = self._catalog.get(server, entry.tool)
+                if new is None or new == entry:
+                    continue
+                self._reclassify(work, ticket, new)
+                changed = True
+        if changed and self._open:
+            self._pump()
+
+    def _reclassify(self, work: PendingCall, ticket: Ticket[PendingCall], entry: ToolEntry) -> None:
+        arguments = work.call.arguments if work.call.arguments is not None else {}
+        try:
+            keys = call_keys(entry, arguments)
+        except KeyRuleError as exc:
+            self._gate.withdraw(ticket)
+            work._settle(CallStatus.FAILED, error=f"invalid conflict keys: {exc}")
+            return
+        work._entry = entry
+        hooks = work._hooks
+        state = work._state
+        request = None
+        if hooks is not None and state is not None:
+            state.entry = entry
+            state.keys = keys
+            if ticket.state is TicketState.PENDING:
+                # A held call is being asked about already; a pending one may need asking now.
+                request = hooks.approval(work.call, entry, state)
+        self._gate.reclassify(ticket, exclusive=entry.exclusive, keys=keys, held=True if request is not None else None)
+        if request is not None:
+            assert hooks is not None and state is not None and self._tg is not None
             self._tg.start_soon(self._approve_held, work, request, hooks, state)
 
     async def _approve_held(
