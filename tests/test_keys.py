@@ -9,7 +9,10 @@ import anyio
 import pytest
 from mcp import StdioServerParameters
 from mcp.types import ToolAnnotations
+from trio.testing import MockClock
 
+from benchmarks import keys as bench
+from benchmarks.reference import KeyedCall, ideal_keyed_makespan
 from dispatcher import CallEvent, CallStatus, ConfigurationError, Dispatcher, RetryPolicy, ToolCall
 from dispatcher.examples import Workspace
 from dispatcher.testing import inject_faults
@@ -284,6 +287,25 @@ async def test_a_retried_write_holds_its_own_keys_only() -> None:
     assert first.tool == second.tool == "set_note" and read_a.tool == "read_note"
     assert read_b.ended is not None and read_b.ended <= second.started_at  # b ran before the write ended
     assert second.finished_at is not None and read_a.started_at >= second.finished_at
+
+
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")]
+)
+async def test_the_keyed_benchmark_workload_takes_exactly_the_ideal_keyed_time() -> None:
+    """On a virtual clock, each turn of the multi-server benchmark takes exactly its ideal keyed makespan."""
+    config = bench.FULL
+    async with Dispatcher() as d:
+        bench.register(d, keyed=True)
+        for t, turn in enumerate(bench.turns_of(config)):
+            start = anyio.current_time()
+            results = await d.dispatch(bench.tool_calls(turn, config.latency, f"t{t}-"))
+            took = anyio.current_time() - start
+            ideal = ideal_keyed_makespan(
+                [KeyedCall(bench.keys_of(call), call.write, config.latency) for call in turn], bench.LIMIT
+            )
+            assert all(result.ok for result in results)
+            assert took == pytest.approx(ideal), t
 
 
 # Accepted changes apply to calls not yet started (issue 10, point 6) ----------------------------------
