@@ -237,8 +237,6 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
     all_ms = len(turns) * config.latency * 1000
     result.row(case, IDEAL_ALL, "ms", [all_ms], note="one latency per turn")
     ideal = [ideal_ms] * config.repeat
-    ideal_barrier_samples = [barrier_ms] * config.repeat
-    ideal_all_samples = [all_ms] * config.repeat
     result.comparisons.extend(
         [
             Comparison.paired(case, (KEYED, ms[KEYED]), (IDEAL_KEYED, ideal), better="lower"),
