@@ -24,6 +24,7 @@ from mcp import StdioServerParameters
 from ._annotations import effective_annotations
 from ._catalog import NAME_PATTERN
 from ._errors import DispatcherError
+from ._keys import rule as key_rule
 from ._scheduler import Dispatcher
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ class ToolReport:
     scheduling: Literal["concurrent", "exclusive"]
     retryable: bool
     warnings: tuple[Finding, ...]
+    # How its calls are keyed for conflicts (docs/conflicts.md): "root", a domain, or domain/<fn(arguments)>.
+    keys: str = "root"
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +178,7 @@ def analyze(entries: Sequence[ToolEntry]) -> tuple[tuple[ToolReport, ...], tuple
             # What a RetryPolicy acts on: the effective idempotentHint, which only trusted sources set.
             retryable=entry.idempotent,
             warnings=tuple(_tool_findings(entry)),
+            keys=key_rule(entry),
         )
         for entry in entries
     )

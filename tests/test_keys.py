@@ -381,3 +381,18 @@ async def test_a_reclassified_call_that_is_denied_never_runs(tmp_path: pathlib.P
     assert hold.ok and peek.ok
     assert lookup.status is CallStatus.DENIED
     assert "start lookup" not in flip_server.log(tmp_path)
+
+
+def test_inspect_reports_each_tools_key_rule() -> None:
+    """The inspect analysis names how each tool's calls are keyed: root, its domain, or its key function."""
+    from dispatcher._catalog import ToolEntry
+    from dispatcher._inspect import analyze
+
+    hints = ToolAnnotations(read_only_hint=True)
+    entries = [
+        ToolEntry("a", "s", "a", hints),
+        ToolEntry("b", "s", "b", hints, domain="github"),
+        ToolEntry("c", "s", "c", hints, domain="fs", key_function=note),
+    ]
+    tools, _ = analyze(entries)
+    assert [tool.keys for tool in tools] == ["root", "github", "fs/<note(arguments)>"]
