@@ -23,9 +23,9 @@ from mcp import StdioServerParameters
 
 from ._annotations import effective_annotations
 from ._catalog import NAME_PATTERN
+from ._dispatcher import Dispatcher
 from ._errors import DispatcherError
 from ._keys import rule as key_rule
-from ._scheduler import Dispatcher
 
 if TYPE_CHECKING:
     import argparse
