@@ -426,8 +426,9 @@ class ServerRegistry:
         self._catalog = catalog
         self._servers: dict[str, _Server] = {}
         self.pins = Pins()
-        # Told (server, tools) when changed definitions are accepted, so queued calls follow them.
-        self.on_accept: Callable[[str, list[str]], None] | None = None
+        # Told (server, its callable tools) whenever a listing, an accepted change or imported pins
+        # reach the catalogue, so that queued calls follow definitions approved since they queued.
+        self.on_update: Callable[[str, list[str]], None] | None = None
 
     def __contains__(self, name: object) -> bool:
         return name in self._servers
@@ -542,6 +543,8 @@ class ServerRegistry:
         self._catalog.set_server_tools(server.name, rows)
         server.tools = listing
         server.pending = pending
+        if self.on_update is not None:
+            self.on_update(server.name, [name for name in listing if name not in pending])
         return fresh
 
     def _entry(self, server: _Server, tool: Tool) -> ToolEntry:
@@ -597,8 +600,6 @@ class ServerRegistry:
                 accepted.append(change)
         if accepted:
             self._apply(server, list(server.tools.values()))
-            if self.on_accept is not None:
-                self.on_accept(name, [change.tool for change in accepted])
         return accepted
 
     def pending(self, name: str | None = None) -> list[DefinitionChange]:

@@ -111,7 +111,7 @@ class Dispatcher:
         self._executor = Executor(
             self._catalog, max_concurrency=max_concurrency, call_timeout=call_timeout, retry=retry
         )
-        self._servers.on_accept = self._executor.accepted
+        self._servers.on_update = self._executor.accepted
         self._tg: TaskGroup | None = None
         self._approve = approve
         self._approval = approval if approval is not None else ApprovalPolicy()

@@ -234,12 +234,16 @@ class Executor:
             self._tg.start_soon(self._approve_held, work, request, hooks, state)
 
     def accepted(self, server: str, tools: list[str]) -> None:
-        """Changed definitions were accepted: classify the calls of those tools that have not started anew.
+        """A server's tools reached the catalogue: calls of theirs not started follow their current entry.
 
-        A call queued while its tool was read-only, whose tool is now mutating, waits for an exclusive
-        turn at its place in the order, and is put to the approver if the policy now selects it.
-        Costs one pass over the unfinished calls; it happens only when a change is accepted.
+        A changed definition is approved (accepted, or by imported pins) while calls queued under the
+        old one wait: a call queued while its tool was read-only, whose tool is now mutating, waits for
+        an exclusive turn at its place in the order, and is put to the approver if the policy now
+        selects it. Costs one pass over the unfinished calls, at each listing of a server's tools.
         """
+        if not self.live:
+            return
+        listed = set(tools)
         changed = False
         for batch in list(self.live):
             for work in batch._works:
@@ -247,7 +251,7 @@ class Executor:
                 ticket = work._ticket
                 if work._result is not None or ticket is None or entry is None:
                     continue
-                if entry.server != server or entry.tool not in tools or ticket.state not in _WAITING:
+                if entry.server != server or entry.tool not in listed or ticket.state not in _WAITING:
                     continue
                 new = self._catalog.get(server, entry.tool)
                 if new is None or new == entry:

@@ -396,3 +396,34 @@ def test_inspect_reports_each_tools_key_rule() -> None:
     ]
     tools, _ = analyze(entries)
     assert [tool.keys for tool in tools] == ["root", "github", "fs/<note(arguments)>"]
+
+
+async def test_a_change_approved_by_imported_pins_reclassifies_queued_calls(tmp_path: pathlib.Path) -> None:
+    """Pins imported while a changed tool is blocked approve it: its queued calls are reclassified too."""
+    asked: list[str] = []
+
+    async def approve(request: ApprovalRequest) -> bool:
+        asked.append(request.call.id)
+        return True
+
+    async with Dispatcher(approve=approve) as d:
+        await d.connect("flip", flip_server.build(tmp_path), trusted=True, follow_changes=False)
+        async with d.batch() as batch:
+            batch.submit(ToolCall("h", "hold", {}))
+            batch.submit(ToolCall("l", "lookup", {"name": "x"}))
+            batch.submit(ToolCall("p", "peek", {"name": "y"}))
+            with anyio.fail_after(30):
+                while not (tmp_path / "flipped").exists():  # noqa: ASYNC110  # set by the server
+                    await anyio.sleep(0.01)
+            await d.refresh("flip")
+            [change] = d.pending_changes()
+            pins = d.export_pins()
+            pins["flip"]["lookup"] = change.current
+            d.import_pins(pins)
+            assert d.pending_changes() == []
+            (tmp_path / "release").touch()
+        results = batch.results()
+    assert all(result.ok for result in results)
+    assert asked == ["l"]
+    log = flip_server.log(tmp_path)
+    assert log.index("start peek") > log.index("end lookup")
