@@ -56,12 +56,13 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 if TYPE_CHECKING:
     from collections.abc import Hashable, Iterable
 
-__all__ = ["ROOT", "Gate", "Ticket", "TicketState", "conflicts", "normalize_keys"]
+__all__ = ["ROOT", "ROOT_KEYS", "Gate", "Ticket", "TicketState", "conflicts", "normalize_keys"]
 
 T = TypeVar("T")
 
 ROOT = ""
-_ROOT_KEYS = (ROOT,)
+ROOT_KEYS = (ROOT,)
+_ROOT_KEYS = ROOT_KEYS
 
 # Lock modes on a node of the key tree.
 _IS, _IX, _S, _X = 0, 1, 2, 3
@@ -127,6 +128,10 @@ def _nodes(keys: tuple[str, ...], exclusive: bool) -> tuple[tuple[str, int], ...
     for key in keys:
         modes[key] = own
     return tuple(modes.items())
+
+
+_ROOT_READ = ((ROOT, _S),)
+_ROOT_EXCLUSIVE = ((ROOT, _X),)
 
 
 class _Node:
@@ -241,6 +246,8 @@ class Gate(Generic[T]):
         return ticket
 
     def _locks(self, keys: tuple[str, ...], exclusive: bool) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
+        if keys is _ROOT_KEYS:
+            return _ROOT_KEYS, _ROOT_EXCLUSIVE if exclusive else _ROOT_READ
         cache = self._cache
         found = cache.get((keys, exclusive))
         if found is None:

@@ -23,6 +23,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ._errors import ConfigurationError
+from ._gate import ROOT_KEYS
 
 if TYPE_CHECKING:
     from ._catalog import ToolEntry
@@ -32,7 +33,6 @@ __all__ = ["ROOT_KEYS", "KeyFunction", "KeyRuleError", "call_keys", "check_domai
 KeyFunction = Callable[[Mapping[str, Any]], "str | Iterable[str] | None"]
 """Maps a call's arguments to its conflict keys, relative to its tool's domain."""
 
-ROOT_KEYS: tuple[str, ...] = ("",)
 
 # A call's keys come partly from a model's arguments: bound how much they can hold.
 _MAX_KEYS = 100
