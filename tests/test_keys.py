@@ -427,3 +427,41 @@ async def test_a_change_approved_by_imported_pins_reclassifies_queued_calls(tmp_
     assert asked == ["l"]
     log = flip_server.log(tmp_path)
     assert log.index("start peek") > log.index("end lookup")
+
+
+async def test_keys_order_calls_across_concurrent_dispatches() -> None:
+    """Across concurrent dispatch() calls, a read of a key waits for an earlier write of it; other keys do not."""
+    log: list[str] = []
+    writing, read_b, release = anyio.Event(), anyio.Event(), anyio.Event()
+
+    async def write(item: str) -> str:
+        log.append(f"start write {item}")
+        writing.set()
+        await release.wait()
+        log.append(f"end write {item}")
+        return item
+
+    async def read(item: str) -> str:
+        log.append(f"read {item}")
+        if item == "b":
+            read_b.set()
+        return item
+
+    def item_key(args: Mapping[str, Any]) -> str:
+        return f"item:{args['item']}"
+
+    read_only = ToolAnnotations(read_only_hint=True)
+    async with Dispatcher() as d:
+        d.add_function(write, domain="store", keys=item_key)
+        d.add_function(read, annotations=read_only, domain="store", keys=item_key)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(d.dispatch, [ToolCall("w", "write", {"item": "a"})])
+            await writing.wait()
+            tg.start_soon(d.dispatch, [ToolCall("ra", "read", {"item": "a"})])
+            tg.start_soon(d.dispatch, [ToolCall("rb", "read", {"item": "b"})])
+            with anyio.fail_after(5):
+                await read_b.wait()  # the read of b runs while the write of a is still running
+            await anyio.wait_all_tasks_blocked()
+            assert "read a" not in log
+            release.set()
+    assert log == ["start write a", "read b", "end write a", "read a"]
