@@ -7,17 +7,21 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
-from mcp import StdioServerParameters
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mcp import Client, StdioServerParameters
 from mcp.types import ToolAnnotations
 from trio.testing import MockClock
 
 from benchmarks import keys as bench
 from benchmarks.reference import KeyedCall, ideal_keyed_makespan
 from dispatcher import CallEvent, CallStatus, ConfigurationError, Dispatcher, RetryPolicy, ToolCall
+from dispatcher._gate import conflicts
 from dispatcher.examples import Workspace
 from dispatcher.testing import inject_faults
 
 from . import flip_server
+from .recording import Recorder, recording_server
 from .test_connections import SOURCE_ROOT
 
 if TYPE_CHECKING:
@@ -465,3 +469,64 @@ async def test_keys_order_calls_across_concurrent_dispatches() -> None:
             assert "read a" not in log
             release.set()
     assert log == ["start write a", "read b", "end write a", "read a"]
+
+
+keyed_specs = st.lists(
+    st.tuples(
+        st.sampled_from(["read", "write"]), st.sampled_from(["a", "b", "local"]), st.integers(0, 2), st.integers(0, 3)
+    ),
+    max_size=20,
+)
+
+
+def item_of(args: Mapping[str, Any]) -> str:
+    """Server a's key function: the item named in the call's key ("c3-1" is item 1)."""
+    return f"item:{str(args['key']).rsplit('-', 1)[1]}"
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(specs=keyed_specs, limit=st.one_of(st.none(), st.integers(1, 4)))
+async def test_random_keyed_batches_through_mcp_servers_obey_the_rule(
+    anyio_backend: Any, specs: list[tuple[str, str, int, int]], limit: int | None
+) -> None:
+    """Random keyed batches over two MCP servers and local tools: conflicting calls never overlap, in order."""
+    recorder = Recorder()
+
+    async def local_read(key: str, steps: int = 1) -> str:
+        return await recorder.run("local", "read", key, False, "", steps)
+
+    async def local_write(key: str, steps: int = 1) -> str:
+        return await recorder.run("local", "write", key, True, "", steps)
+
+    async with (
+        Client(recording_server(recorder, "a")) as a,
+        Client(recording_server(recorder, "b")) as b,
+        Dispatcher(max_concurrency=limit) as d,
+    ):
+        await d.add_mcp_server("a", a, trusted=True, domain="a", keys={"read": item_of, "write": item_of})
+        await d.add_mcp_server("b", b, trusted=True, domain="b")
+        d.add_function(local_read, name="read", annotations=ToolAnnotations(read_only_hint=True))
+        d.add_function(local_write, name="write")
+        calls = []
+        for index, (tool, server, item, steps) in enumerate(specs):
+            key = f"c{index}-{item}"
+            if server == "local":
+                calls.append(ToolCall(key, f"local__{tool}", {"key": key, "steps": steps}))
+            else:
+                calls.append(ToolCall(key, tool, {"key": key, "steps": steps}, server=server))
+        with anyio.fail_after(30):
+            results = await d.dispatch(calls)
+    assert all(result.ok for result in results), results
+    executions = {execution.key: execution for execution in recorder.executions}
+    assert len(executions) == len(calls) == len(recorder.executions)
+
+    def keys(server: str, item: int) -> tuple[str, ...]:
+        return {"a": (f"a/item:{item}",), "b": ("b",), "local": ("",)}[server]
+
+    for j, (tool_j, server_j, item_j, _) in enumerate(specs):
+        later = executions[calls[j].id]
+        for i, (tool_i, server_i, item_i, _) in enumerate(specs[:j]):
+            if "write" not in (tool_i, tool_j) or not conflicts(keys(server_i, item_i), keys(server_j, item_j)):
+                continue
+            earlier = executions[calls[i].id]
+            assert earlier.end is not None and earlier.end < later.start, (calls[i].id, calls[j].id)
