@@ -444,6 +444,10 @@ class Dispatcher:
     def accept_changes(self, server: str, tool: str | None = None) -> list[DefinitionChange]:
         """Approve changed definitions: pin them and make their tools callable again.
 
+        Calls of those tools that were queued before the change and have not started follow the new
+        definition: a call queued as a read whose tool now may mutate waits for an exclusive turn at
+        its place in the order, and is put to the approver if the approval policy now selects it.
+
         Args:
             server: The server whose changes to accept.
             tool: Only this tool's change (by the server's tool name); None accepts all of the server's.
