@@ -59,7 +59,7 @@ async def test_writes_to_two_servers_overlap_only_in_separate_domains(
     domains: tuple[str | None, str | None], overlap: bool
 ) -> None:
     """Writes on two servers run together only when the user gave them separate domains."""
-    a, b = Workspace(latency=0.05), Workspace(latency=0.05)
+    a, b = Workspace(latency=0.2), Workspace(latency=0.2)
     async with Dispatcher() as d:
         await d.connect("a", a.server, trusted=True, domain=domains[0])
         await d.connect("b", b.server, trusted=True, domain=domains[1])
@@ -91,7 +91,7 @@ async def test_a_write_without_a_domain_still_waits_for_every_domain() -> None:
 
 async def test_writes_to_distinct_notes_overlap_and_same_note_calls_keep_their_order() -> None:
     """With a key per note, writes to different notes run together; calls on one note stay in order."""
-    workspace = Workspace(latency=0.05)
+    workspace = Workspace(latency=0.2)
     events: list[CallEvent] = []
     async with Dispatcher(on_event=events.append) as d:
         await d.connect("ws", workspace.server, trusted=True, domain="notes", keys=NOTE_KEYS)
@@ -229,7 +229,7 @@ async def test_local_functions_take_a_domain_and_a_key_function() -> None:
     async def update(ticket: str) -> str:
         running.append(ticket)
         seen.append(tuple(sorted(running)))
-        await anyio.sleep(0.05)
+        await anyio.sleep(0.2)
         running.remove(ticket)
         return ticket
 
