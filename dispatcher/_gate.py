@@ -39,11 +39,12 @@ Cost, with d the number of nodes a call touches (its keys and their ancestors: 1
 
 - `submit`, `finish`, `withdraw`, `release`: O(d), amortised; each ticket enters and leaves each of its
   per-node queues once. This does not depend on how many calls are queued, for one domain or many.
-- `take`: O(1) amortised when calls become ready in submission order (always the case with a single
-  domain, or when no limit holds them back); otherwise O(log r), r being the ready calls held back by a
-  limit. Parking a call for its server's cap costs O(log p), p being that server's parked calls.
+- `take`: O(1) amortised when calls become ready in submission order (always the case when every call
+  is on one key: the root key by default, or one domain without key functions); otherwise O(log r), r
+  being the calls ready but held back by a limit (a heap orders them by age). Parking a call for its
+  server's cap costs O(log p), p being that server's parked calls.
 - `reclassify`: rebuilds the whole state, O(n d) for n unfinished calls. It happens only when a changed
-  tool definition is accepted while calls of it wait.
+  tool definition is approved while calls of it wait.
 """
 
 from __future__ import annotations
