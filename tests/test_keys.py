@@ -530,3 +530,29 @@ async def test_random_keyed_batches_through_mcp_servers_obey_the_rule(
                 continue
             earlier = executions[calls[i].id]
             assert earlier.end is not None and earlier.end < later.start, (calls[i].id, calls[j].id)
+
+
+async def test_spans_carry_declared_keys_only() -> None:
+    """A call's span has dispatcher.keys when keys were declared, and no such attribute on the root key."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+
+    async def keyed(item: str) -> str:
+        return item
+
+    async def plain(item: str) -> str:
+        return item
+
+    async with Dispatcher(tracer_provider=provider) as d:
+        d.add_function(keyed, domain="store", keys=lambda args: f"item:{args['item']}")
+        d.add_function(plain)
+        results = await d.dispatch([ToolCall("k", "keyed", {"item": "a"}), ToolCall("p", "plain", {"item": "a"})])
+    assert all(result.ok for result in results)
+    spans = {span.name: dict(span.attributes or {}) for span in exporter.get_finished_spans()}
+    assert spans["execute_tool keyed"]["dispatcher.keys"] == ("store/item:a",)
+    assert "dispatcher.keys" not in spans["execute_tool plain"]
