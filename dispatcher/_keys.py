@@ -45,11 +45,15 @@ class KeyRuleError(Exception):
     """A call's keys could not be computed: the call fails without running."""
 
 
+class _Invalid(ValueError):
+    """What a key function returned is not keys (the message says why)."""
+
+
 def _segments(key: str, what: str) -> list[str]:
     segments = [segment for segment in key.split("/") if segment]
     for segment in segments:
         if segment in (".", ".."):
-            raise ValueError(
+            raise _Invalid(
                 f"{what} {_shown(key)}, which has a {segment!r} segment; normalise paths first "
                 "(e.g. posixpath.normpath), since a key must name what the call touches"
             )
@@ -138,8 +142,14 @@ def call_keys(entry: ToolEntry, arguments: Mapping[str, Any]) -> tuple[str, ...]
         ) from exc
     try:
         return _keys(domain, value)
-    except (TypeError, ValueError) as exc:
+    except _Invalid as exc:
         raise KeyRuleError(f"the key function of tool {entry.name!r} {exc}; the call was not run") from None
+    except Exception as exc:
+        # What it returned could not even be read (an iterable that raises, say).
+        raise KeyRuleError(
+            f"the key function of tool {entry.name!r} returned keys that could not be read "
+            f"({type(exc).__name__}: {exc}); the call was not run"
+        ) from exc
 
 
 def _keys(domain: str, value: object) -> tuple[str, ...]:
@@ -152,17 +162,17 @@ def _keys(domain: str, value: object) -> tuple[str, ...]:
         for item in value:
             items.append(item)
             if len(items) > _MAX_KEYS:
-                raise ValueError(f"returned more than {_MAX_KEYS} keys")
+                raise _Invalid(f"returned more than {_MAX_KEYS} keys")
         if not items:
-            raise ValueError("returned no keys; return None to key the call by its whole domain")
+            raise _Invalid("returned no keys; return None to key the call by its whole domain")
     else:
-        raise TypeError(f"returned {type(value).__name__}, not a key string, an iterable of them or None")
+        raise _Invalid(f"returned {type(value).__name__}, not a key string, an iterable of them or None")
     keys: list[str] = []
     for item in items:
         if not isinstance(item, str):
-            raise TypeError(f"returned a {type(item).__name__} among its keys; keys are strings")
+            raise _Invalid(f"returned a {type(item).__name__} among its keys; keys are strings")
         if len(item) > _MAX_KEY_LENGTH:
-            raise ValueError(f"returned a key of {len(item)} characters; the most is {_MAX_KEY_LENGTH}")
+            raise _Invalid(f"returned a key of {len(item)} characters; the most is {_MAX_KEY_LENGTH}")
         segments = _segments(item, "returned the key")
         keys.append("/".join([domain, *segments]))
     return tuple(keys)

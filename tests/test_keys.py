@@ -142,6 +142,8 @@ async def test_a_tool_without_a_key_function_takes_its_whole_domain() -> None:
         (lambda args: [b"x"], "returned a bytes"),
         (lambda args: ["k"] * 101, "more than 100 keys"),
         (lambda args: "x" * 1001, "1001 characters"),
+        (lambda args: (1 / 0 for _ in range(1)), "could not be read (ZeroDivisionError"),
+        (lambda args: {"a": 1}, "returned dict"),
     ],
 )
 async def test_a_bad_key_function_fails_its_call_and_never_runs_it(function: Any, error: str) -> None:
