@@ -10,7 +10,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import batches, mixed, overhead, parallel, scale, through_mcp
+from . import batches, keys, mixed, overhead, parallel, scale, through_mcp
 from ._report import Progress, render, save_plots, write_results
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ WORKLOADS: dict[str, Workload] = {
     "batches": Workload(batches.run, batches.FULL, batches.QUICK),
     "scale": Workload(scale.run, scale.FULL, scale.QUICK),
     "mcp": Workload(through_mcp.run, through_mcp.FULL, through_mcp.QUICK),
+    "keys": Workload(keys.run, keys.FULL, keys.QUICK),
 }
 
 SKIPPED: dict[str, str] = {}

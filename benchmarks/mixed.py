@@ -1,10 +1,10 @@
 """Workload 3, mixed agent turns: seeded batches of 16 calls, about 70% read-only, writes interleaved.
 
 Every call takes 20 ms (a real `anyio.sleep`). The ideal under ordered barriers is
-(read groups + writes) x latency (`dispatcher._plan.ideal_makespan`, with the default limit of 16).
+(read groups + writes) x latency (`benchmarks.reference.ideal_makespan`, with the default limit of 16).
 The references, all calling the same tool coroutines:
 
-- hand-written barriers: the batch cut into steps by `dispatcher._plan.plan`, each read step one anyio
+- hand-written barriers: the batch cut into steps by `benchmarks.reference.plan`, each read step one anyio
   task group, each write awaited alone (what a careful hand-written loop would do for one batch);
 - serial: every call awaited in order (the safe, slow default of many agent loops);
 - all at once: every call in one task group, ignoring the writes (unsafe: the floor no safe scheduler
@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from dispatcher import Dispatcher
-from dispatcher._plan import ideal_makespan, plan
 
 from ._measure import Stat, interleave
 from ._results import Comparison, Target, WorkloadResult
 from ._tools import latency_calls, mixed_batch, register_latency_tools, sleep_read, sleep_write
+from .reference import ideal_makespan, plan
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Sequence

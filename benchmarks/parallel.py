@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from dispatcher import Dispatcher
-from dispatcher._plan import ideal_makespan
 
 from ._measure import Stat, interleave
 from ._results import Comparison, Target, WorkloadResult
 from ._tools import dispatch_once, latency_calls, register_latency_tools, sleep_read
+from .reference import ideal_makespan
 
 if TYPE_CHECKING:
     from ._report import Progress

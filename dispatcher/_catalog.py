@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
     from mcp.types import CallToolResult, ToolAnnotations
 
+    from ._keys import KeyFunction
+
 __all__ = ["Catalog", "Resolution", "ToolEntry", "ToolImpl"]
 
 # \Z, not $: "$" also matches before a trailing newline, and "read\n" is no name a model API accepts.
@@ -67,6 +69,9 @@ class ToolEntry:
         input_schema: The JSON Schema of the arguments.
         output_schema: The JSON Schema of structured results, if the tool declares one.
         title: A display name, if any.
+        domain: The conflict domain the user gave the tool's server (or local function): its calls
+            are keyed under it. None: the root key, which conflicts with every call.
+        key_function: The user's function from a call's arguments to its keys within the domain.
     """
 
     name: str
@@ -80,6 +85,8 @@ class ToolEntry:
     input_schema: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
     output_schema: Mapping[str, Any] | None = None
     title: str | None = None
+    domain: str | None = None
+    key_function: KeyFunction | None = None
 
     @property
     def concurrent(self) -> bool:

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from mcp.types import CallToolResult, Tool
 
     from ._catalog import Catalog, ToolImpl
+    from ._keys import KeyFunction
     from ._mcp import ToolCaller
 
 __all__ = ["Connection", "ServerRegistry", "check_target"]
@@ -445,6 +446,9 @@ class _Server:
     asked: dict[str, str] = field(default_factory=dict)
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     listed: bool = False
+    # The user's conflict domain and key functions (see `_keys`); never taken from the server.
+    domain: str | None = None
+    keys: Mapping[str, KeyFunction] = field(default_factory=dict)
 
 
 class ServerRegistry:
@@ -454,6 +458,9 @@ class ServerRegistry:
         self._catalog = catalog
         self._servers: dict[str, _Server] = {}
         self.pins = Pins()
+        # Told (server, its callable tools) whenever a listing, an accepted change or imported pins
+        # reach the catalogue, so that queued calls follow definitions approved since they queued.
+        self.on_update: Callable[[str, list[str]], None] | None = None
 
     def __contains__(self, name: object) -> bool:
         return name in self._servers
@@ -479,6 +486,8 @@ class ServerRegistry:
         trusted: bool,
         overrides: Mapping[str, ToolAnnotations],
         on_change: Callable[[DefinitionChange], bool | Awaitable[bool]] | None,
+        domain: str | None = None,
+        keys: Mapping[str, KeyFunction] | None = None,
     ) -> _Server:
         """Claim a server name before its first listing, so that two registrations cannot race for it."""
         if name in self._servers or name in self._catalog.servers:
@@ -487,7 +496,7 @@ class ServerRegistry:
             raise ConfigurationError(f"on_definition_change must be callable, got {type(on_change).__name__}")
         for tool, override in overrides.items():
             check_annotations(override, tool)
-        server = self._servers[name] = _Server(name, trusted, overrides, on_change)
+        server = self._servers[name] = _Server(name, trusted, overrides, on_change, domain=domain, keys=keys or {})
         return server
 
     def release(self, server: _Server) -> None:
@@ -537,12 +546,13 @@ class ServerRegistry:
         async with server.lock:
             tools = await list_all_tools(client, refresh=server.listed)
             if not server.listed:
-                unknown = sorted(set(server.overrides) - {tool.name for tool in tools})
-                if unknown:
-                    have = ", ".join(sorted(tool.name for tool in tools)) or "no tools"
-                    raise ConfigurationError(
-                        f"overrides name tools server {server.name!r} does not have: {unknown} (it has {have})"
-                    )
+                for what, named in (("overrides", server.overrides), ("keys", server.keys)):
+                    unknown = sorted(set(named) - {tool.name for tool in tools})
+                    if unknown:
+                        have = ", ".join(sorted(tool.name for tool in tools)) or "no tools"
+                        raise ConfigurationError(
+                            f"{what} name tools server {server.name!r} does not have: {unknown} (it has {have})"
+                        )
             return self._apply(server, tools)
 
     async def ask(self, server: _Server, changes: list[DefinitionChange]) -> None:
@@ -578,6 +588,8 @@ class ServerRegistry:
         self._catalog.set_server_tools(server.name, rows)
         server.tools = listing
         server.pending = pending
+        if self.on_update is not None:
+            self.on_update(server.name, [name for name in listing if name not in pending])
         return fresh
 
     def _entry(self, server: _Server, tool: Tool) -> ToolEntry:
@@ -592,6 +604,8 @@ class ServerRegistry:
             input_schema=tool.input_schema,
             output_schema=tool.output_schema,
             title=tool.title or (tool.annotations.title if tool.annotations else None),
+            domain=server.domain,
+            key_function=server.keys.get(tool.name),
         )
 
     def _impl(self, server: _Server, tool: Tool) -> MCPTool:

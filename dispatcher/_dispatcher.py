@@ -23,6 +23,7 @@ from ._failures import explain as _describe
 from ._failures import innermost as _innermost
 from ._functions import FunctionTool, ThreadWatch
 from ._hooks import CallHooks
+from ._keys import check_domain, check_key_functions
 from ._observe import Observer, resolve_tracer
 from ._retry import RetryPolicy
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
     from ._approval import Approver
     from ._calls import ToolCall, ToolResult
+    from ._keys import KeyFunction
     from ._observe import CallEvent
     from ._pins import DefinitionChange
     from ._reconnect import ReconnectPolicy
@@ -111,6 +113,7 @@ class Dispatcher:
         self._executor = Executor(
             self._catalog, max_concurrency=max_concurrency, call_timeout=call_timeout, retry=retry
         )
+        self._servers.on_update = self._executor.accepted
         self._tg: TaskGroup | None = None
         self._threads = ThreadWatch()
         self._approve = approve
@@ -204,6 +207,8 @@ class Dispatcher:
         name: str | None = None,
         annotations: ToolAnnotations | None = None,
         description: str | None = None,
+        domain: str | None = None,
+        keys: KeyFunction | None = None,
     ) -> ToolEntry:
         """Register a local sync or async callable as a tool.
 
@@ -216,6 +221,11 @@ class Dispatcher:
             name: The tool's name (default: the function's name).
             annotations: The tool's hints; set ``readOnlyHint=True`` for calls that may run together.
             description: Overrides the docstring as the description shown to the model.
+            domain: The conflict domain of the function's calls (see docs/conflicts.md): its writes
+                then wait only for calls in the same domain. None: the root key, which conflicts with
+                every call.
+            keys: A function from a call's arguments to its keys within `domain` (a string, an
+                iterable of strings, or None for the whole domain); needs `domain`.
 
         Returns:
             The catalogue entry.
@@ -230,6 +240,11 @@ class Dispatcher:
         if self._catalog.has(None, tool_name):
             raise ConfigurationError(f"a local function named {tool_name!r} is already registered")
         check_annotations(annotations, tool_name)
+        owner = f"function {tool_name!r}"
+        domain = check_domain(domain, owner)
+        if keys is not None and not callable(keys):
+            raise ConfigurationError(f"keys for {owner} must be a function of the arguments, got {keys!r}")
+        key_function = check_key_functions({tool_name: keys} if keys is not None else None, domain, owner)
         impl = FunctionTool(fn, threads=self._threads)
         entry = ToolEntry(
             tool_name,
@@ -242,6 +257,8 @@ class Dispatcher:
             input_schema=impl.input_schema,
             output_schema=impl.output_schema,
             title=annotations.title if annotations is not None else None,
+            domain=domain,
+            key_function=key_function.get(tool_name),
         )
         self._catalog.put([(entry, impl)])
         return self._entry(None, tool_name)
@@ -255,6 +272,8 @@ class Dispatcher:
         max_concurrency: int | None = None,
         overrides: Mapping[str, ToolAnnotations] | None = None,
         on_definition_change: Callable[[DefinitionChange], bool | Awaitable[bool]] | None = None,
+        domain: str | None = None,
+        keys: Mapping[str, KeyFunction] | None = None,
     ) -> list[ToolEntry]:
         """Register the tools of an MCP server reached through an entered `mcp.Client`.
 
@@ -276,6 +295,12 @@ class Dispatcher:
             on_definition_change: Called with each `DefinitionChange` (a tool whose definition differs
                 from its pin); return True (or an awaitable of True) to accept it. The tool is blocked
                 until the change is accepted, here or with `accept_changes`.
+            domain: Your conflict domain for this server's state (see docs/conflicts.md): its calls
+                are keyed under it, so its writes wait only for calls in the same domain (and calls
+                with no domain). Servers that share state must share a domain. None: the root key,
+                which conflicts with every call.
+            keys: Key functions for some of its tools, by the server's tool name: each maps a
+                call's arguments to its keys within `domain`. Needs `domain`.
 
         Returns:
             The server's callable catalogue entries.
@@ -286,7 +311,16 @@ class Dispatcher:
         """
         self._check_not_closed()
         overrides = self._check_server(name, max_concurrency, overrides)
-        server = self._servers.reserve(name, trusted=trusted, overrides=overrides, on_change=on_definition_change)
+        domain = check_domain(domain, f"server {name!r}")
+        key_functions = check_key_functions(keys, domain, f"server {name!r}")
+        server = self._servers.reserve(
+            name,
+            trusted=trusted,
+            overrides=overrides,
+            on_change=on_definition_change,
+            domain=domain,
+            keys=key_functions,
+        )
         self._executor.gate.set_server_limit(name, max_concurrency)
         try:
             await self._servers.add_client(server, client)
@@ -309,6 +343,8 @@ class Dispatcher:
         on_definition_change: Callable[[DefinitionChange], bool | Awaitable[bool]] | None = None,
         connect_timeout: float | None = 30.0,
         reconnect: ReconnectPolicy | None = None,
+        domain: str | None = None,
+        keys: Mapping[str, KeyFunction] | None = None,
     ) -> list[ToolEntry]:
         """Connect to an MCP server and register its tools; the dispatcher owns the connection.
 
@@ -340,6 +376,8 @@ class Dispatcher:
                 `on_definition_change`), or None.
             reconnect: The reconnect backoff, ping timeout, close grace and subscription
                 acknowledgement timeout of this connection; None for `ReconnectPolicy()`.
+            domain: Your conflict domain for this server's state (see `add_mcp_server`).
+            keys: Key functions for some of its tools (see `add_mcp_server`).
 
         Returns:
             The server's callable catalogue entries.
@@ -362,7 +400,16 @@ class Dispatcher:
                 f"connect_timeout must be a positive number of seconds or None, got {connect_timeout!r}"
             )
         policy = check_reconnect(reconnect)
-        server = self._servers.reserve(name, trusted=trusted, overrides=overrides, on_change=on_definition_change)
+        domain = check_domain(domain, f"server {name!r}")
+        key_functions = check_key_functions(keys, domain, f"server {name!r}")
+        server = self._servers.reserve(
+            name,
+            trusted=trusted,
+            overrides=overrides,
+            on_change=on_definition_change,
+            domain=domain,
+            keys=key_functions,
+        )
         connection = self._servers.connection(
             server, target, mode=mode, follow=follow_changes, timeout=connect_timeout, policy=policy
         )
@@ -417,6 +464,10 @@ class Dispatcher:
 
     def accept_changes(self, server: str, tool: str | None = None) -> list[DefinitionChange]:
         """Approve changed definitions: pin them and make their tools callable again.
+
+        Calls of those tools that were queued before the change and have not started follow the new
+        definition: a call queued as a read whose tool now may mutate waits for an exclusive turn at
+        its place in the order, and is put to the approver if the approval policy now selects it.
 
         Args:
             server: The server whose changes to accept.

@@ -30,7 +30,8 @@ from ._catalog import ArgumentError
 from ._errors import DispatcherClosedError
 from ._failures import ToolUnavailableError
 from ._failures import describe as describe_failure
-from ._gate import Gate, Ticket
+from ._gate import Gate, Ticket, TicketState
+from ._keys import KeyRuleError, call_keys
 from ._retry import Attempt, Budget, Retrier, RetryPolicy, eligible, is_transient
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from ._observe import CallState
 
 __all__ = ["Executor", "settle"]
+
+_WAITING = (TicketState.PENDING, TicketState.HELD)
 
 # The longest `ToolResult.error` kept; a longer explanation is cut, saying how long it was.
 _MAX_ERROR = 1000
@@ -237,21 +240,80 @@ class Executor:
         except Exception as exc:
             settle(work, CallStatus.FAILED, error=f"invalid arguments: {type(exc).__name__}: {exc}")
             return work
+        try:
+            keys = call_keys(entry, arguments)
+        except KeyRuleError as exc:
+            settle(work, CallStatus.FAILED, error=f"invalid conflict keys: {exc}")
+            return work
         if hooks is None:
-            work._ticket = self.gate.submit(work, exclusive=entry.exclusive, server=entry.server)
+            work._ticket = self.gate.submit(work, exclusive=entry.exclusive, server=entry.server, keys=keys)
         else:
-            self._submit_hooked(work, entry, hooks)
+            self._submit_hooked(work, entry, hooks, keys)
         self._pump()
         return work
 
-    def _submit_hooked(self, work: PendingCall, entry: ToolEntry, hooks: CallHooks) -> None:
+    def _submit_hooked(self, work: PendingCall, entry: ToolEntry, hooks: CallHooks, keys: tuple[str, ...]) -> None:
         """Queue a call of a batch with hooks: held at its place while its approval is asked for."""
         state = work._state
         assert state is not None
+        state.keys = keys
         request = hooks.approval(work.call, entry, state)
-        work._ticket = self.gate.submit(work, exclusive=entry.exclusive, server=entry.server, held=request is not None)
+        work._ticket = self.gate.submit(
+            work, exclusive=entry.exclusive, server=entry.server, held=request is not None, keys=keys
+        )
         if request is not None:
             assert self._tg is not None
+            self._tg.start_soon(self._approve_held, work, request, hooks, state)
+
+    def accepted(self, server: str, tools: list[str]) -> None:
+        """A server's tools reached the catalogue: calls of theirs not started follow their current entry.
+
+        A changed definition is approved (accepted, or by imported pins) while calls queued under the
+        old one wait: a call queued while its tool was read-only, whose tool is now mutating, waits for
+        an exclusive turn at its place in the order, and is put to the approver if the policy now
+        selects it. Costs one pass over the unfinished calls, at each listing of a server's tools.
+        """
+        if not self.live:
+            return
+        listed = set(tools)
+        changed = False
+        for batch in list(self.live):
+            for work in batch._works:
+                entry = work._entry
+                ticket = work._ticket
+                if work._result is not None or ticket is None or entry is None:
+                    continue
+                if entry.server != server or entry.tool not in listed or ticket.state not in _WAITING:
+                    continue
+                new = self._catalog.get(server, entry.tool)
+                if new is None or new == entry:
+                    continue
+                self._reclassify(work, ticket, new)
+                changed = True
+        if changed and self._open:
+            self._pump()
+
+    def _reclassify(self, work: PendingCall, ticket: Ticket[PendingCall], entry: ToolEntry) -> None:
+        arguments = work.call.arguments if work.call.arguments is not None else {}
+        try:
+            keys = call_keys(entry, arguments)
+        except KeyRuleError as exc:
+            self.gate.withdraw(ticket)
+            settle(work, CallStatus.FAILED, error=f"invalid conflict keys: {exc}")
+            return
+        work._entry = entry
+        hooks = work._hooks
+        state = work._state
+        request = None
+        if hooks is not None and state is not None:
+            state.entry = entry
+            state.keys = keys
+            if ticket.state is TicketState.PENDING:
+                # A held call is being asked about already; a pending one may need asking now.
+                request = hooks.approval(work.call, entry, state)
+        self.gate.reclassify(ticket, exclusive=entry.exclusive, keys=keys, held=True if request is not None else None)
+        if request is not None:
+            assert hooks is not None and state is not None and self._tg is not None
             self._tg.start_soon(self._approve_held, work, request, hooks, state)
 
     async def _approve_held(

@@ -55,6 +55,8 @@ class CallEvent:
             number of attempts made; 0 for ``queued``.
         error: For ``retried``, why the previous attempt failed; for ``finished``, the result's error.
         result: For ``finished``, the result; else None.
+        keys: The call's conflict keys (see docs/conflicts.md; ``("",)`` is the root key, which
+            conflicts with every call); empty for ``queued`` and for a call that never got keys.
     """
 
     kind: EventKind
@@ -65,12 +67,13 @@ class CallEvent:
     attempt: int = 0
     error: str | None = None
     result: ToolResult | None = None
+    keys: tuple[str, ...] = ()
 
 
 class CallState:
     """What the hooks keep for one call between its events (only for calls of a hooked batch)."""
 
-    __slots__ = ("attempt", "attempt_span", "entry", "previous_error", "recheck", "span", "token")
+    __slots__ = ("attempt", "attempt_span", "entry", "keys", "previous_error", "recheck", "span", "token")
 
     def __init__(self, entry: ToolEntry | None) -> None:
         self.entry = entry
@@ -81,6 +84,8 @@ class CallState:
         self.previous_error: str | None = None
         # The session guard must look again when the call is about to start (see `_hooks`).
         self.recheck = False
+        # Its conflict keys, once it is queued in the gate.
+        self.keys: tuple[str, ...] = ()
 
 
 def resolve_tracer(provider: TracerProvider | None) -> Tracer | None:
@@ -148,9 +153,19 @@ class Observer:
             state.attempt_span = span
             state.token = context.attach(trace.set_span_in_context(span))
         if attempt == 1:
-            self._emit(CallEvent("started", call, time, tool=state.entry, attempt=1))
+            self._emit(CallEvent("started", call, time, tool=state.entry, attempt=1, keys=state.keys))
         else:
-            self._emit(CallEvent("retried", call, time, tool=state.entry, attempt=attempt, error=state.previous_error))
+            self._emit(
+                CallEvent(
+                    "retried",
+                    call,
+                    time,
+                    tool=state.entry,
+                    attempt=attempt,
+                    error=state.previous_error,
+                    keys=state.keys,
+                )
+            )
 
     def attempt_finished(self, state: CallState, status: CallStatus, error: str | None) -> None:
         """An attempt ended (in the task that ran it)."""
@@ -182,6 +197,8 @@ class Observer:
                     "dispatcher.queue_time_s": result.queue_time,
                     "dispatcher.run_time_s": result.run_time,
                     "dispatcher.untrusted_content": result.untrusted_content,
+                    # Only declared keys: the root key ("") is every call's default.
+                    **({"dispatcher.keys": list(state.keys)} if state.keys not in ((), ("",)) else {}),
                 },
             )
         self._emit(
@@ -193,6 +210,7 @@ class Observer:
                 attempt=result.attempts,
                 error=result.error,
                 result=result,
+                keys=state.keys,
             )
         )
 

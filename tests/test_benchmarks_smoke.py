@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from benchmarks import batches, mixed, overhead, parallel, scale, through_mcp
+from benchmarks import batches, keys, mixed, overhead, parallel, scale, through_mcp
 from benchmarks._cli import WORKLOADS, main
 from benchmarks._report import Progress, render, save_plots, write_results
 
@@ -88,6 +88,19 @@ def test_mixed_turns_order_the_strategies() -> None:
     assert found[mixed.BARRIERS] >= ideal * 0.9
     assert found[mixed.SERIAL] >= found[mixed.DISPATCHER] * 0.9
     assert found[mixed.ALL_AT_ONCE] <= found[mixed.DISPATCHER] * 1.1
+
+
+def test_keyed_turns_and_admission_cost() -> None:
+    """Keyed turns: never faster than the ideal keyed schedule, which beats barriers; the gate is timed per call."""
+    config = keys.Config(turns=1, size=6, files=3, latency=0.005, repeat=1, gate_sizes=(100, 200), gate_keys=(1, 10))
+    result = keys.run(config, QUIET)
+    check_well_formed(result)
+    found = medians(result, "2 turns")
+    assert found[keys.IDEAL_KEYED] == pytest.approx(keys.ideal_keyed(config) * 1000)
+    assert found[keys.IDEAL_KEYED] < found[keys.IDEAL_BARRIERS]
+    assert found[keys.KEYED] >= found[keys.IDEAL_KEYED] * 0.9
+    assert [point["calls"] for point in result.series["gate_us_per_call"]] == [100, 200, 100, 200]
+    assert len(result.targets) == 3
 
 
 def test_many_small_batches() -> None:

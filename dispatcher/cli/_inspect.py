@@ -19,6 +19,7 @@ from dispatcher._annotations import HINTS, effective_annotations
 from dispatcher._catalog import NAME_PATTERN
 from dispatcher._dispatcher import Dispatcher
 from dispatcher._errors import DispatcherError
+from dispatcher._keys import rule as key_rule
 from dispatcher._trifecta import communicates_externally, ingests_untrusted_content, reads_private_data
 
 from ._connection import connected, describe_target
@@ -56,6 +57,8 @@ class ToolReport:
     scheduling: Literal["concurrent", "exclusive"]
     retryable: bool
     warnings: tuple[Finding, ...]
+    # How its calls are keyed for conflicts (docs/conflicts.md): "root", a domain, or domain/<fn(arguments)>.
+    keys: str = "root"
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +193,7 @@ def analyze(entries: Sequence[ToolEntry]) -> tuple[tuple[ToolReport, ...], tuple
             # What a RetryPolicy acts on: the effective idempotentHint, which only trusted sources set.
             retryable=entry.idempotent,
             warnings=tuple(_tool_findings(entry)),
+            keys=key_rule(entry),
         )
         for entry in entries
     )
