@@ -8,10 +8,11 @@ import importlib
 import shlex
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import batches, mixed, overhead, parallel, scale, through_mcp
-from ._report import Progress, render, save_plots, write_results
+from . import batches, mixed, overhead, parallel, peers, scale, through_mcp
+from ._report import NO_VERDICTS, RESULTS_DIR, Progress, render, save_plots, write_results
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -26,6 +27,8 @@ class Workload:
     run: Callable[[Any, Progress], WorkloadResult]
     full: Any
     quick: Any
+    # False: the quick run (CI) leaves it out unless named with --only.
+    in_quick: bool = True
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -38,6 +41,10 @@ WORKLOADS: dict[str, Workload] = {
 }
 
 SKIPPED: dict[str, str] = {}
+if (_missing := peers.missing()) is None:
+    WORKLOADS["peers"] = Workload(peers.run, peers.FULL, peers.QUICK, in_quick=False)
+else:
+    SKIPPED["peers"] = _missing
 try:
     # Imported by name: workload 7 needs dispatcher.RetryPolicy, which older versions lack.
     _faults = importlib.import_module(f"{__package__}.faults")
@@ -61,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--repeat", type=int, metavar="N", help="timed repetitions of every variant")
     parser.add_argument("--no-save", action="store_true", help="print only; write no JSON or plots")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=RESULTS_DIR,
+        metavar="DIR",
+        help="where to write the JSON and plots (default: benchmarks/results/, ignored by git)",
+    )
     return parser
 
 
@@ -68,9 +82,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Run the benchmark suite."""
     parser = _parser()
     args = parser.parse_args(argv)
-    names = list(WORKLOADS)
+    names = [name for name, workload in WORKLOADS.items() if workload.in_quick or not args.quick]
     if args.only:
         names = [name.strip() for item in args.only for name in item.split(",") if name.strip()]
+        skipped = [f"{name}: {SKIPPED[name]}" for name in names if name in SKIPPED]
+        if skipped:
+            parser.error("; ".join(skipped))
         unknown = [name for name in names if name not in WORKLOADS]
         if unknown:
             parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
@@ -81,6 +98,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.only:
         for name, why in SKIPPED.items():
             progress.note(f"{name}: skipped: {why}")
+        if args.quick:
+            left_out = [name for name, workload in WORKLOADS.items() if not workload.in_quick]
+            if left_out:
+                progress.note(f"{', '.join(left_out)}: not part of the quick run (name it with --only to run it)")
+    if args.quick:
+        progress.note(NO_VERDICTS)
     started = time.perf_counter()
     results: list[WorkloadResult] = []
     for name in names:
@@ -92,13 +115,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         results.append(workload.run(config, progress))
         progress.done()
     elapsed = time.perf_counter() - started
-    render(results)
+    render(results, verdicts=not args.quick)
     print(f"\n{len(results)} workload(s) in {elapsed:.1f} s: {command}")
     if args.no_save:
         return
-    stamped, latest = write_results(results, command=command, quick=args.quick, elapsed=elapsed)
+    stamped, latest = write_results(results, command=command, quick=args.quick, elapsed=elapsed, directory=args.output)
     print(f"results: {stamped} (and {latest.name})")
-    plots = save_plots(results)
+    plots = save_plots(results, args.output)
     if isinstance(plots, str):
         print(f"plots: skipped: {plots}")
     elif plots:
