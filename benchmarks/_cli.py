@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from ._results import WorkloadResult
 
-__all__ = ["SKIPPED", "WORKLOADS", "main"]
+__all__ = ["SKIPPED", "WORKLOADS", "chosen", "main"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -78,19 +78,33 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def chosen(only: Sequence[str] | None, *, quick: bool) -> list[str]:
+    """The workloads to run: those named by `--only` (each item may be comma-separated), else every
+    installed workload (the quick run leaves out those not meant for CI).
+
+    Raises:
+        ValueError: A named workload is unknown, or cannot run here (its extra is not installed).
+    """
+    if not only:
+        return [name for name, workload in WORKLOADS.items() if workload.in_quick or not quick]
+    names = [name.strip() for item in only for name in item.split(",") if name.strip()]
+    skipped = [f"{name}: {SKIPPED[name]}" for name in names if name in SKIPPED]
+    if skipped:
+        raise ValueError("; ".join(skipped))
+    unknown = [name for name in names if name not in WORKLOADS]
+    if unknown:
+        raise ValueError(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    return names
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the benchmark suite."""
     parser = _parser()
     args = parser.parse_args(argv)
-    names = [name for name, workload in WORKLOADS.items() if workload.in_quick or not args.quick]
-    if args.only:
-        names = [name.strip() for item in args.only for name in item.split(",") if name.strip()]
-        skipped = [f"{name}: {SKIPPED[name]}" for name in names if name in SKIPPED]
-        if skipped:
-            parser.error("; ".join(skipped))
-        unknown = [name for name in names if name not in WORKLOADS]
-        if unknown:
-            parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    try:
+        names = chosen(args.only, quick=args.quick)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.repeat is not None and args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
     command = "python -m benchmarks" + "".join(" " + shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from mcp import Client, StdioServerParameters
@@ -69,6 +69,8 @@ DIRECT = "direct call_tool, all in flight"
 DIRECT_LIMITED = "direct call_tool, 16 in flight"
 DIRECT_BARRIERS = "direct call_tool, barriers"
 IDEAL = "ideal (ordered barriers)"
+
+T = TypeVar("T")
 
 READ = "search_notes"
 WRITE = "set_note"
@@ -307,6 +309,28 @@ def _arguments(i: int, alone: bool) -> dict[str, Any]:
     return {"name": f"n{i}", "text": f"text {i}"} if alone else {"query": f"q{i}"}
 
 
+def _measured(
+    result: WorkloadResult,
+    progress: Progress,
+    where: str,
+    measure: Callable[[Config, str, str, Progress], Awaitable[T]],
+    config: Config,
+    transport: str,
+    backend: str,
+) -> T | None:
+    """Run one measurement on its backend; if it fails (a server dies, a connection breaks on a loaded
+    machine), say so in the results and go on with the next, so that one transport never loses the run."""
+    try:
+        return anyio.run(measure, config, transport, backend, progress, backend=backend)
+    except Exception as exc:
+        leaves = exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,)
+        why = "; ".join(f"{type(leaf).__name__}: {leaf}" for leaf in leaves)
+        message = f"{where}: {measure.__name__.removeprefix('_measure_')} case failed, no figures: {why}"
+        result.notes.append(message)
+        progress.note(message)
+        return None
+
+
 def _target(name: str, comparison: Comparison, detail: str) -> Target:
     """Target 6: the median of the paired ratios at most 1.05, with their spread in the detail."""
     ratio = comparison.ratio
@@ -349,52 +373,55 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
     for backend in config.backends:
         for transport in config.transports:
             where = f"{backend}, {transport}"
-            samples = anyio.run(_measure_overhead, config, transport, backend, progress, backend=backend)
-            us = {name: [s / n * 1e6 for s in values] for name, values in samples.items()}
-            case = f"{where}: {n:,} calls"
-            for name, values in us.items():
-                result.row(case, name, "us/call", values, note=f"{1e6 / Stat.of(values).median:,.0f} calls/s")
-            same_default = Comparison.paired(
-                case, (DISPATCHER, us[DISPATCHER]), (DIRECT_LIMITED, us[DIRECT_LIMITED]), better="lower"
-            )
-            same_unlimited = Comparison.paired(
-                case, (DISPATCHER_UNLIMITED, us[DISPATCHER_UNLIMITED]), (DIRECT, us[DIRECT]), better="lower"
-            )
-            # Not a target: it mixes the dispatcher's cost with the effect of its limit.
-            cap = Comparison.paired(case, (DISPATCHER, us[DISPATCHER]), (DIRECT, us[DIRECT]), better="lower")
-            result.comparisons.extend((same_default, same_unlimited, cap))
-            result.targets.append(_target(f"{where}, {n:,} calls, 16 in flight", same_default, "default settings"))
-            result.targets.append(
-                _target(f"{where}, {n:,} calls, all in flight", same_unlimited, "max_concurrency=None")
-            )
+            samples = _measured(result, progress, where, _measure_overhead, config, transport, backend)
+            if samples is not None:
+                us = {name: [s / n * 1e6 for s in values] for name, values in samples.items()}
+                case = f"{where}: {n:,} calls"
+                for name, values in us.items():
+                    result.row(case, name, "us/call", values, note=f"{1e6 / Stat.of(values).median:,.0f} calls/s")
+                same_default = Comparison.paired(
+                    case, (DISPATCHER, us[DISPATCHER]), (DIRECT_LIMITED, us[DIRECT_LIMITED]), better="lower"
+                )
+                same_unlimited = Comparison.paired(
+                    case, (DISPATCHER_UNLIMITED, us[DISPATCHER_UNLIMITED]), (DIRECT, us[DIRECT]), better="lower"
+                )
+                # Not a target: it mixes the dispatcher's cost with the effect of its limit.
+                cap = Comparison.paired(case, (DISPATCHER, us[DISPATCHER]), (DIRECT, us[DIRECT]), better="lower")
+                result.comparisons.extend((same_default, same_unlimited, cap))
+                result.targets.append(_target(f"{where}, {n:,} calls, 16 in flight", same_default, "default settings"))
+                result.targets.append(
+                    _target(f"{where}, {n:,} calls, all in flight", same_unlimited, "max_concurrency=None")
+                )
 
-            wide, turns = anyio.run(_measure_latency, config, transport, backend, progress, backend=backend)
-            ms = {name: [s * 1000 for s in values] for name, values in wide.items()}
-            case = f"{where}: {config.wide} reads of {config.latency * 1000:g} ms"
-            for name, values in ms.items():
-                result.row(case, name, "ms", values)
-            for numerator, reference in (
-                (DISPATCHER, DIRECT),
-                (DISPATCHER_UNLIMITED, DIRECT),
-                (DISPATCHER, DIRECT_LIMITED),
-            ):
+            latency = _measured(result, progress, where, _measure_latency, config, transport, backend)
+            if latency is not None:
+                wide, turns = latency
+                ms = {name: [s * 1000 for s in values] for name, values in wide.items()}
+                case = f"{where}: {config.wide} reads of {config.latency * 1000:g} ms"
+                for name, values in ms.items():
+                    result.row(case, name, "ms", values)
+                for numerator, reference in (
+                    (DISPATCHER, DIRECT),
+                    (DISPATCHER_UNLIMITED, DIRECT),
+                    (DISPATCHER, DIRECT_LIMITED),
+                ):
+                    result.comparisons.append(
+                        Comparison.paired(case, (numerator, ms[numerator]), (reference, ms[reference]), better="lower")
+                    )
+
+                ms = {name: [s * 1000 for s in values] for name, values in turns.items()}
+                case = f"{where}: mixed turns"
+                for name, values in ms.items():
+                    result.row(case, name, "ms", values, note=f"{Stat.of(values).median / ideal_ms:.3f}x ideal")
+                result.row(case, IDEAL, "ms", [ideal_ms])
+                barriers = Comparison.paired(
+                    case, (DISPATCHER, ms[DISPATCHER]), (DIRECT_BARRIERS, ms[DIRECT_BARRIERS]), better="lower"
+                )
+                result.comparisons.append(barriers)
                 result.comparisons.append(
-                    Comparison.paired(case, (numerator, ms[numerator]), (reference, ms[reference]), better="lower")
+                    Comparison.paired(
+                        case, (DISPATCHER, ms[DISPATCHER]), (IDEAL, [ideal_ms] * len(ms[DISPATCHER])), better="lower"
+                    )
                 )
-
-            ms = {name: [s * 1000 for s in values] for name, values in turns.items()}
-            case = f"{where}: mixed turns"
-            for name, values in ms.items():
-                result.row(case, name, "ms", values, note=f"{Stat.of(values).median / ideal_ms:.3f}x ideal")
-            result.row(case, IDEAL, "ms", [ideal_ms])
-            barriers = Comparison.paired(
-                case, (DISPATCHER, ms[DISPATCHER]), (DIRECT_BARRIERS, ms[DIRECT_BARRIERS]), better="lower"
-            )
-            result.comparisons.append(barriers)
-            result.comparisons.append(
-                Comparison.paired(
-                    case, (DISPATCHER, ms[DISPATCHER]), (IDEAL, [ideal_ms] * len(ms[DISPATCHER])), better="lower"
-                )
-            )
-            result.targets.append(_target(f"{where}, mixed turns", barriers, "against the same ordered barriers"))
+                result.targets.append(_target(f"{where}, mixed turns", barriers, "against the same ordered barriers"))
     return result
