@@ -95,7 +95,7 @@ class Config:
 
 FULL = Config()
 # CI: figures only (the quick run gives no verdicts), on one backend, small enough to take seconds.
-QUICK = Config(backends=("asyncio",), calls=200, batches=1, repeat=3, turn_repeat=2)
+QUICK = Config(backends=("asyncio",), calls=100, batches=1, repeat=3, turn_repeat=2)
 
 
 def build_server(latency: float) -> MCPServer[Any]:
