@@ -1,4 +1,8 @@
-"""Showing and saving results: progress lines, the terminal table, JSON files and plots."""
+"""Showing and saving results: progress lines, the terminal tables (`rich`), JSON files and plots.
+
+Results go to `benchmarks/results/` by default, which git ignores: running the suite never changes a
+tracked file. `benchmarks/reference.json` is the committed copy of the run that docs/benchmarks.md quotes.
+"""
 
 from __future__ import annotations
 
@@ -11,15 +15,25 @@ from typing import TYPE_CHECKING, TextIO
 
 from dispatcher.cli import machine_info
 
+try:
+    from rich import box
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+except ImportError as exc:  # pragma: no cover - the bench extra installs rich
+    raise ImportError("the benchmark suite prints its tables with rich: pip install -e '.[bench]'") from exc
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from ._measure import Stat
-    from ._results import WorkloadResult
+    from ._results import Target, WorkloadResult
 
-__all__ = ["Progress", "machine_info", "render", "save_plots", "write_results"]
+__all__ = ["NO_VERDICTS", "RESULTS_DIR", "Progress", "machine_info", "render", "save_plots", "write_results"]
 
+# Where a run writes its JSON and plots unless told otherwise (`--output`); ignored by git.
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+NO_VERDICTS = "quick run: no verdicts, figures only"
 
 
 class Progress:
@@ -97,7 +111,13 @@ def _range(stat: Stat) -> str:
     return f"{_number(stat.min)}-{_number(stat.max)}"
 
 
-def _tables(result: WorkloadResult) -> list[tuple[str, list[str], list[list[str]]]]:
+def _verdict(target: Target, *, verdicts: bool) -> str:
+    if not verdicts:
+        return "figure only"
+    return "met" if target.met else "NOT MET"
+
+
+def _tables(result: WorkloadResult, *, verdicts: bool) -> list[tuple[str, list[str], list[list[str]]]]:
     tables: list[tuple[str, list[str], list[list[str]]]] = []
     if result.rows:
         rows = [
@@ -121,58 +141,36 @@ def _tables(result: WorkloadResult) -> list[tuple[str, list[str], list[list[str]
         )
     if result.targets:
         rows = [
-            [t.name, f"{_number(t.value)} {t.op} {_number(t.threshold)}", "met" if t.met else "NOT MET", t.detail]
+            [t.name, f"{_number(t.value)} {t.op} {_number(t.threshold)}", _verdict(t, verdicts=verdicts), t.detail]
             for t in result.targets
         ]
         tables.append(("targets", ["target", "check", "", ""], rows))
     return tables
 
 
-def _plain_table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
-    numeric = {2, 3, 4} if headers and headers[0] == "case" else set()
+def render(results: Sequence[WorkloadResult], stream: TextIO | None = None, *, verdicts: bool = True) -> None:
+    """Print every workload's tables with `rich` (colours and the terminal's width on a terminal, plain
+    text 160 columns wide elsewhere, such as CI logs).
 
-    def line(cells: list[str]) -> str:
-        parts = [
-            cell.rjust(width) if i in numeric else cell.ljust(width)
-            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
-        ]
-        return "  ".join(parts).rstrip()
-
-    out = [line(headers), line(["-" * width for width in widths])]
-    out.extend(line(row) for row in rows)
-    return "\n".join(out)
-
-
-def render(results: Sequence[WorkloadResult], stream: TextIO | None = None) -> None:
-    """Print every workload's tables, with `rich` when it is installed, as plain text otherwise."""
+    Args:
+        results: The workloads' results.
+        stream: Where to print (default: stdout).
+        verdicts: False prints the targets' figures without saying whether they are met (the quick run,
+            whose few repetitions on a loaded machine cannot support a verdict).
+    """
     stream = stream if stream is not None else sys.stdout
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        Console = None  # type: ignore[misc,assignment]  # rich is optional here
-    if Console is not None and stream.isatty():
-        console = Console(file=stream)
-        for result in results:
-            console.rule(f"[bold]{result.title}")
-            for title, headers, rows in _tables(result):
-                table = Table(*headers, title=title or None, title_justify="left")
-                for row in rows:
-                    table.add_row(*row)
-                console.print(table)
-            for note in result.notes:
-                console.print(f"note: {note}")
-        return
+    console = Console(file=stream, width=None if stream.isatty() else 160)
+    if not verdicts:
+        console.print(NO_VERDICTS)
     for result in results:
-        stream.write(f"\n== {result.title} ==\n")
-        for title, headers, rows in _tables(result):
-            if title:
-                stream.write(f"\n{title}:\n")
-            stream.write(_plain_table(headers, rows) + "\n")
+        console.rule(f"[bold]{escape(result.title)}")
+        for title, headers, rows in _tables(result, verdicts=verdicts):
+            table = Table(*headers, title=title or None, title_justify="left", box=box.SIMPLE_HEAD)
+            for row in rows:
+                table.add_row(*(escape(cell) for cell in row))
+            console.print(table)
         for note in result.notes:
-            stream.write(f"note: {note}\n")
-    stream.flush()
+            console.print(f"note: {escape(note)}")
 
 
 # JSON -------------------------------------------------------------------------------------------------
@@ -186,16 +184,25 @@ def write_results(
     elapsed: float,
     directory: Path = RESULTS_DIR,
 ) -> tuple[Path, Path]:
-    """Write `<timestamp>.json` and `latest.json` into `directory`; returns both paths."""
+    """Write `<timestamp>.json` and `latest.json` into `directory`; returns both paths.
+
+    A quick run records no verdicts: every target's `met` is null, and `verdicts` is false.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
+    workloads = {result.name: result.to_json() for result in results}
+    if quick:
+        for workload in workloads.values():
+            for target in workload["targets"]:
+                target["met"] = None
     document = {
         "created": now.isoformat(timespec="seconds"),
         "command": command,
         "quick": quick,
+        "verdicts": not quick,
         "elapsed_seconds": round(elapsed, 1),
         "machine": machine_info(),
-        "workloads": {result.name: result.to_json() for result in results},
+        "workloads": workloads,
     }
     text = json.dumps(document, indent=2, default=str) + "\n"
     stamped = directory / f"{now.strftime('%Y%m%dT%H%M%SZ')}.json"

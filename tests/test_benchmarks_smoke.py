@@ -5,13 +5,15 @@ from __future__ import annotations
 import io
 import json
 import math
+import shutil
+import subprocess
 from typing import TYPE_CHECKING
 
 import pytest
 
-from benchmarks import batches, keys, mixed, overhead, parallel, scale, through_mcp
-from benchmarks._cli import WORKLOADS, main
-from benchmarks._report import Progress, render, save_plots, write_results
+from benchmarks import batches, keys, mixed, overhead, parallel, peers, scale, through_mcp
+from benchmarks._cli import SKIPPED, WORKLOADS, chosen, main
+from benchmarks._report import NO_VERDICTS, RESULTS_DIR, Progress, render, save_plots, write_results
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -22,7 +24,7 @@ QUIET = Progress(enabled=False)
 
 
 def check_well_formed(result: WorkloadResult) -> None:
-    assert result.name in WORKLOADS and result.title
+    assert (result.name in WORKLOADS or result.name in SKIPPED) and result.title
     assert result.rows, "no measurements"
     for row in result.rows:
         stat = row.stat
@@ -128,14 +130,53 @@ def test_scale_reports_time_and_memory_per_call() -> None:
     ]
 
 
-def test_through_mcp_in_process() -> None:
-    """Through an in-process MCPServer: the dispatcher and direct call_tool both run every call."""
-    config = through_mcp.Config(transports=("in-process",), calls=10, batches=1, size=8, latency=0.005, repeat=1)
+def test_through_mcp_compares_at_the_same_concurrency() -> None:
+    """In-process MCP: every target compares the dispatcher with direct calls at its own concurrency."""
+    config = through_mcp.Config(
+        transports=("in-process",), calls=10, wide=8, batches=1, size=8, latency=0.005, repeat=1
+    )
     result = through_mcp.run(config, QUIET)
     check_well_formed(result)
-    found = medians(result, "in-process: mixed turns")
-    assert found[through_mcp.DISPATCHER] >= found[through_mcp.IDEAL] * 0.9
-    assert len(result.targets) == 3
+    for backend in ("asyncio", "trio"):
+        found = medians(result, f"{backend}, in-process: mixed turns")
+        assert found[through_mcp.DISPATCHER] >= found[through_mcp.IDEAL] * 0.9
+        # 8 reads of 5 ms take at least one round of 5 ms, whoever runs them.
+        assert min(medians(result, f"{backend}, in-process: 8 reads of 5 ms").values()) >= 5 * 0.9
+    pairs = {(c.numerator, c.denominator) for c in result.comparisons}
+    assert (through_mcp.DISPATCHER, through_mcp.DIRECT_LIMITED) in pairs
+    assert (through_mcp.DISPATCHER_UNLIMITED, through_mcp.DIRECT) in pairs
+    # Three targets per backend, each the median of paired ratios with its spread.
+    assert len(result.targets) == 6
+    assert all(t.threshold == 1.05 and "min-max" in t.detail for t in result.targets)
+
+
+@pytest.mark.skipif(peers.missing() is not None, reason=f"the peers workload {peers.missing()}")
+def test_peers() -> None:
+    """The peers workload runs the same calls through every framework and reports each as a ratio to the dispatcher."""
+    result = peers.run(peers.Config(calls=5, sleep_calls=4, sleep=0.002, repeat=1), QUIET)
+    check_well_formed(result)
+    assert set(medians(result, "asyncio: 5 calls, zero latency")) == {
+        peers.DISPATCHER,
+        peers.DISPATCHER_UNLIMITED,
+        peers.TASKS,
+        peers.GATHER,
+        peers.LANGGRAPH,
+        peers.PYDANTIC_AI,
+        peers.OPENAI_AGENTS,
+    }
+    assert set(medians(result, "trio: 4 calls of 2 ms")) == {peers.DISPATCHER, peers.DISPATCHER_UNLIMITED, peers.TASKS}
+    # 4 calls of 2 ms take at least one round of 2 ms, whoever runs them.
+    assert min(medians(result, "asyncio: 4 calls of 2 ms").values()) >= 2 * 0.9
+    assert {c.denominator for c in result.comparisons} == {peers.DISPATCHER, peers.DISPATCHER_UNLIMITED}
+
+
+def test_peers_without_the_extra_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the peers extra the workload names the missing packages and the extra that installs them."""
+    monkeypatch.setattr(peers, "PACKAGES", {"no_such_module_for_the_benchmarks": "no-such-dist"})
+    why = peers.missing()
+    assert why is not None and "no-such-dist" in why and ".[peers]" in why
+    with pytest.raises(RuntimeError, match=r"\.\[peers\]"):
+        peers.run(peers.Config(calls=1, sleep_calls=1, repeat=1), QUIET)
 
 
 def test_report_json_and_plots(tmp_path: Path) -> None:
@@ -144,9 +185,10 @@ def test_report_json_and_plots(tmp_path: Path) -> None:
     out = io.StringIO()
     render(results, out)
     assert "Many small batches" in out.getvalue()
-    stamped, latest = write_results(results, command="test", quick=True, elapsed=1.0, directory=tmp_path)
+    stamped, latest = write_results(results, command="test", quick=False, elapsed=1.0, directory=tmp_path)
     document = json.loads(latest.read_text())
     assert stamped.read_text() == latest.read_text()
+    assert document["verdicts"] is True
     assert document["machine"]["cpu_count"] >= 1
     assert document["machine"]["packages"]["anyio"]
     assert document["workloads"]["batches"]["rows"]
@@ -154,23 +196,80 @@ def test_report_json_and_plots(tmp_path: Path) -> None:
     assert isinstance(plots, str | list)
 
 
-def test_command_line(capsys: pytest.CaptureFixture[str]) -> None:
-    """`python -m benchmarks --only overhead --repeat 1 --no-save` prints the table."""
-    main(["--only", "overhead", "--repeat", "1", "--no-save"])
+def test_quick_run_gives_no_verdicts(tmp_path: Path) -> None:
+    """A quick run prints and saves the targets' figures but says neither met nor NOT MET."""
+    results = [
+        through_mcp.run(
+            through_mcp.Config(
+                transports=("in-process",),
+                calls=4,
+                wide=2,
+                batches=1,
+                size=4,
+                latency=0.001,
+                repeat=1,
+                backends=("asyncio",),
+            ),
+            QUIET,
+        )
+    ]
+    assert results[0].targets
+    out = io.StringIO()
+    render(results, out, verdicts=False)
+    text = out.getvalue()
+    assert NO_VERDICTS in text and "figure only" in text
+    assert "NOT MET" not in text and " met " not in text
+    _, latest = write_results(results, command="test", quick=True, elapsed=1.0, directory=tmp_path)
+    document = json.loads(latest.read_text())
+    assert document["verdicts"] is False
+    assert all(target["met"] is None for target in document["workloads"]["mcp"]["targets"])
+
+
+def test_results_never_land_in_tracked_files() -> None:
+    """The default results directory is ignored by git, so `make bench` leaves the checkout unchanged."""
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git is not installed")
+    root = RESULTS_DIR.parent.parent
+    if subprocess.run([git, "rev-parse", "--git-dir"], cwd=root, capture_output=True, check=False).returncode:
+        pytest.skip("not a git checkout")
+    for name in ("latest.json", "20260101T000000Z.json", "makespan_vs_concurrency.png"):
+        ignored = subprocess.run(
+            [git, "check-ignore", "-q", str(RESULTS_DIR / name)], cwd=root, capture_output=True, check=False
+        )
+        assert ignored.returncode == 0, f"benchmarks/results/{name} would be tracked"
+    tracked = subprocess.run(
+        [git, "ls-files", "--", str(RESULTS_DIR)], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert tracked.stdout == "", tracked.stdout
+
+
+def test_command_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`python -m benchmarks --only overhead --repeat 1 --output DIR` prints the table and writes DIR only."""
+    main(["--only", "overhead", "--repeat", "1", "--output", str(tmp_path / "out")])
     assert "us/call" in capsys.readouterr().out
+    assert (tmp_path / "out" / "latest.json").is_file()
     with pytest.raises(SystemExit):
         main(["--only", "nonsense"])
 
 
-def test_under_faults() -> None:
-    """Under faults: retries bring every call to OK and cost extra attempts; without them some calls fail."""
-    from benchmarks import faults
+def test_quick_command_line_gives_no_verdicts(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--quick` says on stderr and in the table that it gives no verdicts."""
+    main(["--quick", "--only", "batches", "--repeat", "1", "--no-save"])
+    captured = capsys.readouterr()
+    assert NO_VERDICTS in captured.err and NO_VERDICTS in captured.out
 
-    config = faults.Config(rates=(0.5,), batches=1, size=8, latency=0.002, repeat=1)
-    result = faults.run(config, QUIET)
-    check_well_formed(result)
-    rows = {(row.variant, row.unit): row.stat.median for row in result.rows if row.case == "fault rate 50%"}
-    assert rows[(faults.RETRY, "attempts/call")] >= 1.0
-    assert rows[(faults.NO_RETRY, "attempts/call")] == 1.0
-    assert rows[(faults.RETRY, "% calls OK")] >= rows[(faults.NO_RETRY, "% calls OK")]
-    assert rows[(faults.RETRY, "ms")] >= config.latency * 1000 * 0.9
+
+def test_the_quick_run_leaves_out_the_peers() -> None:
+    """The peers run in the full suite when installed, never in the quick run unless named; naming them
+    without the extra is an error that says how to install it."""
+    assert "peers" not in chosen(None, quick=True)
+    assert {"overhead", "mcp"} <= set(chosen(None, quick=True))
+    if "peers" in WORKLOADS:
+        assert "peers" in chosen(None, quick=False)
+        assert chosen(["peers"], quick=True) == ["peers"]
+    else:
+        with pytest.raises(ValueError, match=r"\.\[peers\]"):
+            chosen(["peers"], quick=False)
+    with pytest.raises(ValueError, match="unknown workload"):
+        chosen(["overhead,nonsense"], quick=False)
