@@ -1,0 +1,141 @@
+"""OpenAI Agents SDK: the dispatcher's catalogue as an agent's function tools, scheduled by the dispatcher.
+
+The SDK starts one task per function call of a model response, all at once, in no particular order.
+`DispatcherTools` gives the agent one ``FunctionTool`` per catalogue entry and a hook that reads each
+model response; every call the SDK then starts is handed to one dispatcher batch per response at its
+position in the response (`Batch.submit_at`), so reads run together, writes run alone in the model's
+order, only trusted servers' hints count, retries follow the `RetryPolicy`, and approvals are asked by
+the dispatcher's approver while the call keeps its place.
+
+Approvals go through the dispatcher's approver, not the SDK's ``needs_approval``: the SDK runs the
+other calls of a response at once while a ``needs_approval`` call waits for a later run, which would
+let a later write run before an earlier one. A denied call gets a result that says so, which the model
+reads. Every call of a response that names one of these tools must reach it: an ``is_enabled`` of
+False or a tool input guardrail that rejects a call would leave the calls after it waiting, so neither
+is set here.
+
+Requires the ``openai-agents`` extra. The SDK runs on asyncio only.
+
+Example:
+    ```python
+    tools = DispatcherTools(dispatcher)
+    agent = Agent(name="assistant", tools=tools.tools, hooks=tools.hooks)
+    result = await Runner.run(agent, "...")
+    ```
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from agents import AgentHooks, FunctionTool
+
+from .._calls import ToolCall
+from .._errors import ConfigurationError
+from ._common import model_text
+
+if TYPE_CHECKING:
+    from agents import Agent, ModelResponse, RunContextWrapper
+    from agents.tool_context import ToolContext
+
+    from .._approval import ApprovalPolicy, Approver, SessionGuard
+    from .._calls import ToolResult
+    from .._catalog import ToolEntry
+    from .._scheduler import Batch, Dispatcher
+
+__all__ = ["DispatcherTools"]
+
+
+class DispatcherTools:
+    """The catalogue of a `Dispatcher` as OpenAI Agents SDK tools, and the hook that keeps their order.
+
+    Give the agent both: ``Agent(tools=tools.tools, hooks=tools.hooks)`` (or call `response_received`
+    from hooks of your own). `tools` is built from the catalogue when this object is made; make a new
+    one after the catalogue changes.
+
+    Args:
+        dispatcher: An open dispatcher holding the tools.
+        approve: The approver for these calls, instead of the dispatcher's (see `Dispatcher.dispatch`).
+        approval: The approval policy, instead of the dispatcher's.
+        guard: The session guard of this agent's session, instead of the dispatcher's.
+    """
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        *,
+        approve: Approver | None = None,
+        approval: ApprovalPolicy | None = None,
+        guard: SessionGuard | None = None,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self._approve = approve
+        self._approval = approval
+        self._guard = guard
+        self._entries = {entry.name: entry for entry in dispatcher.tools()}
+        # call id -> (the batch of its model response, its position among that response's calls)
+        self._placed: dict[str, tuple[Batch, int]] = {}
+        self.tools: list[FunctionTool] = [self._tool(entry) for entry in self._entries.values()]
+        """One ``FunctionTool`` per catalogue entry."""
+        self.hooks: AgentHooks[Any] = _Hooks(self)
+        """Agent hooks that call `response_received` for each model response."""
+
+    def response_received(self, response: ModelResponse) -> None:
+        """Start a batch for the function calls of a model response, numbering them in response order."""
+        calls = [
+            item.call_id
+            for item in response.output
+            if getattr(item, "type", None) == "function_call" and getattr(item, "name", None) in self._entries
+        ]
+        if not calls:
+            return
+        batch = self.dispatcher.batch(approve=self._approve, approval=self._approval, guard=self._guard)
+        for position, call_id in enumerate(calls):
+            self._placed[call_id] = (batch, position)
+
+    def _tool(self, entry: ToolEntry) -> FunctionTool:
+        async def invoke(context: ToolContext[Any], arguments: str) -> str:
+            return await self._invoke(entry, context, arguments)
+
+        return FunctionTool(
+            name=entry.name,
+            description=entry.description or entry.name,
+            params_json_schema=dict(entry.input_schema),
+            on_invoke_tool=invoke,
+            # MCP input schemas are rarely valid strict schemas (optional fields, open objects).
+            strict_json_schema=False,
+        )
+
+    async def _invoke(self, entry: ToolEntry, context: ToolContext[Any], arguments: str) -> str:
+        placed = self._placed.pop(context.tool_call_id, None)
+        if placed is None:
+            raise ConfigurationError(
+                f"call {context.tool_call_id!r} of {entry.name} came from no model response these tools saw: "
+                "give the agent hooks=tools.hooks (or call tools.response_received from your hooks)"
+            )
+        batch, position = placed
+        try:
+            parsed: Any = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            parsed = arguments  # dispatching it gives a FAILED result that explains the syntax error
+        pending = await batch.submit_at(position, ToolCall(context.tool_call_id, entry.name, parsed))
+        try:
+            result = await pending.wait()
+        except BaseException:
+            pending.cancel()  # the SDK gave up on this call (a timeout, a cancelled run)
+            raise
+        return _answer(result)
+
+
+def _answer(result: ToolResult) -> str:
+    text = model_text(result)
+    return text if result.ok else f"Error ({result.status.value}): {text}"
+
+
+class _Hooks(AgentHooks[Any]):
+    def __init__(self, tools: DispatcherTools) -> None:
+        self._tools = tools
+
+    async def on_llm_end(self, context: RunContextWrapper[Any], agent: Agent[Any], response: ModelResponse) -> None:
+        self._tools.response_received(response)
