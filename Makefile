@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: bench bench-quick demo test lint typecheck pytest stress clean
+.PHONY: bench bench-quick demo test lint typecheck pytest stress package-check clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,5 +40,15 @@ pytest: $(STAMP)
 stress: $(STAMP)
 	DISPATCHER_STRESS=1 $(BIN)/python -m pytest -q tests/chaos
 
+# Build the wheel and sdist, install the wheel into a clean venv (no source tree on its path) and run a
+# batch with it (.ci/smoke.py).
+package-check: $(STAMP)
+	rm -rf dist .venv-smoke
+	$(BIN)/python -m build --quiet --outdir dist .
+	$(PYTHON) -m venv .venv-smoke
+	.venv-smoke/bin/python -m pip install --quiet dist/*.whl
+	cd /tmp && $(CURDIR)/.venv-smoke/bin/python $(CURDIR)/.ci/smoke.py
+	.venv-smoke/bin/dispatcher --version
+
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-smoke dist build .mypy_cache .pytest_cache .ruff_cache
