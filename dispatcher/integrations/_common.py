@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..formats import mark_untrusted, result_text
+from dispatcher.formats import mark_untrusted, result_text
 
 if TYPE_CHECKING:
-    from .._calls import ToolResult
+    from dispatcher._calls import ToolResult
 
 __all__ = ["model_text"]
 

@@ -34,17 +34,18 @@ from claude_agent_sdk import (
     create_sdk_mcp_server,
 )
 
-from .._approval import ApprovalPolicy, ApprovalRequest
-from .._calls import ToolCall
+from dispatcher._approval import ApprovalPolicy, ApprovalRequest
+from dispatcher._calls import ToolCall
+
 from ._common import model_text
 
 if TYPE_CHECKING:
     from claude_agent_sdk import CanUseTool, McpSdkServerConfig
 
-    from .._approval import Approver, SessionGuard
-    from .._calls import ToolResult
-    from .._catalog import ToolEntry
-    from .._scheduler import Dispatcher
+    from dispatcher._approval import Approver, SessionGuard
+    from dispatcher._calls import ToolResult
+    from dispatcher._catalog import ToolEntry
+    from dispatcher._scheduler import Dispatcher
 
 __all__ = ["claude_options", "permission_callback", "sdk_server"]
 
@@ -52,7 +53,9 @@ __all__ = ["claude_options", "permission_callback", "sdk_server"]
 _ASKED = ApprovalPolicy(destructive=False)
 
 
-def sdk_server(dispatcher: Dispatcher, *, name: str = "dispatcher", guard: SessionGuard | None = None) -> McpSdkServerConfig:
+def sdk_server(
+    dispatcher: Dispatcher, *, name: str = "dispatcher", guard: SessionGuard | None = None
+) -> McpSdkServerConfig:
     """The catalogue as a Claude Agent SDK in-process MCP server, for ``ClaudeAgentOptions.mcp_servers``.
 
     Each tool carries its effective annotations; each call runs through the dispatcher as a batch of

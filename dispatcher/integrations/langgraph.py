@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage, ToolMessage
 
-from .._calls import ToolCall
-from ..formats import openai_chat_tools
+from dispatcher._calls import ToolCall
+from dispatcher.formats import openai_chat_tools
+
 from ._common import model_text
 
 if TYPE_CHECKING:
-    from .._approval import ApprovalPolicy, Approver, SessionGuard
-    from .._scheduler import Dispatcher
+    from dispatcher._approval import ApprovalPolicy, Approver, SessionGuard
+    from dispatcher._scheduler import Dispatcher
 
 __all__ = ["DispatcherToolNode"]
 

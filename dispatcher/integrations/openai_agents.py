@@ -30,19 +30,21 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from agents import AgentHooks, FunctionTool
+from openai.types.responses import ResponseFunctionToolCall
 
-from .._calls import ToolCall
-from .._errors import ConfigurationError
+from dispatcher._calls import ToolCall
+from dispatcher._errors import ConfigurationError
+
 from ._common import model_text
 
 if TYPE_CHECKING:
     from agents import Agent, ModelResponse, RunContextWrapper
     from agents.tool_context import ToolContext
 
-    from .._approval import ApprovalPolicy, Approver, SessionGuard
-    from .._calls import ToolResult
-    from .._catalog import ToolEntry
-    from .._scheduler import Batch, Dispatcher
+    from dispatcher._approval import ApprovalPolicy, Approver, SessionGuard
+    from dispatcher._calls import ToolResult
+    from dispatcher._catalog import ToolEntry
+    from dispatcher._scheduler import Batch, Dispatcher
 
 __all__ = ["DispatcherTools"]
 
@@ -86,7 +88,7 @@ class DispatcherTools:
         calls = [
             item.call_id
             for item in response.output
-            if getattr(item, "type", None) == "function_call" and getattr(item, "name", None) in self._entries
+            if isinstance(item, ResponseFunctionToolCall) and item.name in self._entries
         ]
         if not calls:
             return

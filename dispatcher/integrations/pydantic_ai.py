@@ -33,22 +33,25 @@ from pydantic_ai.exceptions import ApprovalRequired, ModelRetry
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 
-from .._approval import ApprovalPolicy
-from .._calls import CallStatus, ToolCall
-from .._errors import ConfigurationError
+from dispatcher._approval import ApprovalPolicy
+from dispatcher._calls import CallStatus, ToolCall
+from dispatcher._errors import ConfigurationError
+
 from ._common import model_text
 
 if TYPE_CHECKING:
     from pydantic_ai import RunContext
 
-    from .._approval import Approver, SessionGuard
-    from .._catalog import ToolEntry
-    from .._scheduler import Dispatcher
+    from dispatcher._approval import Approver, SessionGuard
+    from dispatcher._catalog import ToolEntry
+    from dispatcher._scheduler import Dispatcher
 
 __all__ = ["DispatcherToolset"]
 
 _ARGUMENTS = pydantic_core.SchemaValidator(
-    pydantic_core.core_schema.dict_schema(pydantic_core.core_schema.str_schema(), pydantic_core.core_schema.any_schema())
+    pydantic_core.core_schema.dict_schema(
+        pydantic_core.core_schema.str_schema(), pydantic_core.core_schema.any_schema()
+    )
 )
 
 # Outcomes the model may correct by calling again: the tool ran and reported an error, or the call was
@@ -123,7 +126,9 @@ class DispatcherToolset(AbstractToolset[Any]):
             for entry in self.dispatcher.tools()
         }
 
-    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]) -> Any:
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
+    ) -> Any:
         """Run one call through the dispatcher; the text the model reads, or `ModelRetry` for an error.
 
         Raises:
