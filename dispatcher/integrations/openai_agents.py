@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from agents import AgentHooks, FunctionTool
+from agents import AgentHooks, FunctionTool, Tool
 from openai.types.responses import ResponseFunctionToolCall
 
 from dispatcher._calls import ToolCall
@@ -78,7 +78,7 @@ class DispatcherTools:
         self._entries = {entry.name: entry for entry in dispatcher.tools()}
         # call id -> (the batch of its model response, its position among that response's calls)
         self._placed: dict[str, tuple[Batch, int]] = {}
-        self.tools: list[FunctionTool] = [self._tool(entry) for entry in self._entries.values()]
+        self.tools: list[Tool] = [self._tool(entry) for entry in self._entries.values()]
         """One ``FunctionTool`` per catalogue entry."""
         self.hooks: AgentHooks[Any] = _Hooks(self)
         """Agent hooks that call `response_received` for each model response."""
