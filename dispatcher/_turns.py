@@ -24,8 +24,8 @@ from ._errors import BatchError, DispatcherError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ._batch import PendingCall
     from ._calls import ToolCall
-    from ._scheduler import PendingCall
 
 __all__ = ["InOrder", "Positions"]
 

@@ -42,10 +42,10 @@ from ._common import model_text
 if TYPE_CHECKING:
     from claude_agent_sdk import CanUseTool, McpSdkServerConfig
 
+    from dispatcher import Dispatcher
     from dispatcher._approval import Approver, SessionGuard
     from dispatcher._calls import ToolResult
     from dispatcher._catalog import ToolEntry
-    from dispatcher._scheduler import Dispatcher
 
 __all__ = ["claude_options", "permission_callback", "sdk_server"]
 

@@ -28,8 +28,8 @@ from dispatcher.formats import openai_chat_tools
 from ._common import model_text
 
 if TYPE_CHECKING:
+    from dispatcher import Dispatcher
     from dispatcher._approval import ApprovalPolicy, Approver, SessionGuard
-    from dispatcher._scheduler import Dispatcher
 
 __all__ = ["DispatcherToolNode"]
 

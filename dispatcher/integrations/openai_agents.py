@@ -41,10 +41,10 @@ if TYPE_CHECKING:
     from agents import Agent, ModelResponse, RunContextWrapper
     from agents.tool_context import ToolContext
 
+    from dispatcher import Batch, Dispatcher
     from dispatcher._approval import ApprovalPolicy, Approver, SessionGuard
     from dispatcher._calls import ToolResult
     from dispatcher._catalog import ToolEntry
-    from dispatcher._scheduler import Batch, Dispatcher
 
 __all__ = ["DispatcherTools"]
 

@@ -42,9 +42,9 @@ from ._common import model_text
 if TYPE_CHECKING:
     from pydantic_ai import RunContext
 
+    from dispatcher import Dispatcher
     from dispatcher._approval import Approver, SessionGuard
     from dispatcher._catalog import ToolEntry
-    from dispatcher._scheduler import Dispatcher
 
 __all__ = ["DispatcherToolset"]
 
