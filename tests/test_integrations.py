@@ -316,3 +316,58 @@ async def test_claude_permission_callback_applies_the_policy() -> None:
     assert unknown.behavior == "deny"
     assert without.behavior == "deny" and "no approver" in without.message
     assert asked == ["t1 write: write may make destructive changes"]
+
+
+async def test_langgraph_node_answers_repeated_and_missing_ids() -> None:
+    """A model that repeats a call id or gives none still gets one answer per call, under its own id."""
+    pytest.importorskip("langgraph")
+    from langchain_core.messages import AIMessage
+
+    from dispatcher.integrations.langgraph import DispatcherToolNode
+
+    recorder = Recorder()
+    message = AIMessage(
+        "",
+        tool_calls=[
+            {"id": "same", "name": "write", "args": {"key": "a"}},
+            {"id": "same", "name": "write", "args": {"key": "b"}},
+            {"id": None, "name": "read", "args": {"key": "c"}},
+        ],
+    )
+    async with _dispatcher(recorder) as dispatcher:
+        answer = await DispatcherToolNode(dispatcher)({"messages": [message]})
+    assert [(m.tool_call_id, m.content) for m in answer["messages"]] == [
+        ("same", "write:a"),
+        ("same", "write:b"),
+        ("", "read:c"),
+    ]
+    assert _writes_in_order(recorder) == ["a", "b"]
+
+
+async def test_openai_agents_tools_refuse_a_repeated_call_id_without_blocking_the_others() -> None:
+    """A response that uses one call id twice runs the first call and refuses the second; nothing waits forever."""
+    pytest.importorskip("agents")
+    from agents import FunctionTool
+    from agents.items import ModelResponse
+    from agents.testing import function_call
+    from agents.tool_context import ToolContext
+    from agents.usage import Usage
+
+    from dispatcher.integrations.openai_agents import DispatcherTools
+
+    recorder = Recorder()
+    calls = [("x", "write", {"key": "one"}), ("x", "write", {"key": "two"}), ("y", "write", {"key": "three"})]
+    async with _dispatcher(recorder) as dispatcher:
+        tools = DispatcherTools(dispatcher)
+        [write] = [tool for tool in tools.tools if isinstance(tool, FunctionTool) and tool.name == "write"]
+        tools.response_received(
+            ModelResponse(output=[function_call(n, a, call_id=i) for i, n, a in calls], usage=Usage(), response_id="r")
+        )
+        outputs: list[str] = []
+        with anyio.fail_after(10):
+            for call_id, name, args in calls:
+                context = ToolContext(None, tool_name=name, tool_call_id=call_id, tool_arguments=json.dumps(args))
+                outputs.append(await write.on_invoke_tool(context, json.dumps(args)))
+    assert outputs[0] == "write:one" and outputs[2] == "write:three"
+    assert outputs[1].startswith("Error (failed): the call id 'x' was used twice")
+    assert _writes_in_order(recorder) == ["one", "three"]

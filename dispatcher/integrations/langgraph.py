@@ -81,14 +81,15 @@ class DispatcherToolNode:
             raise ValueError(f"the last message is a {type(message).__name__}, not an AIMessage with tool calls")
         # LangChain keeps the calls whose arguments it could not parse apart, in `invalid_tool_calls`; they
         # are dispatched too (with their raw text, which fails with a readable error) so that every call
-        # the model made is answered. A call's id may be None; the batch needs one.
+        # the model made is answered.
         requested: list[tuple[Any, str, Any]] = [
             (tool_call["id"], tool_call["name"], tool_call["args"]) for tool_call in message.tool_calls
         ]
         requested += [(bad["id"], bad["name"] or "", bad["args"] or "") for bad in message.invalid_tool_calls]
+        # The batch uses ids of its own: the model's may be None or repeated, and every call still gets
+        # its one answer, under the id the model gave it.
         calls = [
-            ToolCall(call_id or f"call_{position}", name, arguments)
-            for position, (call_id, name, arguments) in enumerate(requested)
+            ToolCall(f"call-{position}", name, arguments) for position, (_, name, arguments) in enumerate(requested)
         ]
         results = await self.dispatcher.dispatch(
             calls, approve=self._approve, approval=self._approval, guard=self._guard
@@ -96,12 +97,12 @@ class DispatcherToolNode:
         answers = [
             ToolMessage(
                 content=model_text(result),
-                tool_call_id=result.call.id,
+                tool_call_id=call_id or "",
                 name=result.call.name,
                 status="success" if result.ok else "error",
                 artifact=result,
             )
-            for result in results
+            for (call_id, _, _), result in zip(requested, results, strict=True)
         ]
         return answers if isinstance(state, list) else {self.messages_key: answers}
 

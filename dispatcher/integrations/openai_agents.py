@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from agents import AgentHooks, FunctionTool, Tool
@@ -78,6 +79,8 @@ class DispatcherTools:
         self._entries = {entry.name: entry for entry in dispatcher.tools()}
         # call id -> (the batch of its model response, its position among that response's calls)
         self._placed: dict[str, tuple[Batch, int]] = {}
+        # Call ids a model response used more than once: their extra calls are refused, not an error of setup.
+        self._repeated: set[str] = set()
         self.tools: list[Tool] = [self._tool(entry) for entry in self._entries.values()]
         """One ``FunctionTool`` per catalogue entry."""
         self.hooks: AgentHooks[Any] = _Hooks(self)
@@ -90,10 +93,15 @@ class DispatcherTools:
             for item in response.output
             if isinstance(item, ResponseFunctionToolCall) and item.name in self._entries
         ]
-        if not calls:
+        # A call id the model repeats is numbered once: its second call finds no place and is refused
+        # (see `_invoke`), instead of leaving a position that no call fills.
+        counts = Counter(calls)
+        unique = list(counts)
+        self._repeated.update(call_id for call_id, count in counts.items() if count > 1)
+        if not unique:
             return
         batch = self.dispatcher.batch(approve=self._approve, approval=self._approval, guard=self._guard)
-        for position, call_id in enumerate(calls):
+        for position, call_id in enumerate(unique):
             self._placed[call_id] = (batch, position)
 
     def _tool(self, entry: ToolEntry) -> FunctionTool:
@@ -111,6 +119,8 @@ class DispatcherTools:
 
     async def _invoke(self, entry: ToolEntry, context: ToolContext[Any], arguments: str) -> str:
         placed = self._placed.pop(context.tool_call_id, None)
+        if placed is None and context.tool_call_id in self._repeated:
+            return f"Error (failed): the call id {context.tool_call_id[:100]!r} was used twice in one response; not run"
         if placed is None:
             raise ConfigurationError(
                 f"call {context.tool_call_id!r} of {entry.name} came from no model response these tools saw: "
