@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.anyio
 
+# The OpenAI Agents SDK and pydantic-ai run agents on asyncio only.
+ASYNCIO_ONLY = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+
 
 def _untrusted_server() -> MCPServer:
     server = MCPServer("web")
@@ -138,10 +141,9 @@ async def test_openai_agents_tools_keep_the_response_order_whatever_order_the_ca
     assert recorder.violations == []
 
 
-async def test_openai_agents_run_with_a_denied_call(anyio_backend_name: str) -> None:
+@ASYNCIO_ONLY
+async def test_openai_agents_run_with_a_denied_call() -> None:
     """A full Runner.run: the denied call's output says so and the model sees it; the others ran."""
-    if anyio_backend_name != "asyncio":
-        pytest.skip("the OpenAI Agents SDK runs on asyncio only")
     pytest.importorskip("agents")
     from agents import Agent, RunConfig, Runner
     from agents.testing import ScriptedModel, assistant_message, function_call
@@ -214,10 +216,9 @@ def _scripted(first_turn: list[tuple[str, str, dict[str, str]]], seen: list[Any]
     return FunctionModel(respond)
 
 
-async def test_pydantic_ai_tool_error_asks_the_model_to_retry(anyio_backend_name: str) -> None:
+@ASYNCIO_ONLY
+async def test_pydantic_ai_tool_error_asks_the_model_to_retry() -> None:
     """A tool that reports an error (isError) reaches the model as a retry prompt, not as a success."""
-    if anyio_backend_name != "asyncio":
-        pytest.skip("pydantic-ai runs agents on asyncio only")
     pytest.importorskip("pydantic_ai")
     from pydantic_ai import Agent
     from pydantic_ai.messages import RetryPromptPart, ToolReturnPart
@@ -237,10 +238,9 @@ async def test_pydantic_ai_tool_error_asks_the_model_to_retry(anyio_backend_name
     assert getattr(parts["r"], "outcome", None) != "retried"
 
 
-async def test_pydantic_ai_deferred_approval_runs_the_call_only_once_approved(anyio_backend_name: str) -> None:
+@ASYNCIO_ONLY
+async def test_pydantic_ai_deferred_approval_runs_the_call_only_once_approved() -> None:
     """With approvals="deferred", a destructive call becomes a DeferredToolRequests approval, run once approved."""
-    if anyio_backend_name != "asyncio":
-        pytest.skip("pydantic-ai runs agents on asyncio only")
     pytest.importorskip("pydantic_ai")
     from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
 
