@@ -371,3 +371,42 @@ async def test_openai_agents_tools_refuse_a_repeated_call_id_without_blocking_th
     assert outputs[0] == "write:one" and outputs[2] == "write:three"
     assert outputs[1].startswith("Error (failed): the call id 'x' was used twice")
     assert _writes_in_order(recorder) == ["one", "three"]
+
+
+@ASYNCIO_ONLY
+async def test_openai_agents_sdk_approvals_hold_the_rest_of_the_turn_and_keep_its_order() -> None:
+    """approvals="sdk": from the first destructive call on, the turn waits for the SDK's approval; order holds."""
+    pytest.importorskip("agents")
+    from agents import Agent, RunConfig, Runner
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    from dispatcher.integrations.openai_agents import DispatcherTools
+
+    recorder = Recorder()
+    model = ScriptedModel(
+        [
+            [
+                function_call("read", {"key": "r1"}, call_id="r1"),
+                function_call("write", {"key": "w1"}, call_id="w1"),
+                function_call("read", {"key": "r2"}, call_id="r2"),
+                function_call("write", {"key": "w2"}, call_id="w2"),
+            ],
+            [assistant_message("done")],
+        ]
+    )
+    config = RunConfig(tracing_disabled=True)
+    async with _dispatcher(recorder) as dispatcher:
+        tools = DispatcherTools(dispatcher, approvals="sdk")
+        agent = Agent(name="a", model=model, tools=tools.tools, hooks=tools.hooks)
+        first = await Runner.run(agent, "go", run_config=config)
+        held = {item.raw_item.call_id: item for item in first.interruptions}  # type: ignore[union-attr]
+        assert sorted(held) == ["r2", "w1", "w2"]  # the read before the first write ran already
+        assert [e.key for e in recorder.executions] == ["r1"]
+        state = first.to_state()
+        state.approve(held["w1"])
+        state.approve(held["r2"])
+        state.reject(held["w2"])
+        second = await Runner.run(agent, state, run_config=config)
+    assert second.final_output == "done"
+    assert [e.key for e in sorted(recorder.executions, key=lambda e: e.start)] == ["r1", "w1", "r2"]
+    assert recorder.violations == []
