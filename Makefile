@@ -1,4 +1,5 @@
-# Entry points: `make bench` (the benchmark suite), `make test` (lint, types, tests) and `make demo`
+# Entry points: `make bench` (the benchmark suite), `make test` (lint, types, tests), `make package-check`
+# (the wheel, installed into a clean venv and run) and `make demo`
 # (a scripted agent loop against the example server).
 # Each creates .venv on first use and reinstalls only when pyproject.toml changes.
 PYTHON ?= python3
@@ -41,7 +42,7 @@ stress: $(STAMP)
 	DISPATCHER_STRESS=1 $(BIN)/python -m pytest -q tests/chaos
 
 # Build the wheel and sdist, install the wheel into a clean venv (no source tree on its path) and run a
-# batch with it (.ci/smoke.py).
+# batch with it (.ci/smoke.py); then install one integration extra from the wheel and import it.
 package-check: $(STAMP)
 	rm -rf dist .venv-smoke
 	$(BIN)/python -m build --quiet --outdir dist .
@@ -49,6 +50,8 @@ package-check: $(STAMP)
 	.venv-smoke/bin/python -m pip install --quiet dist/*.whl
 	cd /tmp && $(CURDIR)/.venv-smoke/bin/python $(CURDIR)/.ci/smoke.py
 	.venv-smoke/bin/dispatcher --version
+	.venv-smoke/bin/python -m pip install --quiet "$$(ls dist/*.whl)[langgraph]"
+	cd /tmp && $(CURDIR)/.venv-smoke/bin/python -c "from dispatcher.integrations.langgraph import DispatcherToolNode"
 
 clean:
 	rm -rf $(VENV) .venv-smoke dist build .mypy_cache .pytest_cache .ruff_cache
