@@ -290,9 +290,10 @@ async def test_claude_server_shows_effective_annotations_and_runs_calls_through_
 
 
 async def test_claude_permission_callback_applies_the_policy() -> None:
-    """Selected calls go to the approver (denied without one); reads and other servers' tools are allowed."""
+    """Selected calls go to the approver (denied without one); reads are allowed; other tools are denied
+    unless a callback for them is given."""
     pytest.importorskip("claude_agent_sdk")
-    from claude_agent_sdk import ToolPermissionContext
+    from claude_agent_sdk import PermissionResultAllow, ToolPermissionContext
 
     from dispatcher.integrations.claude_agent_sdk import claude_options, permission_callback
 
@@ -311,7 +312,13 @@ async def test_claude_permission_callback_applies_the_policy() -> None:
         other = await can_use("Bash", {"command": "ls"}, context)
         unknown = await can_use("mcp__dispatcher__nope", {}, context)
         without = await permission_callback(dispatcher, approve=None)("mcp__dispatcher__lookup", {}, context)
-    assert read.behavior == "allow" and other.behavior == "allow"
+
+        async def allow_all(tool: str, arguments: dict[str, Any], context: ToolPermissionContext) -> Any:
+            return PermissionResultAllow()
+
+        delegated = await permission_callback(dispatcher, approve=approve, other_tools=allow_all)("Bash", {}, context)
+    assert read.behavior == "allow" and delegated.behavior == "allow"
+    assert other.behavior == "deny" and "no permission callback" in other.message
     assert write.behavior == "deny" and "denied" in write.message
     assert unknown.behavior == "deny"
     assert without.behavior == "deny" and "no approver" in without.message

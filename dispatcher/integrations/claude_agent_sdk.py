@@ -10,8 +10,9 @@ cannot group a turn's calls or hold a write until the calls before it have finis
   not run them together on a server's word; each call goes through the dispatcher (retries for
   idempotent tools of trusted servers, timeouts, limits, open-world content marked untrusted);
 - `permission_callback` is a ``can_use_tool`` callback from the dispatcher's approval policy: a call the
-  policy selects is put to the approver, the rest are allowed; a denial reaches the model as the CLI's
-  permission denial;
+  policy selects is put to the approver, the server's other calls are allowed, and calls of any other
+  tool (the CLI's own included) go to a callback of yours or are denied; a denial reaches the model as
+  the CLI's permission denial;
 - `claude_options` gives both as keyword arguments for ``ClaudeAgentOptions``.
 
 What it cannot do: keep the model's order between a turn's calls (the CLI orders them), group a turn's
@@ -77,13 +78,15 @@ def permission_callback(
     name: str = "dispatcher",
     approve: Approver | None,
     approval: ApprovalPolicy | None = None,
+    other_tools: CanUseTool | None = None,
 ) -> CanUseTool:
     """A ``can_use_tool`` callback that applies the dispatcher's approval policy to its server's tools.
 
     A call of one of the tools of the server called `name` that the policy selects (from the tool's
     effective annotations) is put to the approver, as an `ApprovalRequest`; every other call is allowed.
-    With ``approve=None``, selected calls are denied. Tools of other servers are allowed: the callback
-    is asked only for what the CLI's own rules leave open.
+    With ``approve=None``, selected calls are denied. The CLI asks this callback about every tool its
+    own rules leave open (its built-in tools too): those that are not the server's go to `other_tools`,
+    and are denied when it is None.
 
     Args:
         dispatcher: The dispatcher behind the server.
@@ -91,13 +94,16 @@ def permission_callback(
         approve: The approver (the same kind of callable as `Dispatcher`'s ``approve``), or None to deny
             every call the policy selects.
         approval: The policy (default: `ApprovalPolicy()`: destructive calls).
+        other_tools: The ``can_use_tool`` callback for every other tool, or None to deny them.
     """
     prefix = f"mcp__{name}__"
     policy = approval if approval is not None else ApprovalPolicy()
 
     async def can_use_tool(tool_name: str, arguments: dict[str, Any], context: ToolPermissionContext) -> Any:
         if not tool_name.startswith(prefix):
-            return PermissionResultAllow()
+            if other_tools is not None:
+                return await other_tools(tool_name, arguments, context)
+            return PermissionResultDeny(message=f"{tool_name[:100]} is not allowed: no permission callback for it")
         entry = next((e for e in dispatcher.tools() if e.name == tool_name[len(prefix) :]), None)
         if entry is None:
             return PermissionResultDeny(message=f"{tool_name} is not in the dispatcher's catalogue")
@@ -125,6 +131,7 @@ def claude_options(
     approve: Approver | None,
     approval: ApprovalPolicy | None = None,
     guard: SessionGuard | None = None,
+    other_tools: CanUseTool | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``ClaudeAgentOptions``: ``mcp_servers`` and ``can_use_tool``.
 
@@ -135,7 +142,9 @@ def claude_options(
     """
     return {
         "mcp_servers": {name: sdk_server(dispatcher, name=name, guard=guard)},
-        "can_use_tool": permission_callback(dispatcher, name=name, approve=approve, approval=approval),
+        "can_use_tool": permission_callback(
+            dispatcher, name=name, approve=approve, approval=approval, other_tools=other_tools
+        ),
     }
 
 
