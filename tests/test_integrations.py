@@ -250,20 +250,23 @@ async def test_pydantic_ai_deferred_approval_runs_the_call_only_once_approved() 
     seen: list[Any] = []
     async with _dispatcher(recorder) as dispatcher:
         agent = Agent(
-            _scripted([("w", "write", {"key": "w"}), ("r", "read", {"key": "r"})], seen),
+            _scripted([("r0", "read", {"key": "r0"}), ("w", "write", {"key": "w"}), ("r", "read", {"key": "r"})], seen),
             toolsets=[DispatcherToolset(dispatcher, approvals="deferred")],
             output_type=[str, DeferredToolRequests],
         )
         first = await agent.run("go")
         assert isinstance(first.output, DeferredToolRequests)
-        assert [part.tool_call_id for part in first.output.approvals] == ["w"]
+        # The read after the write waits with it, so that it cannot run before the write.
+        assert [part.tool_call_id for part in first.output.approvals] == ["w", "r"]
         assert "may make destructive changes" in first.output.metadata["w"]["reason"]
-        assert recorder.by_key("w") == []
+        assert "waits for approval" in first.output.metadata["r"]["reason"]
+        assert [e.key for e in recorder.executions] == ["r0"]
         second = await agent.run(
-            message_history=first.all_messages(), deferred_tool_results=DeferredToolResults(approvals={"w": True})
+            message_history=first.all_messages(),
+            deferred_tool_results=DeferredToolResults(approvals={"w": True, "r": True}),
         )
     assert second.output == "done"
-    assert len(recorder.by_key("w")) == 1
+    assert [e.key for e in sorted(recorder.executions, key=lambda e: e.start)] == ["r0", "w", "r"]
 
 
 # Claude Agent SDK -----------------------------------------------------------------------------------

@@ -18,8 +18,9 @@ The dispatcher's notions map to pydantic-ai's:
   call keeps its place while it waits; a denial is a result the model reads. With
   ``approvals="deferred"`` a call the approval policy selects raises ``ApprovalRequired``, so it
   appears in the run's ``DeferredToolRequests``; once approved (``DeferredToolResults``) it runs
-  without asking again. A deferred call ends the run's turn, and the calls after it in the same
-  response run before it: use the dispatcher's approver when that order matters.
+  without asking again. pydantic-ai would run the calls after a deferred one at once, before it, so
+  those are deferred too (their reason says why): the person decides them together, and the resumed
+  run carries them out in the model's order.
 
 Requires the ``pydantic-ai`` extra (``pydantic-ai-slim``).
 """
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic_core
 from pydantic_ai.exceptions import ApprovalRequired, ModelRetry
+from pydantic_ai.messages import ModelResponse, ToolCallPart
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 
@@ -102,6 +104,8 @@ class DispatcherToolset(AbstractToolset[Any]):
         self._approve = approve
         self._approval = approval
         self._guard = guard
+        # approvals="deferred": the ids of the calls deferred for approval.
+        self._deferred: set[str] = set()
 
     @property
     def id(self) -> str | None:
@@ -157,9 +161,23 @@ class DispatcherToolset(AbstractToolset[Any]):
         entry = self._entry(name)
         policy = self._approval if self._approval is not None else ApprovalPolicy()
         reason = policy.reason(entry) if entry is not None else None
+        if reason is None and self._after_deferred(ctx):
+            # pydantic-ai would run it now, before the deferred call before it: it waits for approval too.
+            reason = "an earlier call of the same response waits for approval"
         if reason is not None:
+            if ctx.tool_call_id is not None:
+                self._deferred.add(ctx.tool_call_id)
             raise ApprovalRequired(metadata={"reason": reason})
         return _NO_APPROVAL
+
+    def _after_deferred(self, ctx: RunContext[Any]) -> bool:
+        """Whether a call before this one in its model response was deferred for approval."""
+        for message in reversed(ctx.messages):
+            if isinstance(message, ModelResponse):
+                ids = [part.tool_call_id for part in message.parts if isinstance(part, ToolCallPart)]
+                if ctx.tool_call_id in ids:
+                    return any(earlier in self._deferred for earlier in ids[: ids.index(ctx.tool_call_id)])
+        return False
 
     def _entry(self, name: str) -> ToolEntry | None:
         return next((entry for entry in self.dispatcher.tools() if entry.name == name), None)
