@@ -12,6 +12,7 @@ import anyio
 
 from ._calls import ToolCall
 from ._errors import BatchError, NotFinishedError
+from ._turns import InOrder
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -118,10 +119,11 @@ class Batch:
         results = batch.results()
     """
 
-    __slots__ = ("_event", "_executor", "_hooks", "_ids", "_remaining", "_works")
+    __slots__ = ("_event", "_executor", "_hooks", "_ids", "_in_order", "_remaining", "_works")
 
     def __init__(self, executor: Executor, hooks: CallHooks | None = None) -> None:
         self._executor = executor
+        self._in_order: InOrder | None = None
         self._hooks = hooks
         self._works: list[PendingCall] = []
         self._ids: set[str] = set()
@@ -167,6 +169,35 @@ class Batch:
         self._executor.check_open()
         self._ids = seen
         return calls
+
+    async def submit_at(self, position: int, call: ToolCall) -> PendingCall:
+        """Queue the call at `position` of a turn whose calls arrive in any order (one task per call).
+
+        Positions count the calls handed over with `submit_at` or `skip`, from 0. The call is queued
+        once every earlier position has been handed over, so the calls of a turn keep the model's order
+        whatever order their tasks run in; this waits until then. A caller cancelled while waiting
+        leaves its call unqueued (later positions go on). Call `skip` for a position that will never
+        come, or the calls after it wait forever.
+
+        Raises:
+            BatchError: The position is not an int >= 0 or was already handed over, or the call is not a
+                `ToolCall` or reuses an id.
+            DispatcherClosedError: The dispatcher closed before the call could be queued.
+        """
+        self._check(call, position)
+        if self._in_order is None:
+            self._in_order = InOrder(self.submit)
+        return await self._in_order.submit_at(position, call)
+
+    def skip(self, position: int) -> None:
+        """Say that no call will come at `position` (see `submit_at`): the calls after it may be queued.
+
+        Raises:
+            BatchError: The position is not an int >= 0 or was already handed over.
+        """
+        if self._in_order is None:
+            self._in_order = InOrder(self.submit)
+        self._in_order.skip(position)
 
     def _check(self, call: object, position: int, seen: set[str] | None = None) -> None:
         if not isinstance(call, ToolCall):

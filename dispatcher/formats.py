@@ -16,7 +16,9 @@ valid JSON does not raise: the call keeps the raw string, and dispatching it giv
 says what is wrong, which the model can read and correct.
 
 Results become text: the tool's text content as is, and a short description for anything else
-(``[image: image/png, 5120 bytes]``). A result that is not OK is flagged as an error (``is_error`` for
+(``[image: image/png, 5120 bytes]``). Images (JPEG, PNG, GIF, WebP) and PDF documents are also sent as
+what they are, in each API's shape for them (and audio in wav or mp3 to Chat Completions), after the text;
+what an API cannot take stays described in the text. A result that is not OK is flagged as an error (``is_error`` for
 Anthropic; OpenAI has no flag, so its text starts with ``Error (status):``). Results of open-world tools
 (`ToolResult.untrusted_content`), and errors that quote what a server sent, are wrapped by
 `mark_untrusted` unless you pass ``untrusted=None``: each wrapper ends with a closing tag carrying a
@@ -303,14 +305,18 @@ def anthropic_results(
 
     Returns:
         ``{"type": "tool_result", "tool_use_id", "content"}`` dicts, with ``"is_error": True`` for every
-        result that is not OK.
+        result that is not OK. ``content`` is the text, or, when the tool returned images or PDF
+        documents (as image content or embedded blobs), a list: a text block, then an ``image`` or
+        ``document`` block (base64 source) for each.
     """
     blocks = []
     for result in results:
+        text = _model_text(result, untrusted, prefix_errors=False)
+        media = [part for block in _content(result) if (part := _anthropic_media(block)) is not None]
         block: dict[str, Any] = {
             "type": "tool_result",
             "tool_use_id": result.call.id,
-            "content": _model_text(result, untrusted, prefix_errors=False),
+            "content": [{"type": "text", "text": text}, *media] if media else text,
         }
         if not result.ok:
             block["is_error"] = True
@@ -327,12 +333,28 @@ def openai_chat_results(
     ``Error (<status>):``. ``untrusted`` works as in `anthropic_results`.
 
     Returns:
-        ``{"role": "tool", "tool_call_id", "content"}`` dicts.
+        ``{"role": "tool", "tool_call_id", "content"}`` dicts, one per result. A tool message holds text
+        only, so when tools returned images, audio (wav, mp3) or PDF files, one ``user`` message follows
+        with an ``image_url``, ``input_audio`` or ``file`` part for each (data URLs).
     """
-    return [
+    results = list(results)
+    messages: list[dict[str, Any]] = [
         {"role": "tool", "tool_call_id": result.call.id, "content": _model_text(result, untrusted, prefix_errors=True)}
         for result in results
     ]
+    # A tool message carries text only: images, audio and files follow in one user message.
+    attached: list[str] = []
+    parts: list[dict[str, Any]] = []
+    for result in results:
+        media = [part for block in _content(result) if (part := _openai_chat_media(block)) is not None]
+        if media:
+            attached.append(result.call.id)
+            parts += media
+    if parts:
+        ids = ", ".join(attached)
+        note = f"The images and files returned by the tool calls {ids} (their results describe them)."
+        messages.append({"role": "user", "content": [{"type": "text", "text": note}, *parts]})
+    return messages
 
 
 def openai_responses_results(
@@ -344,16 +366,17 @@ def openai_responses_results(
     `anthropic_results`.
 
     Returns:
-        ``{"type": "function_call_output", "call_id", "output"}`` dicts.
+        ``{"type": "function_call_output", "call_id", "output"}`` dicts. ``output`` is the text, or, when
+        the tool returned images or PDF files, a list: an ``input_text`` item, then an ``input_image`` or
+        ``input_file`` item (data URLs) for each.
     """
-    return [
-        {
-            "type": "function_call_output",
-            "call_id": result.call.id,
-            "output": _model_text(result, untrusted, prefix_errors=True),
-        }
-        for result in results
-    ]
+    items = []
+    for result in results:
+        text = _model_text(result, untrusted, prefix_errors=True)
+        media = [part for block in _content(result) if (part := _openai_responses_media(block)) is not None]
+        output: str | list[dict[str, Any]] = [{"type": "input_text", "text": text}, *media] if media else text
+        items.append({"type": "function_call_output", "call_id": result.call.id, "output": output})
+    return items
 
 
 def _model_text(result: ToolResult, untrusted: Callable[[str, ToolResult], str] | None, *, prefix_errors: bool) -> str:
@@ -363,6 +386,79 @@ def _model_text(result: ToolResult, untrusted: Callable[[str, ToolResult], str] 
     if prefix_errors and not result.ok:
         text = f"Error ({result.status.value}): {text}"
     return text
+
+
+# Media: content blocks that the APIs accept as what they are ------------------------------------------
+
+_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+_PDF = "application/pdf"
+_AUDIO_FORMATS = {
+    "audio/wav": "wav",
+    "audio/x-wav": "wav",
+    "audio/wave": "wav",
+    "audio/mpeg": "mp3",
+    "audio/mp3": "mp3",
+}
+
+
+def _content(result: ToolResult) -> list[Any]:
+    return list(result.result.content) if result.result is not None else []
+
+
+def _media(block: Any) -> tuple[str, str, str] | None:
+    """``(kind, mime type, base64 data)`` of an image, audio or binary resource block, else None."""
+    kind = getattr(block, "type", None)
+    if kind in ("image", "audio"):
+        return kind, str(block.mime_type or ""), "".join(str(block.data).split())
+    if kind == "resource":
+        blob = getattr(block.resource, "blob", None)
+        if isinstance(blob, str):
+            mime = str(block.resource.mime_type or "")
+            return ("image" if mime in _IMAGE_TYPES else "file"), mime, "".join(blob.split())
+    return None
+
+
+def _filename(block: Any) -> str:
+    uri = str(getattr(getattr(block, "resource", None), "uri", "") or "")
+    return uri.rstrip("/").rsplit("/", 1)[-1] or "file.pdf"
+
+
+def _anthropic_media(block: Any) -> dict[str, Any] | None:
+    found = _media(block)
+    if found is None:
+        return None
+    kind, mime, data = found
+    if kind == "image" and mime in _IMAGE_TYPES:
+        return {"type": "image", "source": {"type": "base64", "media_type": mime, "data": data}}
+    if mime == _PDF:
+        return {"type": "document", "source": {"type": "base64", "media_type": mime, "data": data}}
+    return None  # audio and other files: the text describes them
+
+
+def _openai_chat_media(block: Any) -> dict[str, Any] | None:
+    found = _media(block)
+    if found is None:
+        return None
+    kind, mime, data = found
+    if kind == "image" and mime in _IMAGE_TYPES:
+        return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}}
+    if kind == "audio" and mime in _AUDIO_FORMATS:
+        return {"type": "input_audio", "input_audio": {"data": data, "format": _AUDIO_FORMATS[mime]}}
+    if mime == _PDF:
+        return {"type": "file", "file": {"filename": _filename(block), "file_data": f"data:{mime};base64,{data}"}}
+    return None
+
+
+def _openai_responses_media(block: Any) -> dict[str, Any] | None:
+    found = _media(block)
+    if found is None:
+        return None
+    kind, mime, data = found
+    if kind == "image" and mime in _IMAGE_TYPES:
+        return {"type": "input_image", "image_url": f"data:{mime};base64,{data}", "detail": "auto"}
+    if mime == _PDF:
+        return {"type": "input_file", "filename": _filename(block), "file_data": f"data:{mime};base64,{data}"}
+    return None
 
 
 def _block_text(block: Any) -> str:

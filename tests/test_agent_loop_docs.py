@@ -32,10 +32,30 @@ TURN = [
 ANSWER = "Your notes say: Launch on Tuesday."
 
 
-def _loop(heading: str) -> str:
-    match = re.search(rf"## {re.escape(heading)}\n\n(?:.*?\n\n)?```python\n(.*?)```", DOC.read_text(), re.S)
-    assert match is not None, f"docs/agent-loop.md lost its {heading!r} loop"
+# Each API's loop must use that API's functions from dispatcher.formats, so a loop shown under the wrong
+# heading (as the Chat Completions loop once was under "Anthropic Messages") fails.
+FORMATS = {
+    "Anthropic Messages": "anthropic",
+    "OpenAI Chat Completions": "openai_chat",
+    "OpenAI Responses": "openai_responses",
+}
+
+
+def _section(text: str, heading: str) -> str:
+    """The text under a `## heading`, up to the next heading of that level (never into the next section)."""
+    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert match is not None, f"docs/agent-loop.md lost its {heading!r} section"
     return match.group(1)
+
+
+def _loop(heading: str) -> str:
+    match = re.search(r"^```python\n(.*?)^```", _section(DOC.read_text(), heading), re.S | re.M)
+    assert match is not None, f"docs/agent-loop.md lost its {heading!r} loop"
+    code = match.group(1)
+    prefix = FORMATS[heading]
+    used = set(re.findall(r"\b(anthropic|openai_chat|openai_responses)_(?:tools|calls|results)\b", code))
+    assert used == {prefix}, f"the loop under {heading!r} uses the formats of {sorted(used)}"
+    return code
 
 
 def _final_answer(outputs: dict[str, str]) -> str:
@@ -154,10 +174,25 @@ def test_agent_loop_is_short(heading: str) -> None:
     assert len(_loop(heading).strip().splitlines()) < 40
 
 
-def test_readme_shows_the_tested_loops() -> None:
-    """The README's two complete agent loops are exactly the ones this module runs from the docs."""
+def test_loop_sections_are_read_within_their_heading() -> None:
+    """A section ends at the next heading: the Anthropic loop is the Anthropic code, not the next section's."""
+    assert "anthropic.AsyncAnthropic()" in _loop("Anthropic Messages")
+    assert "chat.completions.create" in _loop("OpenAI Chat Completions")
+    assert "responses.create" in _loop("OpenAI Responses")
+
+
+README_LOOPS = {
+    "Anthropic Messages API": "Anthropic Messages",
+    "OpenAI Chat Completions API": "OpenAI Chat Completions",
+}
+
+
+def test_readme_shows_the_tested_loops_under_their_own_labels() -> None:
+    """Each README loop is, under its own label, exactly the docs/agent-loop.md loop for that API."""
     readme = (DOC.parent.parent / "README.md").read_text()
-    for heading in ("Anthropic Messages", "OpenAI Chat Completions"):
-        code = _loop(heading)
-        assert f"```python\n{code}```" in readme, f"README's {heading} loop differs from docs/agent-loop.md"
-        assert code.count("\n") < 40
+    shown = re.findall(r"^With the (.+?) \((\d+) lines\):\n\n```python\n(.*?)^```", readme, re.S | re.M)
+    assert [label for label, _, _ in shown] == list(README_LOOPS), "the README's complete loops changed"
+    for label, lines, code in shown:
+        heading = README_LOOPS[label]
+        assert code == _loop(heading), f"the README's {label} loop is not docs/agent-loop.md's {heading} loop"
+        assert int(lines) == len(code.strip().splitlines()), f"the README says {lines} lines for {label}"

@@ -414,7 +414,7 @@ def test_result_text_describes_content_that_is_not_text() -> None:
         "[resource <file:///b.bin>, x/bin, 3 bytes]",
     ]
     [block] = anthropic_results([result])
-    assert block["content"] == result_text(result)
+    assert block["content"][0] == {"type": "text", "text": result_text(result)}  # the image follows it
     assert "is_error" not in block
 
 

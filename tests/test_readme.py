@@ -33,3 +33,53 @@ def test_readme_agent_turn_runs() -> None:
         "call_5 ok 3",
         "call_6 failed unknown tool 'delete_everything'",
     ]
+
+
+def _python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+
+
+def test_every_python_snippet_is_run_or_says_it_is_a_fragment() -> None:
+    """A README snippet is either run by a test (the agent turn, the two loops) or marked as a fragment.
+
+    A fragment starts with a `# Fragment:` comment saying what it needs, and still compiles as the body
+    of an async function.
+    """
+    text = README.read_text()
+    run_by_tests = {
+        "agent turn": re.search(r"## An agent turn\n\n```python\n(.*?)```", text, re.S),
+        **{
+            label: re.search(rf"^With the {label} API \(\d+ lines\):\n\n```python\n(.*?)^```", text, re.S | re.M)
+            for label in ("Anthropic Messages", "OpenAI Chat Completions")
+        },
+    }
+    tested = {match.group(1) for match in run_by_tests.values() if match is not None}
+    assert len(tested) == 3, "the README lost one of its tested examples"
+    for block in _python_blocks(text):
+        if block in tested:
+            continue
+        first = block.splitlines()[0]
+        assert first.startswith("# Fragment:"), f"a README snippet is neither run by a test nor a fragment: {first!r}"
+        body = "".join(f"    {line}\n" for line in block.splitlines())
+        compile(f"async def _fragment():\n{body}", "README fragment", "exec")
+
+
+def test_install_line_names_the_distribution_of_pyproject() -> None:
+    """The README's install line installs the distribution pyproject.toml builds."""
+    pyproject = (README.parent / "pyproject.toml").read_text()
+    name = re.search(r'^name = "(.+)"$', pyproject, re.M)
+    assert name is not None
+    assert f"pip install {name.group(1)}" in README.read_text()
+
+
+def test_quick_start_says_what_each_command_does_and_how_long_it_takes() -> None:
+    """Every command of the quick start has a comment with what it does and a duration."""
+    text = README.read_text()
+    block = re.search(r"## Quick start.*?```sh\n(.*?)```", text, re.S)
+    assert block is not None
+    lines = block.group(1).strip().splitlines()
+    assert [line.split("#")[0].strip() for line in lines][:2] == ["make bench-quick", "make test"]
+    for line in lines:
+        command, _, comment = line.partition("#")
+        assert comment.strip(), f"{command.strip()} says nothing about what it does"
+        assert re.search(r"\d+ (?:minutes?|seconds?)|a minute|a few seconds", comment), f"{command.strip()}: how long?"

@@ -1,0 +1,83 @@
+"""The examples of docs/integrations.md run as written against the real frameworks, and print what they say.
+
+Each framework section's last Python block runs after the shared scenario (the document's first block),
+with the framework's own fake or scripted model; its output must equal the section's last `text` block.
+That output ends with what the workspace recorded: reads together, writes alone and in order, the
+untrusted server's tool alone, the refused deletion never run. A section whose framework is not
+installed is skipped, naming the extra to install.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import re
+from pathlib import Path
+
+import anyio
+import pytest
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "integrations.md"
+
+# section heading -> (the module it needs, the extra that installs it, the backends it runs on)
+FRAMEWORKS = {
+    "LangGraph": ("langgraph", "langgraph", ("asyncio",)),
+    "OpenAI Agents SDK": ("agents", "openai-agents", ("asyncio",)),
+    "pydantic-ai": ("pydantic_ai", "pydantic-ai", ("asyncio",)),
+    "Claude Agent SDK": ("claude_agent_sdk", "claude-agent-sdk", ("asyncio", "trio")),
+}
+CHECKS = [
+    "reads ran together: True",
+    "writes ran alone, in order: True",
+    "the untrusted tool ran alone: True",
+    "delete_note ran: False",
+]
+
+
+def _sections() -> dict[str, str]:
+    parts = re.split(r"^## ", DOC.read_text(), flags=re.M)
+    return {part.split("\n", 1)[0].strip(): part for part in parts[1:]}
+
+
+def _blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
+
+
+def _scenario() -> str:
+    return _blocks(_sections()["The examples"], "python")[0]
+
+
+def test_every_framework_has_a_section() -> None:
+    """The document has one section per framework, and the table names each one's extra."""
+    sections = _sections()
+    for heading, (_, extra, _) in FRAMEWORKS.items():
+        assert heading in sections, f"docs/integrations.md lost its {heading!r} section"
+        assert f'[{extra}]"' in DOC.read_text(), f"the install line of {heading} is missing"
+
+
+@pytest.mark.parametrize(
+    ("heading", "backend"),
+    [(heading, backend) for heading, (_, _, backends) in FRAMEWORKS.items() for backend in backends],
+)
+def test_example_runs_and_prints_what_the_doc_says(
+    heading: str, backend: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The framework's example runs the turn through the dispatcher and prints the documented output."""
+    module, extra, _ = FRAMEWORKS[heading]
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed: pip install -e '.[{extra}]'")
+    section = _sections()[heading]
+    code = _blocks(section, "python")[-1]
+    expected = _blocks(section, "text")[-1]
+    monkeypatch.setattr(anyio, "run", functools.partial(anyio.run, backend=backend))
+    exec(compile(_scenario() + "\n" + code, f"docs/integrations.md ({heading})", "exec"), {"__name__": "__main__"})
+    out = capsys.readouterr().out
+    assert out == expected
+    assert out.splitlines()[-4:] == CHECKS
+
+
+@pytest.mark.parametrize("heading", list(FRAMEWORKS))
+def test_every_block_of_the_section_compiles(heading: str) -> None:
+    """Blocks that are not run (the Claude session that needs the CLI) are still valid Python."""
+    for code in _blocks(_sections()[heading], "python"):
+        compile(_scenario() + "\n" + code, f"docs/integrations.md ({heading})", "exec")
