@@ -27,13 +27,14 @@ from ._approval import ApprovalPolicy, SessionGuard
 from ._calls import CallStatus, ToolCall, ToolResult
 from ._catalog import ArgumentError, Catalog, ToolEntry, ToolImpl
 from ._connections import ServerRegistry, check_target
+from ._coordination import admitted_runner, budget_factory
 from ._errors import BatchError, ConfigurationError, DispatcherClosedError, ServerConnectionError
 from ._functions import FunctionTool
 from ._gate import Gate, Ticket
 from ._hooks import CallHooks
 from ._mcp import ToolUnavailableError, describe_failure
 from ._observe import Observer, resolve_tracer
-from ._retry import Attempt, Budget, Retrier, RetryPolicy, eligible, is_transient
+from ._retry import Attempt, Retrier, RetryPolicy, eligible, is_transient
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -47,8 +48,10 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
     from ._approval import ApprovalRequest, Approver
+    from ._coordination import Coordinator
     from ._observe import CallEvent, CallState
     from ._pins import DefinitionChange
+    from ._retry import RetryBudget
 
 __all__ = ["Batch", "Dispatcher", "PendingCall"]
 
@@ -327,6 +330,8 @@ class Dispatcher:
         on_event: Called with a `CallEvent` when a call is queued, starts, is retried and finishes.
         tracer_provider: The OpenTelemetry tracer provider for a span per call and per attempt; None
             uses the global one if an SDK has configured it, and traces nothing otherwise.
+        coordinator: Shares limits, shared-state order and retry budgets with other processes (a
+            `dispatcher.fleet.RedisCoordinator`, entered by you); None: this process decides alone.
 
     Use it as an async context manager; calls run in its task group::
 
@@ -346,6 +351,7 @@ class Dispatcher:
         guard: SessionGuard | None = None,
         on_event: Callable[[CallEvent], object] | None = None,
         tracer_provider: TracerProvider | None = None,
+        coordinator: Coordinator | None = None,
     ) -> None:
         if max_concurrency is not None and (
             not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1
@@ -365,7 +371,10 @@ class Dispatcher:
         self._max_concurrency = max_concurrency
         self._call_timeout = call_timeout
         self._retry = retry
-        self._budgets: dict[str | None, Budget] = {}
+        self._budgets: dict[str | None, RetryBudget] = {}
+        # The fleet hook: how an admitted call runs (`_run` itself without a coordinator), and retry budgets.
+        self._run_admitted = admitted_runner(coordinator, self._run)
+        self._new_budget = budget_factory(coordinator)
         self._rng = random.Random(retry.seed if retry is not None else None)
         self._catalog = Catalog()
         self._servers = ServerRegistry(self._catalog)
@@ -937,7 +946,7 @@ class Dispatcher:
             while ticket is not None:
                 with anyio.CancelScope() as scope:
                     while ticket is not None:
-                        await self._run(ticket.item, scope)
+                        await self._run_admitted(ticket.item, scope)
                         gate.finish(ticket)
                         ticket = None
                         if scope.cancel_called:
@@ -1016,7 +1025,7 @@ class Dispatcher:
         if policy.budget is not None:
             budget = self._budgets.get(server)
             if budget is None:
-                budget = self._budgets[server] = Budget(policy.budget, policy.budget_refill)
+                budget = self._budgets[server] = self._new_budget(server, policy.budget, policy.budget_refill)
         retrier = Retrier(policy, budget, self._rng, server)
         call_timeout = self._call_timeout
         state = work._state
