@@ -43,8 +43,8 @@ async def _agent(dispatcher: Dispatcher, config: dict[str, Any], agent: int, out
             ToolCall(f"{tag}-{round_}-w", "set_note", {"name": f"{tag}-{round_}", "text": tag}),
             ToolCall(f"{tag}-{round_}-r2", "search_notes", {"query": f"{tag}-{round_}"}),
         ]
-        for result in await dispatcher.dispatch(calls):
-            out.append({"id": result.call_id, "status": result.status.value, "error": result.error})
+        results = await dispatcher.dispatch(calls)
+        out.extend({"id": result.call_id, "status": result.status.value, "error": result.error} for result in results)
 
 
 async def _calls(config: dict[str, Any]) -> None:
@@ -61,8 +61,7 @@ async def _calls(config: dict[str, Any]) -> None:
         async with anyio.create_task_group() as tg:
             for agent in range(config["agents"]):
                 tg.start_soon(_agent, dispatcher, config, agent, results)
-    with open(config["out"], "w") as file:
-        json.dump(results, file)
+    await anyio.Path(config["out"]).write_text(json.dumps(results))
 
 
 async def _hold(config: dict[str, Any]) -> None:

@@ -222,7 +222,9 @@ def test_a_sigkilled_process_loses_its_hold_within_the_lease_bound(
             holder.send_signal(signal.SIGKILL)
             holder.wait(10)
             killed = anyio.current_time()
-            fleet = RedisCoordinator(redis_server.url, namespace=namespace, servers=servers, lease_ttl=ttl, recheck=recheck)
+            fleet = RedisCoordinator(
+                redis_server.url, namespace=namespace, servers=servers, lease_ttl=ttl, recheck=recheck
+            )
             async with fleet, fleet.hold(server="ws", exclusive=True, on_lost=print):
                 return anyio.current_time() - killed
 
