@@ -40,5 +40,9 @@ pytest: $(STAMP)
 stress: $(STAMP)
 	DISPATCHER_STRESS=1 $(BIN)/python -m pytest -q tests/chaos
 
+# redis-server for the fleet tests (tests/fleet), installed when missing where the platform allows.
+redis:
+	.ci/redis
+
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
