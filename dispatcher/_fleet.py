@@ -362,12 +362,19 @@ class RedisCoordinator:
         except CoordinationError as exc:
             # Give a call up before Redis could hand its place to another: by the next renewal the lease
             # may have expired there.
+            active = self._active.get(server, {})
             for lease in leases:
-                if anyio.current_time() + interval >= lease.valid_until:
+                if lease.id in active and anyio.current_time() + interval >= lease.valid_until:
                     self._lose(lease, f"lost its fleet hold on server {server!r}: could not renew it ({exc})")
             return
+        active = self._active.get(server, {})
         for lease, flag in zip(leases, renewed, strict=True):
-            if flag == 1:
+            if lease.id not in active:
+                # Given back while the renewal was on its way: if the renewal came second it put the hold
+                # back, so give it back again (a second release is harmless).
+                if flag == 1 and not lease.lost:
+                    await self._release(lease)
+            elif flag == 1:
                 lease.valid_until = sent + self.lease_ttl
             else:
                 self._lose(lease, f"lost its fleet hold on server {server!r}: it expired in Redis and was taken")
