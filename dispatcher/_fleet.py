@@ -228,6 +228,13 @@ class RedisCoordinator:
     ) -> bool | None:
         tg, link = self._tg, self._link
         assert tg is not None and link is not None
+        # Nothing renews holds from here on: calls still holding one are given up now rather than left
+        # running once their leases expire (close dispatchers before their coordinator).
+        with anyio.CancelScope(shield=True):
+            for server, leases in list(self._active.items()):
+                for lease in list(leases.values()):
+                    self._lose(lease, f"lost its fleet hold on server {server!r}: the RedisCoordinator closed")
+                    await self._release(lease)
         self._link = None
         tg.cancel_scope.cancel()
         try:

@@ -46,17 +46,16 @@ local function quiet()
 end
 
 local function purge()
-  local gone = redis.call('ZRANGEBYSCORE', HE, '-inf', now)
-  if #gone > 0 then
-    redis.call('HDEL', H, unpack(gone))
-    redis.call('ZREMRANGEBYSCORE', HE, '-inf', now)
+  -- One by one: unpack() of a long list would overflow Lua's stack after a mass crash.
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', HE, '-inf', now)) do
+    redis.call('HDEL', H, id)
   end
-  gone = redis.call('ZRANGEBYSCORE', WE, '-inf', now)
-  if #gone > 0 then
-    redis.call('HDEL', W, unpack(gone))
-    redis.call('ZREM', Q, unpack(gone))
-    redis.call('ZREMRANGEBYSCORE', WE, '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', HE, '-inf', now)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', WE, '-inf', now)) do
+    redis.call('HDEL', W, id)
+    redis.call('ZREM', Q, id)
   end
+  redis.call('ZREMRANGEBYSCORE', WE, '-inf', now)
 end
 
 local function state()

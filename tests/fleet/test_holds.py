@@ -287,3 +287,23 @@ async def test_coordination_errors_are_raised_by_hold_itself(namespace: str) -> 
         with pytest.raises(CoordinationError, match="cannot reach Redis"):
             async with coordinator.hold(server="ws", exclusive=False, on_lost=never_lost):
                 raise AssertionError("ran without a hold")
+
+
+async def test_closing_the_coordinator_gives_up_the_calls_it_holds_for(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """A coordinator closed under a running call: the call ends FAILED at once instead of running unrenewed."""
+    workspace = Workspace(latency=60.0)
+    coordinator = fleet(redis_server, namespace)
+    async with Dispatcher(coordinator=coordinator, call_timeout=None) as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+        async with coordinator:
+            pending = dispatcher.batch().submit(ToolCall("1", "search_notes", {"query": "x"}))
+            with anyio.fail_after(20):
+                while workspace.in_flight == 0:  # noqa: ASYNC110  # the workspace offers no event to wait on
+                    await anyio.sleep(0.01)
+        with anyio.fail_after(20):
+            result = await pending.wait()
+    assert result.status is CallStatus.FAILED
+    assert result.error is not None and "the RedisCoordinator closed" in result.error
+    assert workspace.in_flight == 0
