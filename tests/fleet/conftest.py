@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from .redis_server import RedisServer, redis_server_binary, skip_or_fail
+from benchmarks._redis import RedisServer, redis_server_binary, skip_or_fail
 
 if TYPE_CHECKING:
     import pathlib

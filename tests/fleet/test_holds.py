@@ -18,7 +18,7 @@ from dispatcher.examples import FaultConfig, Workspace
 from dispatcher.fleet import CoordinationError, FleetServer, LocalCoordinator, RedisCoordinator
 
 if TYPE_CHECKING:
-    from .redis_server import RedisServer
+    from benchmarks._redis import RedisServer
 
 pytestmark = pytest.mark.anyio
 

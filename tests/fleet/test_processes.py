@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import pathlib
     from collections.abc import Iterator
 
-    from .redis_server import RedisServer
+    from benchmarks._redis import RedisServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIMIT = 3
