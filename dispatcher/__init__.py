@@ -7,21 +7,22 @@ may do is read from its MCP annotations, and only from servers the user trusts.
 from ._approval import ApprovalPolicy as ApprovalPolicy
 from ._approval import ApprovalRequest as ApprovalRequest
 from ._approval import SessionGuard as SessionGuard
+from ._batch import Batch as Batch
+from ._batch import PendingCall as PendingCall
 from ._calls import CallStatus as CallStatus
 from ._calls import ToolCall as ToolCall
 from ._calls import ToolResult as ToolResult
 from ._catalog import ToolEntry as ToolEntry
+from ._dispatcher import Dispatcher as Dispatcher
 from ._errors import BatchError as BatchError
 from ._errors import ConfigurationError as ConfigurationError
 from ._errors import DispatcherClosedError as DispatcherClosedError
 from ._errors import DispatcherError as DispatcherError
+from ._errors import NotFinishedError as NotFinishedError
 from ._errors import ServerConnectionError as ServerConnectionError
 from ._observe import CallEvent as CallEvent
 from ._pins import DefinitionChange as DefinitionChange
 from ._retry import RetryPolicy as RetryPolicy
-from ._scheduler import Batch as Batch
-from ._scheduler import Dispatcher as Dispatcher
-from ._scheduler import PendingCall as PendingCall
 
 __all__ = [
     "ApprovalPolicy",
@@ -35,6 +36,7 @@ __all__ = [
     "Dispatcher",
     "DispatcherClosedError",
     "DispatcherError",
+    "NotFinishedError",
     "PendingCall",
     "RetryPolicy",
     "ServerConnectionError",

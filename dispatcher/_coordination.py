@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 
     import anyio
 
+    from ._batch import PendingCall
     from ._retry import RetryBudget
-    from ._scheduler import PendingCall
 
 __all__ = ["CoordinationError", "Coordinator", "LocalCoordinator", "admitted_runner", "budget_factory"]
 
@@ -140,6 +140,7 @@ def admitted_runner(
     checked = _check(coordinator)
     if checked is None:
         return run
+    from ._execution import settle  # imported here: the executor imports this module
 
     async def run_held(work: PendingCall, scope: anyio.CancelScope) -> None:
         entry = work._entry
@@ -149,7 +150,8 @@ def admitted_runner(
 
         def lost(reason: str) -> None:
             if work._result is None:
-                work._settle(
+                settle(
+                    work,
                     CallStatus.FAILED,
                     error=f"{reason}; the call was abandoned (like a timed-out call, it may still be running on "
                     "the server)",
@@ -168,7 +170,7 @@ def admitted_runner(
         except CoordinationError as exc:
             work._scope = None
             if work._result is None:
-                work._settle(CallStatus.FAILED, error=str(exc))
+                settle(work, CallStatus.FAILED, error=str(exc))
             if acquired:
                 raise  # not raised by a well-behaved coordinator after the grant; do not hide it
         except BaseException:
@@ -177,7 +179,7 @@ def admitted_runner(
                 if work._result is None:
                     cancelled = work._cancel_requested
                     why = "cancelled while waiting for its fleet hold" if cancelled else "the dispatcher closed"
-                    work._settle(CallStatus.CANCELLED, error=why)
+                    settle(work, CallStatus.CANCELLED, error=why)
             raise
 
     return run_held

@@ -7,6 +7,7 @@ kept for misuse of the API, and they all derive from one base class::
     ├── BatchError (also ValueError)       a batch that cannot run: duplicate ids, non-ToolCall items
     ├── ConfigurationError (also ValueError)  a tool or server that cannot be registered
     ├── DispatcherClosedError (also RuntimeError)  the dispatcher is not open
+    ├── NotFinishedError (also RuntimeError)  a result was read before its call ended
     └── ServerConnectionError (also ConnectionError)  `Dispatcher.connect` could not reach a server
 
 Errors that come from the MCP SDK or anyio while a call runs are translated into results at the
@@ -30,6 +31,10 @@ class ConfigurationError(DispatcherError, ValueError):
 
 class DispatcherClosedError(DispatcherError, RuntimeError):
     """The dispatcher was used outside its `async with` block."""
+
+
+class NotFinishedError(DispatcherError, RuntimeError):
+    """A result was read before its call ended: await `PendingCall.wait()` or `Batch.wait()` first."""
 
 
 class ServerConnectionError(DispatcherError, ConnectionError):

@@ -23,8 +23,8 @@ from mcp import StdioServerParameters
 
 from ._annotations import effective_annotations
 from ._catalog import NAME_PATTERN
+from ._dispatcher import Dispatcher
 from ._errors import DispatcherError
-from ._scheduler import Dispatcher
 
 if TYPE_CHECKING:
     import argparse

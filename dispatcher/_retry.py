@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 MAX_ATTEMPTS = 10
-"""The most attempts a call ever gets, whatever the policy says (gRPC clamps its own to 5)."""
+"""The most attempts a policy may allow (gRPC clamps its own to 5); more is a ConfigurationError."""
 
 _TRANSIENT_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT, INTERNAL_ERROR})
 _TRANSIENT_ERRORS = (
@@ -78,8 +78,8 @@ class RetryPolicy:
     once, whatever this policy says.
 
     Args:
-        attempts: The most attempts per call, the first included; 1 turns retrying off. Values above 10
-            are lowered to 10.
+        attempts: The most attempts per call, the first included, from 1 (which turns retrying off)
+            to 10.
         wait_initial: Seconds before the first retry (without jitter), and the shortest wait.
         wait_max: The longest wait between two attempts, in seconds.
         timeout: One deadline for all the attempts of a call, in seconds from the start of its first
@@ -122,7 +122,10 @@ class RetryPolicy:
                 f"attempts must be an int >= 1, got {attempts!r}; use Dispatcher(retry=None) to turn retries off"
             )
         if attempts > MAX_ATTEMPTS:
-            object.__setattr__(self, "attempts", MAX_ATTEMPTS)
+            raise ConfigurationError(
+                f"attempts must be at most {MAX_ATTEMPTS}, got {attempts!r}; "
+                "a call that fails that often will not be saved by more attempts"
+            )
         if not _is_number(self.wait_initial) or not 0 <= self.wait_initial < math.inf:
             raise ConfigurationError(f"wait_initial must be a finite number of seconds >= 0, got {self.wait_initial!r}")
         if not _is_number(self.wait_max) or not self.wait_initial <= self.wait_max < math.inf:

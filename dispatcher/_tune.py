@@ -43,8 +43,8 @@ import anyio
 from mcp import Client, StdioServerParameters
 
 from ._calls import CallStatus, ToolCall
+from ._dispatcher import Dispatcher
 from ._errors import ConfigurationError, DispatcherError, ServerConnectionError
-from ._scheduler import Batch, Dispatcher, PendingCall
 
 if TYPE_CHECKING:
     import argparse
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from mcp.server import Server
     from mcp.server.mcpserver import MCPServer
 
+    from ._batch import Batch, PendingCall
     from ._calls import ToolResult
     from ._catalog import ToolEntry
 

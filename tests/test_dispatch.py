@@ -10,7 +10,15 @@ import pytest
 from mcp import Client
 from mcp.types import ToolAnnotations
 
-from dispatcher import BatchError, CallStatus, Dispatcher, DispatcherClosedError, ToolCall
+from dispatcher import (
+    BatchError,
+    CallStatus,
+    Dispatcher,
+    DispatcherClosedError,
+    DispatcherError,
+    NotFinishedError,
+    ToolCall,
+)
 
 from .recording import READ, Recorder, recording_server
 
@@ -275,10 +283,25 @@ async def test_cancelling_dispatch_cancels_its_calls_and_propagates() -> None:
         assert scope.cancelled_caught
         assert [e.cancelled for e in recorder.executions] == [True, True]
         assert recorder.by_key("w") == [] and recorder.by_key("r9") == []
-        assert dispatcher._gate.running == 0 and dispatcher._gate.idle
-        assert not dispatcher._live
+        assert dispatcher.running == 0 and dispatcher.idle
         results = await dispatcher.dispatch([call("after", "write")])
         assert results[0].ok
+
+
+async def test_reading_a_result_too_early_raises_an_error_of_the_package() -> None:
+    """`result()` and `results()` before a call ends raise NotFinishedError; `idle`/`running` show the call."""
+    async with setup() as (dispatcher, recorder):
+        async with dispatcher.batch() as batch:
+            pending = batch.submit(call("r0", "read", hold="never"))
+            await recorder.started_event("r0").wait()
+            with pytest.raises(NotFinishedError, match="'r0' has not finished"):
+                pending.result()
+            with pytest.raises(DispatcherError):
+                batch.results()
+            assert dispatcher.running == 1 and not dispatcher.idle
+            pending.cancel()
+        assert pending.result().status is CallStatus.CANCELLED
+        assert dispatcher.running == 0 and dispatcher.idle
 
 
 async def test_incremental_batch_starts_calls_as_they_are_submitted() -> None:
@@ -314,7 +337,7 @@ async def test_incremental_batch_cancels_unfinished_calls_on_error() -> None:
         assert pending.result().status is CallStatus.CANCELLED
         assert queued.result().status is CallStatus.CANCELLED and queued.result().started_at is None
         assert recorder.by_key("w") == []
-        assert dispatcher._gate.idle
+        assert dispatcher.idle
 
 
 async def test_writer_is_not_starved_by_a_stream_of_readers() -> None:
@@ -458,7 +481,7 @@ async def test_a_single_pending_call_can_be_cancelled() -> None:
         assert queued.result().status is CallStatus.CANCELLED and queued.result().started_at is None
         assert recorder.by_key("r1")[0].cancelled and recorder.by_key("w") == []
         running.cancel()  # a finished call: nothing happens
-        assert dispatcher._gate.idle
+        assert dispatcher.idle
 
 
 async def test_a_huge_error_text_is_cut_in_error_but_kept_in_result() -> None:

@@ -84,7 +84,7 @@ async def test_random_batches_keep_every_invariant(
                 calls.append(ToolCall(key, tool, {"key": key, "steps": steps}, server=server))
         with anyio.fail_after(30):
             results = await dispatcher.dispatch(calls)
-        assert dispatcher._gate.idle
+        assert dispatcher.idle
 
     assert [r.call_id for r in results] == [c.id for c in calls]
     for (tool, _, _), result in zip(specs, results, strict=True):

@@ -168,10 +168,11 @@ def test_policy_rejects_bad_values_and_says_what_to_do(kwargs: dict[str, Any], h
         RetryPolicy(**kwargs)
 
 
-def test_attempts_above_the_cap_are_lowered_to_it() -> None:
-    """attempts is capped at 10 whatever the configuration."""
-    assert RetryPolicy(attempts=50).attempts == MAX_ATTEMPTS == 10
-    assert RetryPolicy(attempts=10).attempts == 10
+def test_attempts_above_the_cap_are_rejected() -> None:
+    """attempts above 10 raise ConfigurationError naming the cap instead of being lowered silently."""
+    with pytest.raises(ConfigurationError, match="attempts must be at most 10, got 50"):
+        RetryPolicy(attempts=50)
+    assert RetryPolicy(attempts=MAX_ATTEMPTS).attempts == MAX_ATTEMPTS == 10
 
 
 def test_policy_is_frozen_and_keyword_only() -> None:
@@ -431,7 +432,7 @@ async def test_cancelling_a_retry_attempt_ends_the_call() -> None:
                 await second.wait()
                 batch.cancel()
         await anyio.sleep(0.05)
-        assert dispatcher._gate.idle
+        assert dispatcher.idle
     result = pending.result()
     assert result.status is CallStatus.CANCELLED and result.error == "cancelled while running"
     assert result.attempts == 2 and result.attempt_errors == ("connection to the server lost: gone",)
@@ -460,7 +461,7 @@ async def test_cancelling_the_waiting_task_propagates_and_is_not_retried() -> No
             await started.wait()
             tg.cancel_scope.cancel()
         assert results == [], "the cancelled dispatch() returned instead of propagating"
-        assert dispatcher._gate.idle
+        assert dispatcher.idle
 
 
 @pytest.mark.anyio
@@ -570,8 +571,8 @@ async def test_retry_budget_drains_in_an_outage_and_refills_on_success() -> None
 @virtual_time()
 @pytest.mark.anyio
 async def test_attempts_are_capped_at_ten() -> None:
-    """However many attempts are configured, a call gets at most 10."""
-    policy = RetryPolicy(attempts=50, budget=None, timeout=None, seed=0)
+    """A call of the largest allowed policy gets exactly 10 attempts, then stops."""
+    policy = RetryPolicy(attempts=10, budget=None, timeout=None, seed=0)
     async with connected(retry=policy, rate=1.0, kinds=("drop",)) as (dispatcher, faults):
         (result,) = await dispatcher.dispatch([call("p", "put")])
     assert result.status is CallStatus.FAILED and result.attempts == 10

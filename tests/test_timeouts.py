@@ -63,7 +63,7 @@ async def test_timeout_frees_the_slot_for_later_calls() -> None:
             [ToolCall("h1", "hang"), ToolCall("q1", "quick", {"n": 1}), ToolCall("h2", "hang")]
             + [ToolCall(f"q{i}", "quick", {"n": i}) for i in range(2, 6)]
         )
-        assert dispatcher._gate.idle and dispatcher._gate.running == 0
+        assert dispatcher.idle and dispatcher.running == 0
     assert [r.status for r in results] == [CallStatus.TIMEOUT, CallStatus.OK, CallStatus.TIMEOUT] + [CallStatus.OK] * 4
 
 

@@ -186,16 +186,10 @@ def check_exclusive_events(events: Sequence[CallEvent], exclusive: set[str]) -> 
 
 
 def check_idle(d: Dispatcher) -> list[str]:
-    """Nothing is queued or running, no batch is live, workers are bounded and no thread token is held."""
+    """Nothing is queued or running, no batch waits for a result and no thread token is held."""
     problems = []
-    gate = d._gate
-    if not gate.idle or gate.running:
-        problems.append(f"the gate is not idle: {gate.running} running, idle={gate.idle}")
-    if d._live:
-        problems.append(f"{len(d._live)} batches are still live")
-    cap = d._gate.limit if d._gate.limit is not None else d._idle_cap
-    if d._workers > cap + 1:
-        problems.append(f"{d._workers} workers for a cap of {cap}")
+    if not d.idle or d.running:
+        problems.append(f"the dispatcher is not idle: {d.running} running, idle={d.idle}")
     borrowed = anyio.to_thread.current_default_thread_limiter().borrowed_tokens
     if borrowed:
         problems.append(f"{borrowed} worker thread tokens are still borrowed")

@@ -31,7 +31,7 @@ async def test_a_name_that_is_not_a_string_fails_its_call_only(anyio_backend: An
         ]
         with anyio.fail_after(10):
             results = await d.dispatch(calls)
-        assert d._gate.idle and not d._live
+        assert d.idle
     assert [r.status for r in results] == [CallStatus.OK, CallStatus.FAILED, CallStatus.OK]
     assert results[1].error == f"invalid tool name: expected a string, got {type(name).__name__}"
 

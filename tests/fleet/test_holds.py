@@ -260,7 +260,7 @@ def test_without_a_coordinator_the_run_path_is_unchanged() -> None:
     """No coordinator, or LocalCoordinator: the worker calls Dispatcher._run itself (nothing added per call)."""
     for coordinator in (None, LocalCoordinator()):
         dispatcher = Dispatcher(coordinator=coordinator)
-        assert dispatcher._run_admitted == dispatcher._run
+        assert dispatcher._executor._run_admitted == dispatcher._executor._run
 
 
 def test_bad_fleet_configuration_is_refused() -> None:

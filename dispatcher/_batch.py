@@ -1,0 +1,228 @@
+"""The handles a caller holds: `PendingCall` for one submitted call, `Batch` for calls submitted together.
+
+A handle only waits, reads and cancels; the executor (`_execution.Executor`) fills it in. Every call
+settles exactly once; a batch is done when all of its calls have.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Self
+
+import anyio
+
+from ._calls import ToolCall
+from ._errors import BatchError, NotFinishedError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from types import TracebackType
+
+    from ._calls import ToolResult
+    from ._catalog import ToolEntry, ToolImpl
+    from ._execution import Executor
+    from ._gate import Ticket
+    from ._hooks import CallHooks
+    from ._observe import CallState
+
+__all__ = ["Batch", "PendingCall"]
+
+
+class PendingCall:
+    """A submitted call. `await pending.wait()` gives its result once it has ended."""
+
+    __slots__ = (
+        "_batch",
+        "_cancel_requested",
+        "_entry",
+        "_event",
+        "_hooks",
+        "_impl",
+        "_prepared",
+        "_result",
+        "_scope",
+        "_state",
+        "_ticket",
+        "call",
+        "queued_at",
+        "started_at",
+    )
+
+    def __init__(self, call: ToolCall, batch: Batch, queued_at: float) -> None:
+        self.call = call
+        self.queued_at = queued_at
+        self.started_at: float | None = None
+        # Set until the call settles; dropped then so that a finished call holds no cycle.
+        self._batch: Batch | None = batch
+        self._hooks = batch._hooks
+        self._entry: ToolEntry | None = None
+        self._impl: ToolImpl | None = None
+        self._prepared: Any = None
+        self._ticket: Ticket[PendingCall] | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._cancel_requested = False
+        self._result: ToolResult | None = None
+        self._event: anyio.Event | None = None
+        # Only calls of a batch with hooks (approvals, a guard, events, tracing) have a state.
+        self._state: CallState | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the call has a result."""
+        return self._result is not None
+
+    def result(self) -> ToolResult:
+        """The call's result.
+
+        Raises:
+            NotFinishedError: The call has not ended yet (await `wait()` first).
+        """
+        if self._result is None:
+            raise NotFinishedError(f"call {self.call.id!r} has not finished; await wait() first")
+        return self._result
+
+    def cancel(self) -> None:
+        """Cancel this call if it has not ended: a queued call never starts, a running one is interrupted.
+
+        It then settles as CANCELLED (unless it ended first); its batch goes on with its other calls.
+        """
+        batch = self._batch
+        if self._result is None and batch is not None:
+            batch._executor.cancel([self])
+
+    async def wait(self) -> ToolResult:
+        """Wait for the call to end and return its result."""
+        if self._result is None:
+            if self._event is None:
+                self._event = anyio.Event()
+            await self._event.wait()
+        assert self._result is not None
+        return self._result
+
+    def __repr__(self) -> str:
+        state = self._result.status.value if self._result is not None else "pending"
+        return f"<PendingCall {self.call.id!r} {self.call.name!r} {state}>"
+
+
+class Batch:
+    """Calls submitted one by one, for example as a model streams them.
+
+    Each call is queued as soon as it is submitted and starts as soon as the scheduling rules allow.
+    Use it as an async context manager: leaving the block normally waits for every call; leaving it with
+    an exception (or a cancellation) cancels the calls that have not ended, waits for them, and lets the
+    exception propagate.
+
+    Example:
+        async with dispatcher.batch() as batch:
+            async for call in model_stream():
+                batch.submit(call)
+        results = batch.results()
+    """
+
+    __slots__ = ("_event", "_executor", "_hooks", "_ids", "_remaining", "_works")
+
+    def __init__(self, executor: Executor, hooks: CallHooks | None = None) -> None:
+        self._executor = executor
+        self._hooks = hooks
+        self._works: list[PendingCall] = []
+        self._ids: set[str] = set()
+        self._remaining = 0
+        self._event: anyio.Event | None = None
+
+    def __len__(self) -> int:
+        return len(self._works)
+
+    @property
+    def done(self) -> bool:
+        """Whether every submitted call has a result."""
+        return self._remaining == 0
+
+    def submit(self, call: ToolCall) -> PendingCall:
+        """Queue one call behind everything submitted before it.
+
+        Raises:
+            BatchError: The item is not a `ToolCall`, or its id is empty or already used in this batch.
+            DispatcherClosedError: The dispatcher is not open.
+        """
+        self._check(call, len(self._works))
+        self._ids.add(call.id)
+        return self._executor.submit(self, call)
+
+    def submit_all(self, calls: Iterable[ToolCall]) -> list[PendingCall]:
+        """Check every call first, then queue them all in order; nothing is queued if one is bad.
+
+        Raises:
+            BatchError: One of the items is not a `ToolCall` or has an empty or duplicate id.
+        """
+        calls = list(calls)
+        seen = set(self._ids)
+        for position, call in enumerate(calls, start=len(self._works)):
+            self._check(call, position, seen)
+            seen.add(call.id)
+        self._executor.check_open()
+        self._ids = seen
+        return self._executor.submit_all(self, calls)
+
+    def _check(self, call: object, position: int, seen: set[str] | None = None) -> None:
+        if not isinstance(call, ToolCall):
+            raise BatchError(f"item {position} is a {type(call).__name__}, not a ToolCall")
+        if not isinstance(call.id, str) or not call.id:
+            raise BatchError(f"item {position} has an empty or non-string id: {call.id!r}")
+        if call.id in (self._ids if seen is None else seen):
+            raise BatchError(f"duplicate call id {call.id!r} (item {position}); every call needs its own id")
+
+    def results(self) -> list[ToolResult]:
+        """The results in submission order.
+
+        Raises:
+            NotFinishedError: Some call has not ended yet (await `wait()` first).
+        """
+        return [work.result() for work in self._works]
+
+    def cancel(self) -> None:
+        """Cancel every call of this batch that has not ended; each gets a CANCELLED result."""
+        self._executor.cancel(self._works)
+
+    async def wait(self) -> list[ToolResult]:
+        """Wait for every call submitted so far; return all results in submission order.
+
+        If the waiting task is cancelled, the batch's unfinished calls are cancelled and awaited before
+        the cancellation propagates.
+        """
+        if self._remaining:
+            if self._event is None:
+                self._event = anyio.Event()
+            event = self._event
+            try:
+                await event.wait()
+            finally:
+                if self._remaining:
+                    with anyio.CancelScope(shield=True):
+                        self.cancel()
+                        await event.wait()
+        return [work._result for work in self._works]  # type: ignore[misc]
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None and self._remaining:
+            self.cancel()
+        await self.wait()
+
+    def _added(self) -> None:
+        self._remaining += 1
+        if self._remaining == 1:
+            self._event = None
+            self._executor.live.add(self)
+
+    def _settled(self) -> None:
+        self._remaining -= 1
+        if self._remaining == 0:
+            self._executor.live.discard(self)
+            if self._event is not None:
+                self._event.set()

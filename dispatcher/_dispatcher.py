@@ -1,0 +1,557 @@
+"""The `Dispatcher`: the facade users hold. It registers tools and servers and submits batches.
+
+What a call does once submitted (admission by the gate, attempts, retries, timeouts, settling) is the
+executor's (`_execution`); the handles a caller waits on are in `_batch`; which tool a name means is the
+catalogue's; connections to servers are the registry's (`_connections`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+import anyio
+
+from ._annotations import effective_annotations
+from ._approval import ApprovalPolicy, SessionGuard
+from ._batch import Batch
+from ._catalog import Catalog, ToolEntry
+from ._connections import ServerRegistry, check_target
+from ._errors import ConfigurationError, DispatcherClosedError, ServerConnectionError
+from ._execution import Executor
+from ._functions import FunctionTool
+from ._hooks import CallHooks
+from ._mcp import ToolUnavailableError, describe_failure
+from ._observe import Observer, resolve_tracer
+from ._retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
+    from types import TracebackType
+
+    from anyio.abc import TaskGroup
+    from mcp import Client, StdioServerParameters
+    from mcp.server import Server
+    from mcp.server.mcpserver import MCPServer
+    from mcp.types import ToolAnnotations
+    from opentelemetry.trace import TracerProvider
+
+    from ._approval import Approver
+    from ._calls import ToolCall, ToolResult
+    from ._coordination import Coordinator
+    from ._observe import CallEvent
+    from ._pins import DefinitionChange
+
+__all__ = ["Dispatcher"]
+
+_DEFAULT_RETRY = RetryPolicy()
+
+
+class Dispatcher:
+    """Runs batches of tool calls: reads together, writes alone and in order.
+
+    Args:
+        max_concurrency: The most calls in flight at once across the dispatcher, or None for no limit.
+        call_timeout: Seconds each call may take before it is abandoned as TIMEOUT (its server-side
+            handler is cancelled), or None for no timeout. For a call that is retried, the limit of
+            each attempt.
+        retry: When to try a failed call again, or None to never retry. Only calls of tools declared
+            idempotent by a trusted source are retried, and only after failures that may be transient.
+        approve: An async callable asked to confirm the calls that `approval` selects; it gets an
+            `ApprovalRequest` and returns True to let the call run. None: nothing is asked (the policy
+            is not applied). Every batch can set its own.
+        approval: Which calls need confirmation, and how long to wait for it (default
+            `ApprovalPolicy()`: calls that are not read-only and may be destructive, 300 s).
+        guard: A `SessionGuard` for the one agent session this dispatcher serves; pass a guard to each
+            `dispatch` instead when it serves several sessions.
+        on_event: Called with a `CallEvent` when a call is queued, starts, is retried and finishes.
+        tracer_provider: The OpenTelemetry tracer provider for a span per call and per attempt; None
+            uses the global one if an SDK has configured it, and traces nothing otherwise.
+        coordinator: Shares limits, shared-state order and retry budgets with other processes (a
+            `dispatcher.fleet.RedisCoordinator`, entered by you); None: this process decides alone.
+
+    Use it as an async context manager; calls run in its task group::
+
+        async with Dispatcher() as dispatcher:
+            await dispatcher.add_mcp_server("files", client, trusted=True)
+            results = await dispatcher.dispatch(calls)
+    """
+
+    def __init__(
+        self,
+        *,
+        max_concurrency: int | None = 16,
+        call_timeout: float | None = 60.0,
+        retry: RetryPolicy | None = _DEFAULT_RETRY,
+        approve: Approver | None = None,
+        approval: ApprovalPolicy | None = None,
+        guard: SessionGuard | None = None,
+        on_event: Callable[[CallEvent], object] | None = None,
+        tracer_provider: TracerProvider | None = None,
+        coordinator: Coordinator | None = None,
+    ) -> None:
+        if max_concurrency is not None and (
+            not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1
+        ):
+            raise ConfigurationError(
+                f"max_concurrency must be an int >= 1, got {max_concurrency!r}; use None for no limit"
+            )
+        if call_timeout is not None and not (call_timeout > 0 and math.isfinite(call_timeout)):
+            raise ConfigurationError(
+                f"call_timeout must be a positive number of seconds, got {call_timeout!r}; use None for none"
+            )
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigurationError(f"retry must be a RetryPolicy or None, got {type(retry).__name__}")
+        _check_approvals(approve, approval, guard)
+        if on_event is not None and not callable(on_event):
+            raise ConfigurationError(f"on_event must be a callable taking a CallEvent, got {on_event!r}")
+        self._max_concurrency = max_concurrency
+        self._call_timeout = call_timeout
+        self._retry = retry
+        self._catalog = Catalog()
+        self._servers = ServerRegistry(self._catalog)
+        self._executor = Executor(
+            self._catalog,
+            max_concurrency=max_concurrency,
+            call_timeout=call_timeout,
+            retry=retry,
+            coordinator=coordinator,
+        )
+        self._tg: TaskGroup | None = None
+        self._approve = approve
+        self._approval = approval if approval is not None else ApprovalPolicy()
+        self._guard = guard
+        self._on_event = on_event
+        self._tracer_provider = tracer_provider
+        self._observer: Observer | None = None
+        # The hooks of batches that set none of their own; None when nothing is configured.
+        self._hooks: CallHooks | None = None
+
+    @property
+    def max_concurrency(self) -> int | None:
+        """The dispatcher-wide limit on calls in flight (None: unlimited)."""
+        return self._max_concurrency
+
+    @property
+    def call_timeout(self) -> float | None:
+        """The time limit of each call in seconds (None: unlimited)."""
+        return self._call_timeout
+
+    @property
+    def retry(self) -> RetryPolicy | None:
+        """The retry policy (None: calls are never retried)."""
+        return self._retry
+
+    @property
+    def idle(self) -> bool:
+        """Whether every call submitted so far has its result: none is queued, waiting or running."""
+        return self._executor.idle
+
+    @property
+    def running(self) -> int:
+        """How many calls are running at this moment."""
+        return self._executor.running
+
+    async def __aenter__(self) -> Self:
+        if self._tg is not None:
+            raise DispatcherClosedError("this Dispatcher is already open; create one per async with block")
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        self._executor.start(tg)
+        # Resolved on entry, so a tracer provider configured after construction is still found.
+        tracer = resolve_tracer(self._tracer_provider)
+        if tracer is not None or self._on_event is not None:
+            self._observer = Observer(self._on_event, tracer)
+        if self._observer is not None or self._approve is not None or self._guard is not None:
+            self._hooks = CallHooks(
+                approver=self._approve, policy=self._approval, guard=self._guard, observer=self._observer
+            )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        tg = self._tg
+        assert tg is not None
+        # Outstanding calls end as CANCELLED; waiters get their results instead of hanging.
+        self._executor.close()
+        # Owned clients close cleanly first; cancelling them mid-exit would leave transports half-closed.
+        await self._servers.aclose()
+        tg.cancel_scope.cancel()
+        try:
+            return await tg.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            # The dispatcher's own tasks turn every failure into a result, so a group that holds only
+            # the body's exception is the task group wrapping it: let it propagate as it was raised.
+            if exc is not None and group.split(lambda error: error is exc)[1] is None:
+                return False
+            raise
+
+    # Registration ----------------------------------------------------------------------------------
+
+    def add_function(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        annotations: ToolAnnotations | None = None,
+        description: str | None = None,
+    ) -> ToolEntry:
+        """Register a local sync or async callable as a tool.
+
+        The user declares a local function, so its annotations are trusted; hints it leaves out take the
+        spec defaults (a function with no annotations is treated as mutating and runs alone). The input
+        schema comes from the signature; sync functions run in a worker thread.
+
+        Args:
+            fn: The callable. Its parameters must be JSON-representable (pydantic-validatable) types.
+            name: The tool's name (default: the function's name).
+            annotations: The tool's hints; set ``readOnlyHint=True`` for calls that may run together.
+            description: Overrides the docstring as the description shown to the model.
+
+        Returns:
+            The catalogue entry.
+
+        Raises:
+            ConfigurationError: The name is taken by another local function or is not usable.
+        """
+        tool_name = name if name is not None else getattr(fn, "__name__", None)
+        if not isinstance(tool_name, str) or not tool_name or tool_name == "<lambda>":
+            raise ConfigurationError("a tool needs a name: pass name=... for lambdas and callable objects")
+        if self._catalog.has(None, tool_name):
+            raise ConfigurationError(f"a local function named {tool_name!r} is already registered")
+        impl = FunctionTool(fn)
+        entry = ToolEntry(
+            tool_name,
+            None,
+            tool_name,
+            effective_annotations(annotations, trusted=True),
+            declared_annotations=annotations,
+            trusted=True,
+            description=description if description is not None else (fn.__doc__ or "").strip() or None,
+            input_schema=impl.input_schema,
+            output_schema=impl.output_schema,
+            title=annotations.title if annotations is not None else None,
+        )
+        self._catalog.put([(entry, impl)])
+        return self._entry(None, tool_name)
+
+    async def add_mcp_server(
+        self,
+        name: str,
+        client: Client,
+        *,
+        trusted: bool = False,
+        max_concurrency: int | None = None,
+        overrides: Mapping[str, ToolAnnotations] | None = None,
+        on_definition_change: Callable[[DefinitionChange], bool | Awaitable[bool]] | None = None,
+    ) -> list[ToolEntry]:
+        """Register the tools of an MCP server reached through an entered `mcp.Client`.
+
+        The server's tools are listed now, and again on `refresh`. The dispatcher does not own the
+        client: keep it open while the dispatcher runs calls on it, and close it yourself. Use
+        `connect` instead to have the dispatcher own the connection, reconnect it and follow
+        changes to the tool list.
+
+        Args:
+            name: Your name for this server: its identity for trust, pins and `ToolCall.server`. It
+                is never taken from the server itself, since a server can call itself anything.
+            client: An entered `mcp.Client`.
+            trusted: Whether to believe the server's tool annotations. An untrusted server's tools are
+                all scheduled as the spec's worst case: exclusive, never retried.
+            max_concurrency: The most calls in flight on this server at once, or None for no limit.
+            overrides: Your own annotations for some of its tools, by the server's tool name. They are
+                trusted even for an untrusted server; hints an override leaves unset fall back to the
+                server's (if trusted) or the spec defaults.
+            on_definition_change: Called with each `DefinitionChange` (a tool whose definition differs
+                from its pin); return True (or an awaitable of True) to accept it. The tool is blocked
+                until the change is accepted, here or with `accept_changes`.
+
+        Returns:
+            The server's callable catalogue entries.
+
+        Raises:
+            ConfigurationError: The name is taken or empty, a limit is invalid, or an override names a
+                tool the server does not have.
+        """
+        overrides = self._check_server(name, max_concurrency, overrides)
+        server = self._servers.reserve(name, trusted=trusted, overrides=overrides, on_change=on_definition_change)
+        self._executor.gate.set_server_limit(name, max_concurrency)
+        try:
+            await self._servers.add_client(server, client)
+        except BaseException:
+            self._servers.release(server)
+            self._executor.gate.set_server_limit(name, None)
+            raise
+        return self._server_entries(name)
+
+    async def connect(
+        self,
+        name: str,
+        target: MCPServer[Any] | Server[Any] | StdioServerParameters | str | Callable[[], Client],
+        *,
+        trusted: bool = False,
+        max_concurrency: int | None = None,
+        overrides: Mapping[str, ToolAnnotations] | None = None,
+        mode: Literal["auto", "legacy"] = "auto",
+        follow_changes: bool = True,
+        on_definition_change: Callable[[DefinitionChange], bool | Awaitable[bool]] | None = None,
+        connect_timeout: float | None = 30.0,
+    ) -> list[ToolEntry]:
+        """Connect to an MCP server and register its tools; the dispatcher owns the connection.
+
+        The client is entered in the dispatcher's task group and closed when the dispatcher closes.
+        If the connection is lost, the calls in flight on it end FAILED and the next call reconnects
+        with a fresh client, which lists the tools again and checks them against their pins. Calls
+        share one reconnect attempt; after a failed attempt they fail at once until a backoff (1 s,
+        doubling up to 30 s) has passed.
+
+        Args:
+            name: Your name for this server (see `add_mcp_server`).
+            target: What to connect to: an in-process `MCPServer` (or low-level `Server`), a
+                `StdioServerParameters` to launch a subprocess, the URL of a streamable HTTP endpoint,
+                or a function returning a new, unentered `mcp.Client` (for headers, auth, timeouts and
+                other client options). A function is called again for every reconnect.
+            trusted: Whether to believe the server's tool annotations (see `add_mcp_server`).
+            max_concurrency: The most calls in flight on this server at once, or None for no limit.
+            overrides: Your own annotations for some of its tools (see `add_mcp_server`).
+            mode: The protocol negotiation: "auto" (2026-07-28, falling back to the legacy handshake)
+                or "legacy" (the 2025-11-25 initialize handshake). Set it on the client yourself when
+                `target` is a function.
+            follow_changes: Whether to list the tools again whenever the server announces that they
+                changed (`subscriptions/listen` on 2026-07-28, `notifications/tools/list_changed` on
+                legacy connections).
+            on_definition_change: Called with each `DefinitionChange`; return True to accept it (see
+                `add_mcp_server`). On the first listing, `connect` returns once it has answered; after a
+                reconnect, calls to the other tools go ahead while it decides.
+            connect_timeout: Seconds that connecting and listing the tools may take (not counting
+                `on_definition_change`), or None.
+
+        Returns:
+            The server's callable catalogue entries.
+
+        Raises:
+            ConfigurationError: The name is taken or empty, an argument is invalid, or an override
+                names a tool the server does not have.
+            ServerConnectionError: The server could not be connected to or its tools listed.
+            DispatcherClosedError: The dispatcher is not open.
+        """
+        self._check_open()
+        overrides = self._check_server(name, max_concurrency, overrides)
+        check_target(target)
+        if mode not in ("auto", "legacy"):
+            raise ConfigurationError(f"mode must be 'auto' or 'legacy', got {mode!r}")
+        if mode != "auto" and callable(target) and not isinstance(target, str):
+            raise ConfigurationError("mode cannot be set for a client factory: pass mode=... to the Client it builds")
+        if connect_timeout is not None and not (connect_timeout > 0 and math.isfinite(connect_timeout)):
+            raise ConfigurationError(
+                f"connect_timeout must be a positive number of seconds or None, got {connect_timeout!r}"
+            )
+        server = self._servers.reserve(name, trusted=trusted, overrides=overrides, on_change=on_definition_change)
+        connection = self._servers.connection(server, target, mode=mode, follow=follow_changes, timeout=connect_timeout)
+        self._executor.gate.set_server_limit(name, max_concurrency)
+        assert self._tg is not None
+        try:
+            await self._tg.start(connection.run)
+        except BaseException as exc:
+            self._servers.release(server)
+            self._executor.gate.set_server_limit(name, None)
+            cause = _innermost(exc)
+            if isinstance(cause, ConfigurationError):
+                raise cause from None  # the caller's mistake, found in the listing
+            if isinstance(exc, Exception):
+                raise ServerConnectionError(f"could not connect to server {name!r}: {_describe(exc)}") from exc
+            raise
+        return self._server_entries(name)
+
+    async def refresh(self, name: str) -> list[ToolEntry]:
+        """List a server's tools again now and update the catalogue.
+
+        New tools become callable, removed ones fail with a result that says so, and tools whose
+        definition differs from their pin are blocked (see `pending_changes`). Connections made
+        with `connect` do this by themselves when the server announces a change; call this for
+        servers added with `add_mcp_server`, for example when your client hears of a change.
+
+        Returns:
+            The server's callable catalogue entries.
+
+        Raises:
+            ConfigurationError: No server has this name.
+            ServerConnectionError: The server could not be reached.
+        """
+        try:
+            await self._servers.refresh(name)
+        except ConfigurationError:
+            raise
+        except Exception as exc:
+            raise ServerConnectionError(f"could not list the tools of server {name!r}: {_describe(exc)}") from exc
+        return self._server_entries(name)
+
+    def pending_changes(self, server: str | None = None) -> list[DefinitionChange]:
+        """The tools blocked because their definition changed since it was approved.
+
+        Args:
+            server: Only this server's changes; None for every server's.
+
+        Raises:
+            ConfigurationError: No server has this name.
+        """
+        return self._servers.pending(server)
+
+    def accept_changes(self, server: str, tool: str | None = None) -> list[DefinitionChange]:
+        """Approve changed definitions: pin them and make their tools callable again.
+
+        Args:
+            server: The server whose changes to accept.
+            tool: Only this tool's change (by the server's tool name); None accepts all of the server's.
+
+        Returns:
+            The changes accepted.
+
+        Raises:
+            ConfigurationError: No server has this name, or `tool` has no pending change.
+        """
+        return self._servers.accept(server, tool)
+
+    def export_pins(self) -> dict[str, dict[str, str]]:
+        """The approved definition hash of every tool seen, as ``{server: {tool: "sha256:..."}}``.
+
+        Save it (it is plain JSON) and pass it to `import_pins` in a later run, so that definitions
+        that changed between runs are blocked too.
+        """
+        return self._servers.pins.export()
+
+    def import_pins(self, pins: Mapping[str, Mapping[str, str]]) -> None:
+        """Load approvals saved with `export_pins`, replacing the pins of the servers they name.
+
+        Import before registering servers: a tool whose definition differs from its imported pin is
+        blocked when first listed. Tools already listed are checked against the imported pins at once.
+
+        Raises:
+            ConfigurationError: `pins` is not in the form `export_pins` returns.
+        """
+        self._servers.load_pins(pins)
+
+    def _check_server(
+        self, name: str, max_concurrency: int | None, overrides: Mapping[str, ToolAnnotations] | None
+    ) -> dict[str, ToolAnnotations]:
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"a server needs a non-empty name, got {name!r}")
+        if name in self._catalog.servers or name in self._servers:
+            raise ConfigurationError(f"a server named {name!r} is already registered")
+        if max_concurrency is not None and (
+            not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1
+        ):
+            raise ConfigurationError(
+                f"max_concurrency for server {name!r} must be an int >= 1, got {max_concurrency!r}; "
+                "use None for no limit"
+            )
+        return dict(overrides or {})
+
+    def _server_entries(self, name: str) -> list[ToolEntry]:
+        return [entry for entry in self._catalog.entries() if entry.server == name]
+
+    def tools(self) -> list[ToolEntry]:
+        """The catalogue: every callable tool, in registration order."""
+        return self._catalog.entries()
+
+    def _entry(self, server: str | None, tool: str) -> ToolEntry:
+        entry = self._catalog.get(server, tool)
+        assert entry is not None
+        return entry
+
+    # Dispatch --------------------------------------------------------------------------------------
+
+    def batch(
+        self,
+        *,
+        approve: Approver | None = None,
+        approval: ApprovalPolicy | None = None,
+        guard: SessionGuard | None = None,
+    ) -> Batch:
+        """Start an incremental batch: submit calls one by one, as they arrive.
+
+        ``approve``, ``approval`` and ``guard`` replace the dispatcher's own for this batch (see
+        `dispatch`).
+        """
+        self._check_open()
+        return Batch(self._executor, self._batch_hooks(approve, approval, guard))
+
+    async def dispatch(
+        self,
+        calls: Sequence[ToolCall],
+        *,
+        approve: Approver | None = None,
+        approval: ApprovalPolicy | None = None,
+        guard: SessionGuard | None = None,
+    ) -> list[ToolResult]:
+        """Run a batch of calls and return one result per call, in call order.
+
+        Concurrent calls (effective readOnlyHint) run together within the limits; every other call
+        waits for everything submitted before it and runs alone. This holds across concurrent
+        `dispatch()` calls too. A failing call never affects its siblings.
+
+        Calls that need approval are asked for all at once, as the batch is submitted; each waits
+        at its place in the order until it is approved (then it runs when its turn comes) or denied
+        (then it gets a DENIED result and never runs).
+
+        Args:
+            calls: The calls, in the order the model asked for them.
+            approve: This batch's approver, instead of the dispatcher's.
+            approval: This batch's approval policy, instead of the dispatcher's.
+            guard: The `SessionGuard` of the session this batch belongs to, instead of the
+                dispatcher's.
+
+        Raises:
+            BatchError: An item is not a `ToolCall`, or two calls share an id; nothing was run.
+            DispatcherClosedError: The dispatcher is not open.
+            ConfigurationError: ``approve``, ``approval`` or ``guard`` is not of the right kind.
+        """
+        batch = Batch(self._executor, self._batch_hooks(approve, approval, guard))
+        batch.submit_all(calls)
+        return await batch.wait()
+
+    def _batch_hooks(
+        self, approve: Approver | None, approval: ApprovalPolicy | None, guard: SessionGuard | None
+    ) -> CallHooks | None:
+        if approve is None and approval is None and guard is None:
+            return self._hooks
+        _check_approvals(approve, approval, guard)
+        return CallHooks(
+            approver=approve if approve is not None else self._approve,
+            policy=approval if approval is not None else self._approval,
+            guard=guard if guard is not None else self._guard,
+            observer=self._observer,
+        )
+
+    def _check_open(self) -> None:
+        self._executor.check_open()
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The one exception inside nested single-exception groups (task groups wrap what they carry)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _describe(exc: BaseException) -> str:
+    exc = _innermost(exc)
+    if isinstance(exc, ToolUnavailableError):
+        return str(exc)
+    return describe_failure(exc)[1] if isinstance(exc, Exception) else type(exc).__name__
+
+
+def _check_approvals(approve: object, approval: object, guard: object) -> None:
+    if approve is not None and not callable(approve):
+        raise ConfigurationError(
+            f"approve must be an async callable taking an ApprovalRequest and returning a bool, got {approve!r}"
+        )
+    if approval is not None and not isinstance(approval, ApprovalPolicy):
+        raise ConfigurationError(f"approval must be an ApprovalPolicy, got {type(approval).__name__}")
+    if guard is not None and not isinstance(guard, SessionGuard):
+        raise ConfigurationError(f"guard must be a SessionGuard, got {type(guard).__name__}")
