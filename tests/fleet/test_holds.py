@@ -307,3 +307,12 @@ async def test_closing_the_coordinator_gives_up_the_calls_it_holds_for(
     assert result.status is CallStatus.FAILED
     assert result.error is not None and "the RedisCoordinator closed" in result.error
     assert workspace.in_flight == 0
+
+
+def test_fleet_module_exports_its_names() -> None:
+    """`dispatcher.fleet.__all__` is sorted and every name in it is defined in the package."""
+    import dispatcher.fleet
+
+    assert dispatcher.fleet.__all__ == sorted(dispatcher.fleet.__all__)
+    for name in dispatcher.fleet.__all__:
+        assert getattr(dispatcher.fleet, name).__module__.startswith("dispatcher.")
