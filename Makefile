@@ -15,22 +15,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	@touch $(STAMP)
 
-# The suite writes each run to benchmarks/results/<time>.json and to latest.json; latest.json is tracked
-# (the figures the README and docs/benchmarks.md quote), so these targets put it back after the run: a
-# benchmark run leaves the tracked files as they were. To publish a run, copy its <time>.json over it.
-KEEP_LATEST := $(VENV)/latest.json.kept
-
+# Each run writes benchmarks/results/<time>.json and latest.json (ignored by git); the published figures
+# are benchmarks/reference.json, which no run changes.
 bench: $(STAMP)
-	@cp benchmarks/results/latest.json $(KEEP_LATEST)
-	@$(BIN)/python -m benchmarks; status=$$?; mv $(KEEP_LATEST) benchmarks/results/latest.json; \
-		echo "(benchmarks/results/latest.json keeps the published figures; this run is the newest <time>.json)"; \
-		exit $$status
+	$(BIN)/python -m benchmarks
 
 bench-quick: $(STAMP)
-	@cp benchmarks/results/latest.json $(KEEP_LATEST)
-	@$(BIN)/python -m benchmarks --quick; status=$$?; mv $(KEEP_LATEST) benchmarks/results/latest.json; \
-		echo "(benchmarks/results/latest.json keeps the published figures; this run is the newest <time>.json)"; \
-		exit $$status
+	$(BIN)/python -m benchmarks --quick
 
 demo: $(STAMP)
 	$(BIN)/python -m dispatcher.examples.demo
@@ -63,6 +54,10 @@ package-check: $(STAMP)
 	.venv-smoke/bin/dispatcher --version
 	.venv-smoke/bin/python -m pip install --quiet "$$(ls dist/*.whl)[langgraph]"
 	cd /tmp && $(CURDIR)/.venv-smoke/bin/python -c "from dispatcher.integrations.langgraph import DispatcherToolNode"
+
+# redis-server for the fleet tests (tests/fleet), installed when missing where the platform allows.
+redis:
+	.ci/redis
 
 clean:
 	rm -rf $(VENV) .venv-smoke dist build .mypy_cache .pytest_cache .ruff_cache

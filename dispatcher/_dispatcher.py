@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from ._approval import Approver
     from ._calls import ToolCall, ToolResult
+    from ._coordination import Coordinator
     from ._keys import KeyFunction
     from ._observe import CallEvent
     from ._pins import DefinitionChange
@@ -70,6 +71,8 @@ class Dispatcher:
         on_event: Called with a `CallEvent` when a call is queued, starts, is retried and finishes.
         tracer_provider: The OpenTelemetry tracer provider for a span per call and per attempt; None
             uses the global one if an SDK has configured it, and traces nothing otherwise.
+        coordinator: Shares limits, shared-state order and retry budgets with other processes (a
+            `dispatcher.fleet.RedisCoordinator`, entered by you); None: this process decides alone.
 
     Use it as an async context manager; calls run in its task group::
 
@@ -89,6 +92,7 @@ class Dispatcher:
         guard: SessionGuard | None = None,
         on_event: Callable[[CallEvent], object] | None = None,
         tracer_provider: TracerProvider | None = None,
+        coordinator: Coordinator | None = None,
     ) -> None:
         if max_concurrency is not None and (
             not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1
@@ -111,7 +115,11 @@ class Dispatcher:
         self._catalog = Catalog()
         self._servers = ServerRegistry(self._catalog)
         self._executor = Executor(
-            self._catalog, max_concurrency=max_concurrency, call_timeout=call_timeout, retry=retry
+            self._catalog,
+            max_concurrency=max_concurrency,
+            call_timeout=call_timeout,
+            retry=retry,
+            coordinator=coordinator,
         )
         self._servers.on_update = self._executor.accepted
         self._tg: TaskGroup | None = None

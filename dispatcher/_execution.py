@@ -27,12 +27,13 @@ import anyio.lowlevel
 from ._batch import Batch, PendingCall
 from ._calls import CallStatus, settled_result
 from ._catalog import ArgumentError
+from ._coordination import admitted_runner, budget_factory
 from ._errors import DispatcherClosedError
 from ._failures import ToolUnavailableError
 from ._failures import describe as describe_failure
 from ._gate import Gate, Ticket, TicketState
 from ._keys import KeyRuleError, call_keys
-from ._retry import Attempt, Budget, Retrier, RetryPolicy, eligible, is_transient
+from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible, is_transient
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -135,11 +136,15 @@ class Executor:
         max_concurrency: int | None,
         call_timeout: float | None,
         retry: RetryPolicy | None,
+        coordinator: object = None,
     ) -> None:
         self._catalog = catalog
         self._call_timeout = call_timeout
         self._retry = retry
-        self._budgets: dict[str | None, Budget] = {}
+        self._budgets: dict[str | None, RetryBudget] = {}
+        # A fleet coordinator wraps each admitted call in its fleet-wide hold; without one, nothing is added.
+        self._run_admitted = admitted_runner(coordinator, self._execute)
+        self._new_budget = budget_factory(coordinator)
         self._rng = random.Random(retry.seed if retry is not None else None)
         self.gate: Gate[PendingCall] = Gate(max_concurrency)
         self.live: set[Batch] = set()
@@ -408,7 +413,7 @@ class Executor:
         try:
             while ticket is not None:
                 try:
-                    await self._execute(ticket.item)
+                    await self._run_admitted(ticket.item)
                 finally:
                     gate.finish(ticket)
                 ticket = None
@@ -510,13 +515,13 @@ class Executor:
                 status, error = CallStatus.TIMEOUT, f"no result within call_timeout={call_timeout}s"
             settle(work, status, error=error, attempts=retrier.attempts, attempt_errors=tuple(retrier.errors))
 
-    def _budget(self, policy: RetryPolicy, server: str | None) -> Budget | None:
+    def _budget(self, policy: RetryPolicy, server: str | None) -> RetryBudget | None:
         """The retry budget of a server under a policy that has one."""
         if policy.budget is None:
             return None
         budget = self._budgets.get(server)
         if budget is None:
-            budget = self._budgets[server] = Budget(policy.budget, policy.budget_refill)
+            budget = self._budgets[server] = self._new_budget(server, policy.budget, policy.budget_refill)
         return budget
 
     async def _attempt(self, work: PendingCall, scoped: bool, start: float, limit: float) -> Attempt:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 from mcp.shared.exceptions import MCPError
@@ -50,7 +50,16 @@ if TYPE_CHECKING:
     from ._calls import CallStatus
     from ._catalog import ToolEntry
 
-__all__ = ["MAX_ATTEMPTS", "Attempt", "Budget", "Retrier", "RetryPolicy", "eligible", "is_transient"]
+__all__ = [
+    "MAX_ATTEMPTS",
+    "Attempt",
+    "Budget",
+    "Retrier",
+    "RetryBudget",
+    "RetryPolicy",
+    "eligible",
+    "is_transient",
+]
 
 MAX_ATTEMPTS = 10
 """The most attempts a policy may allow (gRPC clamps its own to 5); more is a ConfigurationError."""
@@ -166,6 +175,18 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, TimeoutError) or is_transport_failure(exc)
 
 
+class RetryBudget(Protocol):
+    """A server's retry tokens: `Budget` in one process, or one shared by a fleet (`dispatcher.fleet`)."""
+
+    def spend(self) -> bool | Awaitable[bool]:
+        """Take the token for one retry; False (and nothing taken) when there is none left."""
+        ...
+
+    def succeeded(self, retried: bool) -> None:
+        """A call got an answer: a retried call returns its last token, any other earns the refill."""
+        ...
+
+
 class Budget:
     """One server's retry tokens. Single-threaded: only the event loop's tasks touch it."""
 
@@ -231,7 +252,7 @@ class Retrier:
 
     __slots__ = ("_budget", "_deadline", "_policy", "_rng", "_server", "_started", "_stopped", "errors")
 
-    def __init__(self, policy: RetryPolicy, budget: Budget | None, rng: random.Random, server: str | None) -> None:
+    def __init__(self, policy: RetryPolicy, budget: RetryBudget | None, rng: random.Random, server: str | None) -> None:
         self._policy = policy
         self._budget = budget
         self._rng = rng
@@ -293,7 +314,7 @@ class Retrier:
 
         retrying = AsyncRetrying(
             sleep=anyio.sleep,
-            stop=self._stop,
+            stop=self._stop,  # type: ignore[arg-type]  # AsyncRetrying awaits a coroutine stop; its hint omits it
             wait=self._wait,
             # A failed outcome is an exception out of `one`: cancellation, or a bug. Never retried:
             # tenacity re-raises it.
@@ -306,7 +327,7 @@ class Retrier:
     def _wait(self, state: RetryCallState) -> float:
         return self._policy.backoff(self._started, self._rng)
 
-    def _stop(self, state: RetryCallState) -> bool:
+    async def _stop(self, state: RetryCallState) -> bool:
         # Consulted after a transient failure, with the next wait already drawn. The budget is asked
         # last, so a token is spent only on a retry that will happen.
         policy = self._policy
@@ -322,7 +343,7 @@ class Retrier:
         if now + state.upcoming_sleep >= self._deadline:
             self._gave_up(f"no time left before RetryPolicy.timeout={policy.timeout}s")
             return True
-        if self._budget is not None and not self._budget.spend():
+        if self._budget is not None and not await _spend(self._budget):
             where = "local functions" if self._server is None else f"server {self._server!r}"
             self._gave_up(f"the retry budget of {where} is spent")
             return True
@@ -334,6 +355,12 @@ class Retrier:
             self._stopped = f"not retried: {why}"
         else:
             self._stopped = f"after {started} attempts; {why}" if why else f"after {started} attempts"
+
+
+async def _spend(budget: RetryBudget) -> bool:
+    # A local budget answers at once; a shared one asks its coordination service.
+    spent = budget.spend()
+    return spent if isinstance(spent, bool) else await spent
 
 
 def _last_outcome(state: RetryCallState) -> Attempt:

@@ -1,0 +1,207 @@
+"""Coordination: the fleet-wide hold a call takes after its own dispatcher admitted it.
+
+A `Dispatcher` orders and limits the calls of one process (`_gate.Gate`). Several processes sharing a
+server need one more step: once the local gate admits a call, the worker asks the dispatcher's
+`Coordinator` for a *hold* on the call's server, runs the call inside it, and releases it when the call
+has settled::
+
+    async with coordinator.hold(server="notes", exclusive=True, keys=(), on_lost=lost):
+        ...  # run the call
+
+The default is no coordinator: nothing is asked, the worker runs `Dispatcher._run` directly and a single
+process pays nothing. `LocalCoordinator` is the explicit form of the same no-op. `RedisCoordinator`
+(`dispatcher.fleet`) shares limits, shared-state exclusion and retry budgets across processes.
+
+A coordinator reports failure in two ways, both values for the call rather than exceptions for the caller:
+
+- `hold` raises `CoordinationError` when it cannot grant the hold (the coordination service is
+  unreachable, or the wait was too long): the call settles FAILED with that reason and never runs;
+- `on_lost(reason)` is called when a hold is lost while the call runs (its lease expired): the call
+  settles FAILED with the reason and is abandoned like a timed-out call (cancelled here, possibly still
+  running on the server).
+
+The retry budget is shared the same way: `retry_budget(server, capacity, refill)` returns the budget the
+call's retries spend from, or None for the dispatcher's own local one.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from ._calls import CallStatus
+from ._errors import ConfigurationError, DispatcherError
+from ._retry import Budget
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Hashable
+    from contextlib import AbstractAsyncContextManager
+
+    import anyio
+
+    from ._batch import PendingCall
+    from ._retry import RetryBudget
+
+__all__ = ["CoordinationError", "Coordinator", "LocalCoordinator", "admitted_runner", "budget_factory"]
+
+
+class CoordinationError(DispatcherError):
+    """A fleet-wide hold could not be granted; the call it was for settles FAILED with this text."""
+
+
+@runtime_checkable
+class Coordinator(Protocol):
+    """What a dispatcher asks before it runs an admitted call: a hold on the call's server.
+
+    Implementations must be safe to call from many tasks of one event loop at once.
+    """
+
+    def hold(
+        self,
+        *,
+        server: str,
+        exclusive: bool,
+        keys: Collection[Hashable] = (),
+        on_lost: Callable[[str], None],
+    ) -> AbstractAsyncContextManager[None]:
+        """Wait for the right to run one call on `server`; keep it for the length of the block.
+
+        Args:
+            server: The dispatcher's name for the call's server (the same in every process of a fleet).
+            exclusive: Whether the call may mutate (it then needs the server to itself where the
+                server's state is shared).
+            keys: The conflict keys of the call, when its dispatcher knows them; an implementation may
+                treat the whole server as one key.
+            on_lost: Called (from the event loop, at most once) with the reason if the hold is lost
+                before the block ends.
+
+        Raises:
+            CoordinationError: The hold cannot be granted; the block does not run.
+        """
+        ...
+
+    def retry_budget(self, server: str, capacity: float, refill: float) -> RetryBudget | None:
+        """The retry budget shared by `server`'s calls, or None to use the dispatcher's local one."""
+        ...
+
+
+class LocalCoordinator:
+    """One process on its own: every hold is granted at once and the retry budgets stay local.
+
+    This is what a dispatcher does without a coordinator; passing it changes nothing (the dispatcher
+    recognises it and skips the hook altogether).
+    """
+
+    __slots__ = ()
+
+    @asynccontextmanager
+    async def hold(
+        self,
+        *,
+        server: str,
+        exclusive: bool,
+        keys: Collection[Hashable] = (),
+        on_lost: Callable[[str], None],
+    ) -> AsyncIterator[None]:
+        """Grant the hold at once."""
+        yield
+
+    def retry_budget(self, server: str, capacity: float, refill: float) -> RetryBudget | None:
+        """None: the dispatcher keeps its own budget per server."""
+        return None
+
+    def __repr__(self) -> str:
+        return "LocalCoordinator()"
+
+
+def _check(coordinator: object) -> Coordinator | None:
+    if coordinator is None or isinstance(coordinator, LocalCoordinator):
+        return None
+    if not isinstance(coordinator, Coordinator):
+        raise ConfigurationError(
+            f"coordinator must provide hold() and retry_budget() (a Coordinator such as "
+            f"dispatcher.fleet.RedisCoordinator), got {type(coordinator).__name__}"
+        )
+    return coordinator
+
+
+def admitted_runner(
+    coordinator: object,
+    run: Callable[[PendingCall], Awaitable[None]],
+) -> Callable[[PendingCall], Awaitable[None]]:
+    """What a worker calls to run an admitted call: `run` itself, or `run` inside a fleet-wide hold.
+
+    Without a coordinator (or with `LocalCoordinator`) this is `run` unchanged, so a single process pays
+    nothing for the hook.
+
+    Raises:
+        ConfigurationError: `coordinator` is not a `Coordinator`.
+    """
+    checked = _check(coordinator)
+    if checked is None:
+        return run
+    from ._execution import settle  # imported here: the executor imports this module
+
+    async def run_held(work: PendingCall) -> None:
+        entry = work._entry
+        if entry is None or entry.server is None or work._cancel_requested:
+            await run(work)  # local functions are the process's own business
+            return
+        # The call's outer scope: cancelled by a lost lease, and by cancelling the call while it waits.
+        with anyio.CancelScope() as scope:
+            await _held(work, entry.server, entry.exclusive, scope)
+
+    async def _held(work: PendingCall, server: str, exclusive: bool, scope: anyio.CancelScope) -> None:
+
+        def lost(reason: str) -> None:
+            if work._result is None:
+                settle(
+                    work,
+                    CallStatus.FAILED,
+                    error=f"{reason}; the call was abandoned (like a timed-out call, it may still be running on "
+                    "the server)",
+                    attempts=1,
+                )
+                scope.cancel()
+
+        # While it waits, cancelling the call (or closing the dispatcher) interrupts the wait.
+        work._scope = scope
+        acquired = False
+        try:
+            async with checked.hold(server=server, exclusive=exclusive, on_lost=lost):
+                acquired = True
+                work._scope = None
+                await run(work)
+        except CoordinationError as exc:
+            work._scope = None
+            if work._result is None:
+                settle(work, CallStatus.FAILED, error=str(exc))
+            if acquired:
+                raise  # not raised by a well-behaved coordinator after the grant; do not hide it
+        except BaseException:
+            if not acquired:
+                work._scope = None
+                if work._result is None:
+                    cancelled = work._cancel_requested
+                    why = "cancelled while waiting for its fleet hold" if cancelled else "the dispatcher closed"
+                    settle(work, CallStatus.CANCELLED, error=why)
+            raise
+
+    return run_held
+
+
+def budget_factory(coordinator: object) -> Callable[[str | None, float, float], RetryBudget]:
+    """How a dispatcher makes the retry budget of a server: shared by the coordinator, or its own."""
+    checked = _check(coordinator)
+
+    def local(server: str | None, capacity: float, refill: float) -> RetryBudget:
+        return Budget(capacity, refill)
+
+    if checked is None:
+        return local
+
+    def shared(server: str | None, capacity: float, refill: float) -> RetryBudget:
+        budget = checked.retry_budget(server, capacity, refill) if server is not None else None
+        return budget if budget is not None else Budget(capacity, refill)
+
+    return shared

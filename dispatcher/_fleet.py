@@ -1,0 +1,584 @@
+"""`RedisCoordinator`: limits, shared-state order and retry budgets shared by a fleet through Redis.
+
+Each process runs its own `Dispatcher` with the same `RedisCoordinator` configuration (the namespace and
+the servers by name). After a dispatcher admits a call locally, the call takes a *hold* on its server in
+Redis before it runs:
+
+- a server with a `limit` never has more holds than that across the fleet;
+- a `shared_state` server gives a writing call (not read-only) the server to itself, and lets reads run
+  together, in arrival order across the fleet (a fair readers-writer lock; a queued write is never
+  overtaken by later reads);
+- its retries spend from one token bucket per server, shared by the fleet.
+
+Admission is atomic: one Lua script (`_fleet_lua`) purges expired leases, queues the request and grants
+what fits, in Redis' own clock. A grant is published on the owner process's channel, and a listener task
+per process wakes the waiting call at once; a waiting call also checks again every `recheck` seconds,
+which is the bound on noticing a lease that expired with nobody left to release it (a killed process).
+
+Holds are leases: each process renews all its holds every `lease_ttl / 3` in one script call per
+server. A process that stops renewing (killed, frozen, cut off) loses its holds `lease_ttl` after its
+last renewal; they are then free for the others within `lease_ttl + recheck`. A process that cannot
+renew for most of a ttl gives the calls up itself first (they end FAILED, abandoned like a timed-out
+call, since the server may still be running them), so a call never runs on a lease Redis no longer has.
+A call that cannot get its hold because Redis cannot be reached ends FAILED with the reason, and never
+runs unguarded.
+
+redis-py's asyncio client runs only on asyncio. Under trio the coordinator uses redis-py's blocking
+client in worker threads (its own `CapacityLimiter`, so it never starves `anyio.to_thread` users);
+script calls are not abandoned on cancellation (they are short and bounded by `timeout`), so Redis
+never keeps a request the process has already forgotten.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, Self
+
+import anyio
+
+from . import _fleet_lua
+from ._coordination import CoordinationError
+from ._errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Collection, Hashable, Mapping
+    from types import TracebackType
+
+    from anyio.abc import TaskGroup
+
+__all__ = ["FleetServer", "RedisCoordinator"]
+
+_SCRIPTS = {
+    "acquire": _fleet_lua.ACQUIRE,
+    "release": _fleet_lua.RELEASE,
+    "renew": _fleet_lua.RENEW,
+    "spend": _fleet_lua.SPEND,
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FleetServer:
+    """What the fleet shares about one server. Every process must configure it the same way.
+
+    Args:
+        limit: The most calls in flight on this server across the fleet, or None for no shared limit.
+        shared_state: Whether the processes share this server's state (one repository, one database):
+            then a call that may mutate runs alone across the fleet, and reads run together, in
+            arrival order. Without it each process orders its own calls and the fleet shares only the
+            limit.
+        share_retry_budget: Whether the server's retry budget (`RetryPolicy.budget`) is one token
+            bucket for the fleet rather than one per process.
+
+    Raises:
+        ConfigurationError: A value is out of range.
+    """
+
+    limit: int | None = None
+    shared_state: bool = False
+    share_retry_budget: bool = True
+
+    def __post_init__(self) -> None:
+        limit = self.limit
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise ConfigurationError(f"limit must be an int >= 1, got {limit!r}; use None for no fleet-wide limit")
+        for name in ("shared_state", "share_retry_budget"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigurationError(f"{name} must be True or False, got {getattr(self, name)!r}")
+
+    @property
+    def holds(self) -> bool:
+        """Whether calls to this server take a hold at all."""
+        return self.limit is not None or self.shared_state
+
+
+class _Lease:
+    __slots__ = ("id", "lost", "mode", "on_lost", "server", "valid_until")
+
+    def __init__(self, lease_id: str, server: str, mode: str, on_lost: Callable[[str], None]) -> None:
+        self.id = lease_id
+        self.server = server
+        self.mode = mode
+        self.on_lost = on_lost
+        self.valid_until = -math.inf
+        self.lost = False
+
+
+class RedisCoordinator:
+    """Shares per-server limits, shared-state order and retry budgets between processes through Redis.
+
+    Enter it, then give it to the dispatcher (it may serve several dispatchers of one process)::
+
+        fleet = RedisCoordinator(
+            "redis://redis.internal:6379/0",
+            namespace="agents-prod",
+            servers={"repo": FleetServer(limit=8, shared_state=True), "search": FleetServer(limit=32)},
+        )
+        async with fleet, Dispatcher(coordinator=fleet) as dispatcher:
+            await dispatcher.connect("repo", url, trusted=True)
+            ...
+
+    Servers are named as the dispatcher names them (`add_mcp_server` / `connect`); a server not in
+    `servers`, and local functions, are not coordinated. Needs the `fleet` extra
+    (``pip install "dispatcher[fleet]"``) and Redis 6.2 or later (tested with 7.0).
+
+    Args:
+        url: The Redis URL (``redis://host:port/db``, ``rediss://`` for TLS, a password in the URL).
+        namespace: The fleet's name: the prefix of every key and channel it uses. Processes with the
+            same namespace share; two fleets on one Redis use two namespaces.
+        servers: What is shared, by server name.
+        lease_ttl: Seconds a hold outlives its last renewal. It bounds how long a killed process's holds
+            block the others (`lease_ttl + recheck` at most); holds are renewed every third of it.
+        recheck: Seconds between a waiting call's own checks, besides the wake-up Redis sends it on
+            a grant: the bound on noticing a hold that expired. At most half of `lease_ttl`.
+        timeout: Seconds one Redis request may take (connecting included) before the call it is for
+            fails.
+        wait_timeout: Seconds a call may wait for its hold before it fails, or None to wait as long as
+            the fleet's queue takes (a call waiting in the local queue has no limit either).
+
+    Raises:
+        ConfigurationError: A value is out of range, or the `redis` package is not installed.
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        namespace: str = "dispatcher",
+        servers: Mapping[str, FleetServer],
+        lease_ttl: float = 10.0,
+        recheck: float = 1.0,
+        timeout: float = 2.0,
+        wait_timeout: float | None = None,
+    ) -> None:
+        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigurationError(f"url must be a redis://, rediss:// or unix:// URL, got {url!r}")
+        if not isinstance(namespace, str) or not namespace or any(char.isspace() for char in namespace):
+            raise ConfigurationError(f"namespace must be a non-empty name without spaces, got {namespace!r}")
+        servers = dict(servers)
+        for name, config in servers.items():
+            if not isinstance(name, str) or not name:
+                raise ConfigurationError(f"servers are named by non-empty strings, got {name!r}")
+            if not isinstance(config, FleetServer):
+                raise ConfigurationError(f"servers[{name!r}] must be a FleetServer, got {type(config).__name__}")
+        if not _positive(lease_ttl) or lease_ttl < 0.1:
+            raise ConfigurationError(f"lease_ttl must be a number of seconds >= 0.1, got {lease_ttl!r}")
+        if not _positive(recheck) or recheck > lease_ttl / 2:
+            raise ConfigurationError(
+                f"recheck must be a positive number of seconds at most lease_ttl / 2 ({lease_ttl / 2}), got {recheck!r}"
+            )
+        if not _positive(timeout):
+            raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if wait_timeout is not None and not _positive(wait_timeout):
+            raise ConfigurationError(f"wait_timeout must be a positive number of seconds or None, got {wait_timeout!r}")
+        try:
+            import redis  # noqa: F401  # the extra is checked now rather than at the first call
+        except ImportError:
+            raise ConfigurationError(
+                'RedisCoordinator needs the redis package: pip install "dispatcher[fleet]"'
+            ) from None
+        self.url = url
+        self.namespace = namespace
+        self.servers: Mapping[str, FleetServer] = servers
+        self.lease_ttl = float(lease_ttl)
+        self.recheck = float(recheck)
+        self.timeout = float(timeout)
+        self.wait_timeout = wait_timeout
+        self._uid = uuid.uuid4().hex
+        self._counter = itertools.count()
+        self._link: _Link | None = None
+        self._tg: TaskGroup | None = None
+        self._waiters: dict[str, anyio.Event] = {}
+        self._active: dict[str, dict[str, _Lease]] = {}
+        self._budgets: dict[str, _SharedBudget] = {}
+
+    def __repr__(self) -> str:
+        return f"RedisCoordinator({_safe_url(self.url)!r}, namespace={self.namespace!r})"
+
+    @property
+    def _channel(self) -> str:
+        return f"{self.namespace}:wake:{self._uid}"
+
+    def _keys(self, server: str) -> list[str]:
+        prefix = f"{self.namespace}:server:{server}:"
+        return [prefix + name for name in ("queue", "waiting", "waiting_exp", "holders", "holders_exp", "seq", "meta")]
+
+    def _args(self, server: str) -> list[Any]:
+        limit = self.servers[server].limit
+        return [round(self.lease_ttl * 1000), limit or 0, f"{self.namespace}:wake:"]
+
+    async def __aenter__(self) -> Self:
+        if self._tg is not None:
+            raise RuntimeError("this RedisCoordinator is already open")
+        link = _ThreadLink(self) if _running_trio() else _AsyncioLink(self)
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        self._link = link
+        tg.start_soon(link.listen, self._channel, self._wake)
+        tg.start_soon(self._renew_loop)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        tg, link = self._tg, self._link
+        assert tg is not None and link is not None
+        # Nothing renews holds from here on: calls still holding one are given up now rather than left
+        # running once their leases expire (close dispatchers before their coordinator).
+        with anyio.CancelScope(shield=True):
+            for server, leases in list(self._active.items()):
+                for lease in list(leases.values()):
+                    self._lose(lease, f"lost its fleet hold on server {server!r}: the RedisCoordinator closed")
+                    await self._release(lease)
+        self._link = None
+        tg.cancel_scope.cancel()
+        try:
+            return await tg.__aexit__(exc_type, exc, tb)
+        finally:
+            self._tg = None
+            with anyio.CancelScope(shield=True):
+                await self._flush_budgets(link)
+                await link.aclose()
+
+    # The Coordinator protocol ---------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def hold(
+        self,
+        *,
+        server: str,
+        exclusive: bool,
+        keys: Collection[Hashable] = (),
+        on_lost: Callable[[str], None],
+    ) -> AsyncIterator[None]:
+        """Wait for a fleet-wide hold on `server`, keep it renewed for the block, then give it back.
+
+        `keys` are not used yet: on a `shared_state` server a writing call holds the whole server.
+
+        Raises:
+            CoordinationError: Redis cannot be reached, the coordinator is not open, or `wait_timeout`
+                passed.
+        """
+        config = self.servers.get(server)
+        if config is None or not config.holds:
+            yield
+            return
+        mode = "w" if exclusive and config.shared_state else "r"
+        lease = _Lease(f"{self._uid}:{next(self._counter)}", server, mode, on_lost)
+        await self._acquire(lease)
+        active = self._active.setdefault(server, {})
+        active[lease.id] = lease
+        try:
+            yield
+        finally:
+            active.pop(lease.id, None)
+            with anyio.CancelScope(shield=True):
+                await self._release(lease)
+
+    def retry_budget(self, server: str, capacity: float, refill: float) -> _SharedBudget | None:
+        """The fleet's token bucket for `server`'s retries, or None when the server does not share one."""
+        config = self.servers.get(server)
+        if config is None or not config.share_retry_budget:
+            return None
+        budget = self._budgets.get(server)
+        if budget is None:
+            budget = self._budgets[server] = _SharedBudget(self, server, capacity, refill)
+        return budget
+
+    # Holds ----------------------------------------------------------------------------------------
+
+    def _open_link(self) -> _Link:
+        link = self._link
+        if link is None:
+            raise CoordinationError(
+                "the RedisCoordinator is not open: enter it (async with) before its dispatchers run calls"
+            )
+        return link
+
+    async def _acquire(self, lease: _Lease) -> None:
+        link = self._open_link()
+        server = lease.server
+        keys = self._keys(server)
+        args = [*self._args(server), lease.id, lease.mode]
+        started = anyio.current_time()
+        deadline = math.inf if self.wait_timeout is None else started + self.wait_timeout
+        event = self._waiters[lease.id] = anyio.Event()
+        try:
+            while True:
+                sent = anyio.current_time()
+                if await link.run("acquire", keys, args) == 1:
+                    lease.valid_until = sent + self.lease_ttl
+                    return
+                now = anyio.current_time()
+                if now >= deadline:
+                    raise CoordinationError(
+                        f"no fleet hold on server {server!r} within wait_timeout={self.wait_timeout}s"
+                    )
+                # Woken by the grant's message; the timeout re-checks for holds that expired meanwhile.
+                with anyio.move_on_after(min(self.recheck, deadline - now)):
+                    await event.wait()
+                event = self._waiters[lease.id] = anyio.Event()
+        except BaseException:
+            # Leave the queue, or give back a hold granted meanwhile (its lease would expire anyway).
+            with anyio.CancelScope(shield=True):
+                await self._release(lease)
+            raise
+        finally:
+            self._waiters.pop(lease.id, None)
+
+    async def _release(self, lease: _Lease) -> None:
+        link = self._link
+        if link is None:
+            return
+        # Best effort: a hold that cannot be given back expires after lease_ttl.
+        with anyio.move_on_after(2 * self.timeout):
+            try:
+                await link.run("release", self._keys(lease.server), [*self._args(lease.server), lease.id])
+            except CoordinationError:
+                pass
+
+    def _wake(self, lease_id: str) -> None:
+        event = self._waiters.get(lease_id)
+        if event is not None:
+            event.set()
+
+    async def _renew_loop(self) -> None:
+        interval = self.lease_ttl / 3
+        while True:
+            await anyio.sleep(interval)
+            link = self._link
+            if link is None:
+                return
+            for server, leases in list(self._active.items()):
+                if leases:
+                    await self._renew(link, server, list(leases.values()), interval)
+            await self._flush_budgets(link)
+
+    async def _renew(self, link: _Link, server: str, leases: list[_Lease], interval: float) -> None:
+        args = self._args(server)
+        for lease in leases:
+            args += [lease.id, lease.mode]
+        sent = anyio.current_time()
+        try:
+            renewed = await link.run("renew", self._keys(server), args)
+        except CoordinationError as exc:
+            # Give a call up before Redis could hand its place to another: by the next renewal the lease
+            # may have expired there.
+            active = self._active.get(server, {})
+            for lease in leases:
+                if lease.id in active and anyio.current_time() + interval >= lease.valid_until:
+                    self._lose(lease, f"lost its fleet hold on server {server!r}: could not renew it ({exc})")
+            return
+        active = self._active.get(server, {})
+        for lease, flag in zip(leases, renewed, strict=True):
+            if lease.id not in active:
+                # Given back while the renewal was on its way: if the renewal came second it put the hold
+                # back, so give it back again (a second release is harmless).
+                if flag == 1 and not lease.lost:
+                    await self._release(lease)
+            elif flag == 1:
+                lease.valid_until = sent + self.lease_ttl
+            else:
+                self._lose(lease, f"lost its fleet hold on server {server!r}: it expired in Redis and was taken")
+
+    def _lose(self, lease: _Lease, reason: str) -> None:
+        if lease.lost:
+            return
+        lease.lost = True
+        self._active.get(lease.server, {}).pop(lease.id, None)
+        lease.on_lost(reason)
+
+    async def _flush_budgets(self, link: _Link) -> None:
+        for budget in self._budgets.values():
+            await budget.flush(link)
+
+
+class _SharedBudget:
+    """A server's retry budget kept in Redis. Earnings are sent with the next spend or renewal round."""
+
+    __slots__ = ("_capacity", "_coordinator", "_earned", "_key", "_refill")
+
+    def __init__(self, coordinator: RedisCoordinator, server: str, capacity: float, refill: float) -> None:
+        self._coordinator = coordinator
+        self._key = f"{coordinator.namespace}:server:{server}:budget"
+        self._capacity = capacity
+        self._refill = refill
+        self._earned = 0.0
+
+    def succeeded(self, retried: bool) -> None:
+        self._earned = min(self._capacity, self._earned + (1.0 if retried else self._refill))
+
+    async def spend(self) -> bool:
+        """Take one token from the fleet's bucket; False when it is empty or Redis cannot be reached."""
+        link = self._coordinator._link
+        if link is None:
+            return False
+        earned, self._earned = self._earned, 0.0
+        try:
+            return bool(await link.run("spend", [self._key], [self._capacity, earned, 1]) == 1)
+        except CoordinationError:
+            # Cut off: no retries (the safe side of an outage), and the earnings are kept for later.
+            self._earned = min(self._capacity, self._earned + earned)
+            return False
+
+    async def flush(self, link: _Link) -> None:
+        earned = self._earned
+        if earned <= 0:
+            return
+        self._earned = 0.0
+        try:
+            await link.run("spend", [self._key], [self._capacity, earned, 0])
+        except CoordinationError:
+            self._earned = min(self._capacity, self._earned + earned)
+
+
+# Transports -----------------------------------------------------------------------------------------
+
+
+class _Link:
+    """Runs the scripts and listens for wake-ups on one Redis, the right way for the event loop."""
+
+    def __init__(self, coordinator: RedisCoordinator) -> None:
+        self._url = coordinator.url
+        self._recheck = coordinator.recheck
+        self._options: dict[str, Any] = {
+            "socket_timeout": coordinator.timeout,
+            "socket_connect_timeout": coordinator.timeout,
+            "decode_responses": True,
+        }
+
+    async def run(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        raise NotImplementedError
+
+    async def listen(self, channel: str, deliver: Callable[[str], None]) -> None:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    def _failure(self, exc: BaseException) -> CoordinationError:
+        return CoordinationError(f"cannot reach Redis at {_safe_url(self._url)}: {type(exc).__name__}: {exc}")
+
+
+def _no_retries() -> Any:
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    # The coordinator decides what a failure means; a hidden retry would only stretch `timeout`.
+    return Retry(NoBackoff(), 0)
+
+
+class _AsyncioLink(_Link):
+    def __init__(self, coordinator: RedisCoordinator) -> None:
+        super().__init__(coordinator)
+        import redis.asyncio
+
+        self._client = redis.asyncio.Redis.from_url(self._url, retry=_no_retries(), **self._options)
+        self._scripts = {name: self._client.register_script(text) for name, text in _SCRIPTS.items()}
+
+    async def run(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        from redis.exceptions import RedisError
+
+        try:
+            return await self._scripts[script](keys=keys, args=args)
+        except (RedisError, OSError) as exc:
+            raise self._failure(exc) from exc
+
+    async def listen(self, channel: str, deliver: Callable[[str], None]) -> None:
+        while True:
+            pubsub = self._client.pubsub()
+            try:
+                await pubsub.subscribe(channel)
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=self._recheck)
+                    if message is not None and message.get("type") == "message":
+                        deliver(str(message["data"]))
+            except Exception:
+                # Redis is away; waiting calls notice by their own checks. Try again a little later.
+                await anyio.sleep(self._recheck)
+            finally:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                    try:
+                        await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+                    except Exception:  # a broken connection is being dropped anyway
+                        pass
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class _ThreadLink(_Link):
+    """redis-py's blocking client in worker threads, for trio (redis.asyncio needs asyncio)."""
+
+    def __init__(self, coordinator: RedisCoordinator) -> None:
+        super().__init__(coordinator)
+        import redis
+
+        self._client = redis.Redis.from_url(self._url, retry=_no_retries(), **self._options)
+        self._scripts = {name: self._client.register_script(text) for name, text in _SCRIPTS.items()}
+        # Its own threads: waiting calls must not take the default limiter's tokens from sync tools.
+        self._limiter = anyio.CapacityLimiter(16)
+        self._listener = anyio.CapacityLimiter(1)
+
+    async def run(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        from redis.exceptions import RedisError
+
+        try:
+            return await anyio.to_thread.run_sync(
+                partial(self._scripts[script], keys=keys, args=args), limiter=self._limiter
+            )
+        except (RedisError, OSError) as exc:
+            raise self._failure(exc) from exc
+
+    async def listen(self, channel: str, deliver: Callable[[str], None]) -> None:
+        while True:
+            pubsub = self._client.pubsub()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+            try:
+                await anyio.to_thread.run_sync(pubsub.subscribe, channel, limiter=self._listener)
+                while True:
+                    # A blocking read in a thread, at most `recheck` long so that closing never waits more.
+                    message = await anyio.to_thread.run_sync(
+                        partial(pubsub.get_message, ignore_subscribe_messages=True, timeout=self._recheck),
+                        limiter=self._listener,
+                    )
+                    if message is not None and message.get("type") == "message":
+                        deliver(str(message["data"]))
+            except Exception:
+                await anyio.sleep(self._recheck)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await anyio.to_thread.run_sync(pubsub.close, limiter=self._listener)
+                    except Exception:  # a broken connection is being dropped anyway
+                        pass
+
+    async def aclose(self) -> None:
+        await anyio.to_thread.run_sync(self._client.close, limiter=self._limiter)
+
+
+def _running_trio() -> bool:
+    try:
+        import sniffio
+    except ImportError:  # anyio runs without sniffio only on asyncio
+        return False
+    try:
+        return sniffio.current_async_library() == "trio"
+    except sniffio.AsyncLibraryNotFoundError:
+        return False
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its password, for messages."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return f"{scheme}{sep}{rest}"

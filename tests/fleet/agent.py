@@ -1,0 +1,83 @@
+"""One process of a test fleet: `python -m tests.fleet.agent CONFIG_JSON`.
+
+In "calls" mode it runs `agents` concurrent agents, each dispatching `rounds` batches of a read, a write and a
+read to one MCP server over streamable HTTP, through a dispatcher coordinated by Redis (or not, when
+``redis`` is null), and writes every result to ``out`` as JSON. In "hold" mode it takes one exclusive fleet
+hold, prints ``HELD`` and waits to be killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from typing import Any
+
+import anyio
+
+from dispatcher import Dispatcher, ToolCall
+from dispatcher.fleet import FleetServer, RedisCoordinator
+
+SERVER = "ws"
+
+
+def _coordinator(config: dict[str, Any]) -> RedisCoordinator | None:
+    if config.get("redis") is None:
+        return None
+    return RedisCoordinator(
+        config["redis"],
+        namespace=config["namespace"],
+        servers={SERVER: FleetServer(limit=config.get("limit"), shared_state=config.get("shared_state", False))},
+        lease_ttl=config.get("ttl", 1.0),
+        recheck=config.get("recheck", 0.2),
+        timeout=config.get("timeout", 1.0),
+    )
+
+
+async def _agent(dispatcher: Dispatcher, config: dict[str, Any], agent: int, out: list[dict[str, Any]]) -> None:
+    tag = f"{config['name']}-{agent}"
+    for round_ in range(config["rounds"]):
+        calls = [
+            ToolCall(f"{tag}-{round_}-r1", "search_notes", {"query": tag}),
+            ToolCall(f"{tag}-{round_}-w", "set_note", {"name": f"{tag}-{round_}", "text": tag}),
+            ToolCall(f"{tag}-{round_}-r2", "search_notes", {"query": f"{tag}-{round_}"}),
+        ]
+        results = await dispatcher.dispatch(calls)
+        out.extend({"id": result.call_id, "status": result.status.value, "error": result.error} for result in results)
+
+
+async def _calls(config: dict[str, Any]) -> None:
+    coordinator = _coordinator(config)
+    results: list[dict[str, Any]] = []
+    async with contextlib.AsyncExitStack() as stack:
+        if coordinator is not None:
+            await stack.enter_async_context(coordinator)  # entered first, closed last
+        dispatcher = await stack.enter_async_context(
+            Dispatcher(max_concurrency=config.get("local_limit", 16), coordinator=coordinator)
+        )
+        await dispatcher.connect(SERVER, config["mcp"], trusted=True, max_concurrency=config.get("limit"))
+        print("READY", flush=True)
+        async with anyio.create_task_group() as tg:
+            for agent in range(config["agents"]):
+                tg.start_soon(_agent, dispatcher, config, agent, results)
+    await anyio.Path(config["out"]).write_text(json.dumps(results))
+
+
+async def _hold(config: dict[str, Any]) -> None:
+    coordinator = _coordinator(config)
+    assert coordinator is not None
+    async with coordinator, coordinator.hold(server=SERVER, exclusive=True, on_lost=print):
+        print("HELD", flush=True)
+        await anyio.sleep_forever()
+
+
+def main(argv: list[str]) -> None:
+    config = json.loads(argv[0])
+    run = _hold if config.get("mode") == "hold" else _calls
+    anyio.run(run, config, backend=config.get("backend", "asyncio"))
+    os._exit(0)  # skip interpreter teardown: the test waits on this process
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,318 @@
+"""Fleet holds against a real Redis, several coordinators in one process standing for several processes.
+
+Every coordinator has its own connections and identity, so Redis sees them as it would see processes.
+Each test runs on asyncio (redis.asyncio) and trio (redis-py's blocking client in worker threads).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pytest
+import redis
+from mcp.types import ToolAnnotations
+
+from dispatcher import CallStatus, ConfigurationError, Dispatcher, RetryPolicy, ToolCall
+from dispatcher.examples import FaultConfig, Workspace
+from dispatcher.fleet import CoordinationError, FleetServer, LocalCoordinator, RedisCoordinator
+
+if TYPE_CHECKING:
+    from benchmarks._redis import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+TTL = 0.5
+SERVERS = {"ws": FleetServer(limit=2, shared_state=True)}
+
+
+def fleet(server: RedisServer | str, namespace: str, **options: Any) -> RedisCoordinator:
+    url = server if isinstance(server, str) else server.url
+    options.setdefault("servers", SERVERS)
+    return RedisCoordinator(url, namespace=namespace, lease_ttl=TTL, recheck=0.1, **options)
+
+
+async def queued(server: RedisServer, namespace: str) -> int:
+    """How many holds wait in Redis for server ws."""
+    client = redis.Redis.from_url(server.url)
+    try:
+        return int(await anyio.to_thread.run_sync(client.zcard, f"{namespace}:server:ws:queue"))
+    finally:
+        client.close()
+
+
+async def until_queued(server: RedisServer, namespace: str, count: int) -> None:
+    with anyio.fail_after(10):
+        while await queued(server, namespace) < count:  # noqa: ASYNC110  # the state is in another process
+            await anyio.sleep(0.01)
+
+
+def never_lost(reason: str) -> None:
+    raise AssertionError(f"a hold was lost: {reason}")
+
+
+async def test_holds_of_several_coordinators_never_exceed_the_limit(redis_server: RedisServer, namespace: str) -> None:
+    """Three coordinators, fifteen concurrent reads, limit 2: never more than two holds at once, all granted."""
+    coordinators = [fleet(redis_server, namespace) for _ in range(3)]
+    running = peak = done = 0
+
+    async def read(coordinator: RedisCoordinator) -> None:
+        nonlocal running, peak, done
+        async with coordinator.hold(server="ws", exclusive=False, on_lost=never_lost):
+            running += 1
+            peak = max(peak, running)
+            await anyio.sleep(0.02)
+            running -= 1
+        done += 1
+
+    async with coordinators[0], coordinators[1], coordinators[2], anyio.create_task_group() as tg:
+        for index in range(15):
+            tg.start_soon(read, coordinators[index % 3])
+    assert done == 15
+    assert peak <= 2
+
+
+async def test_shared_state_holds_are_granted_in_arrival_order(redis_server: RedisServer, namespace: str) -> None:
+    """Queued behind a write: write, read+read together, write, read, in the order they arrived."""
+    a, b, c = (fleet(redis_server, namespace) for _ in range(3))
+    events: list[tuple[str, int]] = []
+    running: dict[int, bool] = {}
+    overlaps: list[int] = []
+
+    async def take(coordinator: RedisCoordinator, index: int, exclusive: bool) -> None:
+        async with coordinator.hold(server="ws", exclusive=exclusive, on_lost=never_lost):
+            if running and (exclusive or any(running.values())):
+                overlaps.append(index)
+            running[index] = exclusive
+            events.append(("start", index))
+            await anyio.sleep(0.05)
+            del running[index]
+            events.append(("end", index))
+
+    plan = [(b, True), (c, False), (b, False), (c, True), (b, False)]
+    async with a, b, c:
+        async with anyio.create_task_group() as tg:
+            async with a.hold(server="ws", exclusive=True, on_lost=never_lost):
+                for index, (coordinator, exclusive) in enumerate(plan):
+                    tg.start_soon(take, coordinator, index, exclusive)
+                    await until_queued(redis_server, namespace, index + 1)
+            # `a` gives its hold back; the five are granted in their order.
+    starts = [index for kind, index in events if kind == "start"]
+    assert starts[0] == 0 and sorted(starts[1:3]) == [1, 2] and starts[3:] == [3, 4], events
+    assert events.index(("end", 0)) < events.index(("start", 1))
+    assert max(events.index(("end", 1)), events.index(("end", 2))) < events.index(("start", 3))
+    assert overlaps == []
+
+
+async def test_calls_fail_clearly_when_redis_cannot_be_reached(namespace: str) -> None:
+    """No Redis: the coordinated call is FAILED with the reason and never reaches the server; others run."""
+    workspace = Workspace()
+    coordinator = fleet("redis://127.0.0.1:1/0", namespace, timeout=0.5)
+
+    def local() -> str:
+        return "ran"
+
+    async with coordinator, Dispatcher(coordinator=coordinator) as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+        dispatcher.add_function(local, annotations=ToolAnnotations(read_only_hint=True))
+        with anyio.fail_after(20):
+            searched, ran = await dispatcher.dispatch(
+                [ToolCall("1", "search_notes", {"query": "x"}), ToolCall("2", "local")]
+            )
+    assert searched.status is CallStatus.FAILED
+    assert searched.error is not None and "cannot reach Redis at redis://127.0.0.1:1/0" in searched.error
+    assert ran.status is CallStatus.OK
+    assert workspace.ledger == (), "a call ran without its fleet hold"
+
+
+async def test_a_coordinator_that_was_not_entered_fails_its_calls(redis_server: RedisServer, namespace: str) -> None:
+    """A RedisCoordinator used outside its async with: FAILED, saying so."""
+    workspace = Workspace()
+    async with Dispatcher(coordinator=fleet(redis_server, namespace)) as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+        [result] = await dispatcher.dispatch([ToolCall("1", "search_notes", {"query": "x"})])
+    assert result.status is CallStatus.FAILED
+    assert result.error is not None and "not open" in result.error
+    assert workspace.ledger == ()
+
+
+async def test_dispatchers_of_a_fleet_run_calls_under_their_holds(redis_server: RedisServer, namespace: str) -> None:
+    """Two dispatchers, one shared-state server: every call OK, writes alone, at most two at once on the server."""
+    workspace = Workspace(latency=0.01)
+    first, second = fleet(redis_server, namespace), fleet(redis_server, namespace)
+
+    async def agent(coordinator: RedisCoordinator, name: str, out: list[CallStatus]) -> None:
+        async with Dispatcher(coordinator=coordinator) as dispatcher:
+            await dispatcher.connect("ws", workspace.server, trusted=True)
+            for round_ in range(3):
+                calls = [
+                    ToolCall("r1", "search_notes", {"query": name}),
+                    ToolCall("w", "set_note", {"name": f"{name}{round_}", "text": name}),
+                    ToolCall("r2", "search_notes", {"query": name}),
+                    ToolCall("r3", "read_note", {"name": f"{name}{round_}"}),
+                ]
+                out.extend(result.status for result in await dispatcher.dispatch(calls))
+
+    statuses: list[CallStatus] = []
+    async with first, second, anyio.create_task_group() as tg:
+        tg.start_soon(agent, first, "a", statuses)
+        tg.start_soon(agent, second, "b", statuses)
+    assert statuses == [CallStatus.OK] * 24
+    assert workspace.max_in_flight <= 2
+    executions = workspace.ledger
+    for write in (execution for execution in executions if execution.tool == "set_note"):
+        assert not any(write.overlaps(other) for other in executions if other is not write), write
+
+
+async def test_a_running_call_that_loses_its_lease_fails_and_is_abandoned(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """Redis gone while a call runs: once its lease could have expired the call ends FAILED, cut off."""
+    workspace = Workspace(latency=60.0)
+    coordinator = fleet(redis_server, namespace, timeout=0.3)
+    async with coordinator, Dispatcher(coordinator=coordinator, call_timeout=None) as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+        batch = dispatcher.batch()
+        pending = batch.submit(ToolCall("1", "search_notes", {"query": "x"}))
+        with anyio.fail_after(20):
+            while workspace.in_flight == 0:  # noqa: ASYNC110  # the workspace offers no event to wait on
+                await anyio.sleep(0.01)
+            redis_server.stop()
+            result = await pending.wait()
+    assert result.status is CallStatus.FAILED
+    assert result.error is not None and "lost its fleet hold on server 'ws'" in result.error
+    assert "may still be running" in result.error
+    assert workspace.in_flight == 0, "the abandoned call was not cancelled on the server"
+
+
+async def test_cancelling_a_call_that_waits_for_its_hold(redis_server: RedisServer, namespace: str) -> None:
+    """A call queued in Redis behind another process's write is cancelled: CANCELLED, and it leaves the queue."""
+    workspace = Workspace()
+    other, coordinator = fleet(redis_server, namespace), fleet(redis_server, namespace)
+    async with other, coordinator, Dispatcher(coordinator=coordinator) as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+        async with other.hold(server="ws", exclusive=True, on_lost=never_lost):
+            batch = dispatcher.batch()
+            pending = batch.submit(ToolCall("1", "set_note", {"name": "n", "text": "t"}))
+            await until_queued(redis_server, namespace, 1)
+            pending.cancel()
+            result = await pending.wait()
+            assert await queued(redis_server, namespace) == 0
+    assert result.status is CallStatus.CANCELLED
+    assert result.error == "cancelled while waiting for its fleet hold"
+    assert workspace.ledger == ()
+
+
+async def test_a_call_that_waits_past_wait_timeout_fails(redis_server: RedisServer, namespace: str) -> None:
+    """wait_timeout bounds the wait for a hold: the call is FAILED, saying so, and never ran."""
+    workspace = Workspace()
+    other, coordinator = fleet(redis_server, namespace), fleet(redis_server, namespace, wait_timeout=0.3)
+    async with other, coordinator, Dispatcher(coordinator=coordinator) as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+        async with other.hold(server="ws", exclusive=True, on_lost=never_lost):
+            [result] = await dispatcher.dispatch([ToolCall("1", "search_notes", {"query": "x"})])
+    assert result.status is CallStatus.FAILED
+    assert result.error == "no fleet hold on server 'ws' within wait_timeout=0.3s"
+    assert workspace.ledger == ()
+
+
+async def test_the_retry_budget_is_one_bucket_for_the_fleet(redis_server: RedisServer, namespace: str) -> None:
+    """Two dispatchers retrying an always-failing idempotent tool spend one shared budget of 3 retries."""
+    workspace = Workspace(faults=FaultConfig(rate=1.0, tools=frozenset({"set_note"}), kinds=("error",)))
+    policy = RetryPolicy(attempts=5, wait_initial=0.0, wait_max=0.0, budget=3, budget_refill=0.0)
+    first, second = fleet(redis_server, namespace), fleet(redis_server, namespace)
+    attempts: list[int] = []
+
+    async def agent(coordinator: RedisCoordinator, name: str) -> None:
+        async with Dispatcher(coordinator=coordinator, retry=policy) as dispatcher:
+            await dispatcher.connect("ws", workspace.server, trusted=True)
+            for index in range(3):
+                [result] = await dispatcher.dispatch(
+                    [ToolCall("1", "set_note", {"name": f"{name}{index}", "text": ""})]
+                )
+                assert result.status is CallStatus.FAILED
+                attempts.append(result.attempts)
+
+    async with first, second, anyio.create_task_group() as tg:
+        tg.start_soon(agent, first, "a")
+        tg.start_soon(agent, second, "b")
+    assert len(attempts) == 6
+    assert sum(attempts) - len(attempts) == 3, f"retries made: {attempts}; the fleet's budget was 3"
+
+
+async def test_shared_budget_earnings_reach_the_other_processes(redis_server: RedisServer, namespace: str) -> None:
+    """Tokens earned in one process can be spent in another; a server that does not share has no fleet budget."""
+    servers = {"ws": FleetServer(limit=2), "own": FleetServer(limit=2, share_retry_budget=False)}
+    first, second = fleet(redis_server, namespace, servers=servers), fleet(redis_server, namespace, servers=servers)
+    async with first, second:
+        assert first.retry_budget("own", 2, 0.5) is None
+        assert first.retry_budget("elsewhere", 2, 0.5) is None
+        mine, theirs = first.retry_budget("ws", 2, 0.5), second.retry_budget("ws", 2, 0.5)
+        assert mine is not None and theirs is not None
+        assert [await mine.spend(), await theirs.spend(), await mine.spend()] == [True, True, False]
+        mine.succeeded(retried=True)
+        await mine.flush(mine._coordinator._link)  # type: ignore[arg-type]  # what a renewal round does
+        assert await theirs.spend() is True
+        assert await theirs.spend() is False
+
+
+def test_without_a_coordinator_the_run_path_is_unchanged() -> None:
+    """No coordinator, or LocalCoordinator: the worker calls Dispatcher._run itself (nothing added per call)."""
+    for coordinator in (None, LocalCoordinator()):
+        dispatcher = Dispatcher(coordinator=coordinator)
+        assert dispatcher._executor._run_admitted == dispatcher._executor._run
+
+
+def test_bad_fleet_configuration_is_refused() -> None:
+    """Settings out of range are ConfigurationErrors that say what to use."""
+    with pytest.raises(ConfigurationError, match="coordinator must provide hold"):
+        Dispatcher(coordinator=object())  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="limit must be an int >= 1"):
+        FleetServer(limit=0)
+    with pytest.raises(ConfigurationError, match="recheck must be"):
+        RedisCoordinator(servers=SERVERS, lease_ttl=1.0, recheck=0.9)
+    with pytest.raises(ConfigurationError, match="url must be"):
+        RedisCoordinator("localhost:6379", servers=SERVERS)
+    with pytest.raises(ConfigurationError, match="namespace"):
+        RedisCoordinator(namespace="two words", servers=SERVERS)
+    with pytest.raises(ConfigurationError, match="must be a FleetServer"):
+        RedisCoordinator(servers={"ws": 3})  # type: ignore[dict-item]
+    assert "secret" not in repr(RedisCoordinator("redis://:secret@host:6379/0", servers=SERVERS))
+
+
+async def test_coordination_errors_are_raised_by_hold_itself(namespace: str) -> None:
+    """hold() on an unreachable Redis raises CoordinationError, the block does not run."""
+    coordinator = fleet("redis://127.0.0.1:1/0", namespace, timeout=0.5)
+    async with coordinator:
+        with pytest.raises(CoordinationError, match="cannot reach Redis"):
+            async with coordinator.hold(server="ws", exclusive=False, on_lost=never_lost):
+                raise AssertionError("ran without a hold")
+
+
+async def test_closing_the_coordinator_gives_up_the_calls_it_holds_for(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """A coordinator closed under a running call: the call ends FAILED at once instead of running unrenewed."""
+    workspace = Workspace(latency=60.0)
+    coordinator = fleet(redis_server, namespace)
+    async with Dispatcher(coordinator=coordinator, call_timeout=None) as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+        async with coordinator:
+            pending = dispatcher.batch().submit(ToolCall("1", "search_notes", {"query": "x"}))
+            with anyio.fail_after(20):
+                while workspace.in_flight == 0:  # noqa: ASYNC110  # the workspace offers no event to wait on
+                    await anyio.sleep(0.01)
+        with anyio.fail_after(20):
+            result = await pending.wait()
+    assert result.status is CallStatus.FAILED
+    assert result.error is not None and "the RedisCoordinator closed" in result.error
+    assert workspace.in_flight == 0
+
+
+def test_fleet_module_exports_its_names() -> None:
+    """`dispatcher.fleet.__all__` is sorted and every name in it is defined in the package."""
+    import dispatcher.fleet
+
+    assert dispatcher.fleet.__all__ == sorted(dispatcher.fleet.__all__)
+    for name in dispatcher.fleet.__all__:
+        assert getattr(dispatcher.fleet, name).__module__.startswith("dispatcher.")

@@ -1,0 +1,239 @@
+"""A fleet of OS processes, each with its own dispatcher, against one instrumented MCP server and one Redis.
+
+The server is the example workspace over streamable HTTP with `--ledger`: it appends a line as each tool
+call starts and ends, so the ledger shows what really overlapped on the server. The fleet shares one
+server, `ws`, with a limit and shared state (writes alone, reads together).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pytest
+
+from dispatcher.fleet import CoordinationError, FleetServer, RedisCoordinator
+
+if TYPE_CHECKING:
+    import pathlib
+    from collections.abc import Iterator
+
+    from benchmarks._redis import RedisServer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LIMIT = 3
+WRITES = frozenset({"set_note", "create_note", "append_note", "delete_note"})
+
+
+@dataclass
+class Overlaps:
+    peak: int
+    write_overlaps: int
+    calls: int
+
+
+def read_ledger(path: pathlib.Path) -> Overlaps:
+    """The server's peak concurrency and how many times a write overlapped another call, from its ledger."""
+    running: dict[int, str] = {}
+    peak = overlaps = calls = 0
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if record["event"] == "start":
+            calls += 1
+            tool = record["tool"]
+            if running and (tool in WRITES or any(other in WRITES for other in running.values())):
+                overlaps += 1
+            running[record["seq"]] = tool
+            peak = max(peak, len(running))
+        else:
+            running.pop(record["seq"], None)
+    return Overlaps(peak, overlaps, calls)
+
+
+@pytest.fixture
+def workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
+    """The example workspace over HTTP with a ledger; yields its URL and the ledger's path."""
+    ledger = tmp_path / "ledger.jsonl"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dispatcher.examples.workspace", "--http", "--port", "0", "--latency", "0.03",
+         "--ledger", str(ledger)],
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline().decode()
+        assert line.startswith("MCP_URL="), f"the workspace did not start: {line!r}"
+        yield line.strip().split("=", 1)[1], ledger
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def spawn(config: dict[str, Any]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.fleet.agent", json.dumps(config)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+    )
+
+
+def fleet_configs(
+    tmp_path: pathlib.Path, mcp: str, redis: str | None, namespace: str, *, processes: int, rounds: int
+) -> list[dict[str, Any]]:
+    # Processes alternate between the two anyio backends: one fleet, both ways of talking to Redis.
+    return [
+        {
+            "redis": redis,
+            "namespace": namespace,
+            "mcp": mcp,
+            "limit": LIMIT,
+            "shared_state": True,
+            "agents": 4,
+            "rounds": rounds,
+            "backend": ("asyncio", "trio")[index % 2],
+            "name": f"p{index}",
+            "out": str(tmp_path / f"results-{index}.json"),
+        }
+        for index in range(processes)
+    ]
+
+
+def wait_all(processes: list[subprocess.Popen[bytes]], timeout: float = 120.0) -> None:
+    for process in processes:
+        try:
+            assert process.wait(timeout) == 0, f"a fleet process exited with {process.returncode}"
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+def results_of(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    for config in configs:
+        with open(config["out"]) as file:
+            results.extend(json.load(file))
+    return results
+
+
+def expected_ids(configs: list[dict[str, Any]]) -> list[str]:
+    return sorted(
+        f"{config['name']}-{agent}-{round_}-{suffix}"
+        for config in configs
+        for agent in range(config["agents"])
+        for round_ in range(config["rounds"])
+        for suffix in ("r1", "w", "r2")
+    )
+
+
+def test_a_fleet_never_exceeds_the_shared_limit_and_writes_never_overlap(
+    tmp_path: pathlib.Path, redis_server: RedisServer, namespace: str, workspace: tuple[str, pathlib.Path]
+) -> None:
+    """Three processes (asyncio and trio) x 4 agents: at most LIMIT calls on the server, every write alone."""
+    mcp, ledger = workspace
+    configs = fleet_configs(tmp_path, mcp, redis_server.url, namespace, processes=3, rounds=3)
+    wait_all([spawn(config) for config in configs])
+    results = results_of(configs)
+    assert sorted(result["id"] for result in results) == expected_ids(configs), "a call lost its result"
+    assert [result for result in results if result["status"] != "ok"] == []
+    seen = read_ledger(ledger)
+    assert seen.calls == len(results)
+    assert seen.peak <= LIMIT, f"{seen.peak} calls ran at once on the server; the fleet limit is {LIMIT}"
+    assert seen.write_overlaps == 0, f"a write overlapped another call {seen.write_overlaps} times"
+
+
+def test_without_the_coordinator_the_same_fleet_breaks_both_rules(
+    tmp_path: pathlib.Path, namespace: str, workspace: tuple[str, pathlib.Path]
+) -> None:
+    """The oracle: the same three processes with no coordinator exceed the limit or overlap writes."""
+    mcp, ledger = workspace
+    configs = fleet_configs(tmp_path, mcp, None, namespace, processes=3, rounds=3)
+    wait_all([spawn(config) for config in configs])
+    assert len(results_of(configs)) == len(expected_ids(configs))
+    seen = read_ledger(ledger)
+    assert seen.peak > LIMIT or seen.write_overlaps > 0, "the checks cannot tell a fleet without coordination"
+
+
+def test_redis_restarted_mid_run_loses_no_result_and_runs_nothing_unguarded(
+    tmp_path: pathlib.Path, redis_server: RedisServer, namespace: str, workspace: tuple[str, pathlib.Path]
+) -> None:
+    """Redis killed and restarted empty mid-run: one result per call, and the rules held on the server."""
+    mcp, ledger = workspace
+    configs = fleet_configs(tmp_path, mcp, redis_server.url, namespace, processes=2, rounds=8)
+    processes = [spawn(config) for config in configs]
+    for process in processes:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == b"READY"
+    deadline = time.monotonic() + 60
+    while not ledger.exists() or len(ledger.read_text().splitlines()) < 20:
+        assert time.monotonic() < deadline, "the fleet made no progress"
+        time.sleep(0.05)
+    redis_server.restart()
+    wait_all(processes)
+    results = results_of(configs)
+    assert sorted(result["id"] for result in results) == expected_ids(configs), "a call lost its result"
+    for result in results:
+        assert result["status"] in ("ok", "failed"), result
+        if result["status"] == "failed":
+            assert "Redis" in result["error"] or "fleet hold" in result["error"], result
+    seen = read_ledger(ledger)
+    assert seen.peak <= LIMIT, f"{seen.peak} calls ran at once on the server; the fleet limit is {LIMIT}"
+    assert seen.write_overlaps == 0, f"a write overlapped another call {seen.write_overlaps} times"
+
+
+def test_a_sigkilled_process_loses_its_hold_within_the_lease_bound(
+    redis_server: RedisServer, namespace: str, anyio_backend_name: str
+) -> None:
+    """A process killed while holding a shared-state server frees it within lease_ttl + recheck (+ slack)."""
+    ttl, recheck = 1.0, 0.2
+    holder = spawn(
+        {"mode": "hold", "redis": redis_server.url, "namespace": namespace, "shared_state": True, "ttl": ttl,
+         "recheck": recheck, "backend": anyio_backend_name}
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == b"HELD"
+        servers = {"ws": FleetServer(shared_state=True)}
+
+        async def blocked_then_recovered() -> float:
+            busy = RedisCoordinator(
+                redis_server.url, namespace=namespace, servers=servers, lease_ttl=ttl, recheck=recheck, wait_timeout=1.0
+            )
+            async with busy:
+                with pytest.raises(CoordinationError, match="within wait_timeout"):
+                    async with busy.hold(server="ws", exclusive=False, on_lost=print):
+                        pass
+            holder.send_signal(signal.SIGKILL)
+            holder.wait(10)
+            killed = anyio.current_time()
+            fleet = RedisCoordinator(
+                redis_server.url, namespace=namespace, servers=servers, lease_ttl=ttl, recheck=recheck
+            )
+            async with fleet, fleet.hold(server="ws", exclusive=True, on_lost=print):
+                return anyio.current_time() - killed
+
+        recovered = anyio.run(blocked_then_recovered, backend=anyio_backend_name)
+        # The bound is ttl + recheck; the slack absorbs a loaded machine, not a missing recovery.
+        assert recovered < ttl + recheck + 5.0, f"the killed process's hold blocked the fleet for {recovered:.1f}s"
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        assert holder.stdout is not None
+        holder.stdout.close()
