@@ -29,6 +29,8 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+import anyio
+
 from ._calls import CallStatus
 from ._errors import ConfigurationError, DispatcherError
 from ._retry import Budget
@@ -36,8 +38,6 @@ from ._retry import Budget
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Hashable
     from contextlib import AbstractAsyncContextManager
-
-    import anyio
 
     from ._batch import PendingCall
     from ._retry import RetryBudget
