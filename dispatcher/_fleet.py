@@ -124,7 +124,7 @@ class RedisCoordinator:
 
     Servers are named as the dispatcher names them (`add_mcp_server` / `connect`); a server not in
     `servers`, and local functions, are not coordinated. Needs the `fleet` extra
-    (``pip install "dispatcher[fleet]"``) and Redis 6.2 or later (tested with 7.0).
+    (``pip install "mcp-dispatcher[fleet]"``) and Redis 6.2 or later (tested with 7.0).
 
     Args:
         url: The Redis URL (``redis://host:port/db``, ``rediss://`` for TLS, a password in the URL).
@@ -179,7 +179,7 @@ class RedisCoordinator:
             import redis  # noqa: F401  # the extra is checked now rather than at the first call
         except ImportError:
             raise ConfigurationError(
-                'RedisCoordinator needs the redis package: pip install "dispatcher[fleet]"'
+                'RedisCoordinator needs the redis package: pip install "mcp-dispatcher[fleet]"'
             ) from None
         self.url = url
         self.namespace = namespace

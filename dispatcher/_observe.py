@@ -5,7 +5,7 @@ Both are off unless configured, and cost nothing then: the scheduler checks one 
 - The event hook is a plain callable that receives a `CallEvent` when a call is queued, starts, is
   retried and finishes. It runs synchronously inside the scheduler, so it should be quick (append to a
   list, put on a queue, log a line); an exception it raises is logged and otherwise ignored.
-- Tracing uses only the ``opentelemetry-api`` package (``pip install dispatcher[otel]``), imported when
+- Tracing uses only the ``opentelemetry-api`` package (``pip install mcp-dispatcher[otel]``), imported when
   a dispatcher opens. With no API installed, or no SDK configured (the global tracer provider is still
   the API's proxy or no-op provider), nothing is traced. Each call gets a span from its submission to
   its result, a child of the span that was current where the call was submitted; each attempt gets a

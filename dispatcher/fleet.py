@@ -1,6 +1,6 @@
 """A fleet of processes sharing limits, order and retry budgets: see docs/fleet.md.
 
-`RedisCoordinator` needs the `fleet` extra (``pip install "dispatcher[fleet]"``); the rest of this
+`RedisCoordinator` needs the `fleet` extra (``pip install "mcp-dispatcher[fleet]"``); the rest of this
 module does not.
 """
 

@@ -3,7 +3,7 @@
 `tune` runs a workload against one server under each setting, over one connection, and measures
 throughput and p50/p95 run and queue times; `TuneReport.recommended` is the smallest setting within 5%
 of the best throughput. The `dispatcher tune` command is the same from a terminal (docs/tuning.md).
-`render_table` needs `rich` (``pip install 'dispatcher[cli]'``).
+`render_table` needs `rich` (``pip install 'mcp-dispatcher[cli]'``).
 """
 
 from .cli._measure import SettingResult as SettingResult

@@ -83,3 +83,25 @@ def test_quick_start_says_what_each_command_does_and_how_long_it_takes() -> None
         command, _, comment = line.partition("#")
         assert comment.strip(), f"{command.strip()} says nothing about what it does"
         assert re.search(r"\d+ (?:minutes?|seconds?)|a minute|a few seconds", comment), f"{command.strip()}: how long?"
+
+
+def test_every_install_hint_names_the_distribution_and_an_existing_extra() -> None:
+    """`pip install X[extra]` in docs, messages and docstrings names this distribution and a real extra."""
+    root = README.parent
+    pyproject = (root / "pyproject.toml").read_text()
+    name = re.search(r'^name = "(.+)"$', pyproject, re.M)
+    assert name is not None
+    extras = set(re.findall(r"^([a-z-]+) = \[", pyproject.split("[project.optional-dependencies]")[1], re.M))
+    sources = [root / "README.md", root / "SECURITY.md", *(root / "docs").glob("*.md")]
+    sources += [*(root / "dispatcher").rglob("*.py"), *(root / "benchmarks").rglob("*.py")]
+    hints = [
+        (path.name, hint)
+        for path in sources
+        for hint in re.findall(r"pip install (?:-e )?[\"']?([\w.-]+\[[\w,-]+\])", path.read_text())
+    ]
+    assert hints
+    for where, hint in hints:
+        package, _, wanted = hint.partition("[")
+        assert package in (name.group(1), "."), f"{where}: pip install {hint} installs another distribution"
+        for extra in wanted.rstrip("]").split(","):
+            assert extra in extras, f"{where}: pip install {hint}: no extra {extra!r} in pyproject.toml"

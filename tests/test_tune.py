@@ -460,7 +460,7 @@ def test_cli_without_matplotlib(
     argv = ["tune", "--url", "http://127.0.0.1:9/mcp", "--synthetic", "reads", "--timeout", "2"]
     assert main([*argv, "--plot", str(tmp_path / "p.png")]) == 1
     err = capsys.readouterr().err
-    assert "--plot needs matplotlib (pip install 'dispatcher[plot]')" in err.splitlines()[0]
+    assert "--plot needs matplotlib (pip install 'mcp-dispatcher[plot]')" in err.splitlines()[0]
 
 
 def test_cli_needs_a_server_and_a_workload(capsys: pytest.CaptureFixture[str]) -> None:
@@ -589,7 +589,7 @@ def test_without_rich_the_command_line_says_what_to_install(
     monkeypatch.setitem(sys.modules, "rich", None)
     assert main(["tune", "--url", "http://127.0.0.1:9/mcp", "--synthetic", "reads"]) == 1
     assert capsys.readouterr().err == (
-        "dispatcher tune: the dispatcher command line needs rich: pip install 'dispatcher[cli]'\n"
+        "dispatcher tune: the dispatcher command line needs rich: pip install 'mcp-dispatcher[cli]'\n"
     )
 
 

@@ -8,7 +8,7 @@
   share), presentation with `rich` (`_present`, `_plot`), and `machine_info` (`_machine`), which the
   benchmark suite records too.
 
-The command line needs the `cli` extra (``pip install 'dispatcher[cli]'``, for `rich`); `tune` and
+The command line needs the `cli` extra (``pip install 'mcp-dispatcher[cli]'``, for `rich`); `tune` and
 `inspect` as functions do not.
 """
 

@@ -1,6 +1,6 @@
 """Presentation: the reports of `tune` and `inspect` as terminal tables, and the sweep's progress, with `rich`.
 
-`rich` comes with the `cli` extra (``pip install 'dispatcher[cli]'``); it is imported when something is
+`rich` comes with the `cli` extra (``pip install 'mcp-dispatcher[cli]'``); it is imported when something is
 drawn, so `dispatcher.tuning.tune` runs without it. On a terminal the tables are styled and the progress
 is a bar; elsewhere (a pipe, a log) the same tables are plain text and the progress a line per setting.
 
@@ -38,7 +38,7 @@ __all__ = [
     "tune_lines",
 ]
 
-INSTALL_HINT = "the dispatcher command line needs rich: pip install 'dispatcher[cli]'"
+INSTALL_HINT = "the dispatcher command line needs rich: pip install 'mcp-dispatcher[cli]'"
 
 _TUNE_HEADERS = ("calls/s", "of best", "in flight", "run p50", "run p95", "queue p50", "queue p95", "errors")
 _INSPECT_HEADERS = ("TOOL", "DECLARED", "EFFECTIVE", "SCHEDULING", "RETRYABLE")
@@ -152,7 +152,7 @@ def render_tune(report: TuneReport) -> str:
     """The report as plain text: the heading, the table (times in ms), the recommendation, notes.
 
     Raises:
-        ModuleNotFoundError: rich is not installed (``pip install 'dispatcher[cli]'``).
+        ModuleNotFoundError: rich is not installed (``pip install 'mcp-dispatcher[cli]'``).
     """
     return _as_text(tune_lines(report))
 
@@ -200,7 +200,7 @@ def render_inspect(report: Report) -> str:
     """The report as plain text for a terminal.
 
     Raises:
-        ModuleNotFoundError: rich is not installed (``pip install 'dispatcher[cli]'``).
+        ModuleNotFoundError: rich is not installed (``pip install 'mcp-dispatcher[cli]'``).
     """
     return _as_text(inspect_lines(report))
 

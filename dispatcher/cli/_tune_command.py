@@ -127,7 +127,7 @@ def _run(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             print(
-                "dispatcher tune: --plot needs matplotlib (pip install 'dispatcher[plot]'); "
+                "dispatcher tune: --plot needs matplotlib (pip install 'mcp-dispatcher[plot]'); "
                 "the sweep runs, but no plot will be drawn",
                 file=sys.stderr,
             )
