@@ -6,6 +6,7 @@ settles exactly once; a batch is done when all of its calls have.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Self
 
 import anyio
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
     from ._gate import Ticket
     from ._hooks import CallHooks
     from ._observe import CallState
+
+_BUILD_HINT = (
+    ": build ToolCall(id, name, arguments), or convert a model's tool calls with dispatcher.formats"
+    " (anthropic_calls, openai_chat_calls, openai_responses_calls)"
+)
 
 __all__ = ["Batch", "PendingCall"]
 
@@ -161,6 +167,8 @@ class Batch:
         """Check every call and reserve their ids; raises before anything is reserved if one is bad."""
         if isinstance(calls, ToolCall):
             raise BatchError("expected a sequence of ToolCall, got a single ToolCall: wrap it in a list")
+        if isinstance(calls, Mapping | str | bytes):
+            raise BatchError(f"expected a sequence of ToolCall, got a {type(calls).__name__}{_BUILD_HINT}")
         calls = list(calls)
         seen = set(self._ids)
         for position, call in enumerate(calls, start=len(self._works)):
@@ -201,7 +209,8 @@ class Batch:
 
     def _check(self, call: object, position: int, seen: set[str] | None = None) -> None:
         if not isinstance(call, ToolCall):
-            raise BatchError(f"item {position} is a {type(call).__name__}, not a ToolCall")
+            hint = _BUILD_HINT if isinstance(call, Mapping) else ""
+            raise BatchError(f"item {position} is a {type(call).__name__}, not a ToolCall{hint}")
         if not isinstance(call.id, str) or not call.id:
             raise BatchError(f"item {position} has an empty or non-string id: {call.id!r}")
         if call.id in (self._ids if seen is None else seen):

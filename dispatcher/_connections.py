@@ -69,6 +69,11 @@ logger = logging.getLogger("dispatcher")
 
 def check_target(target: object) -> None:
     """Raise `ConfigurationError` unless `target` is something `Dispatcher.connect` can connect to."""
+    if isinstance(target, str) and not target.lower().startswith(("http://", "https://")):
+        raise ConfigurationError(
+            f"a string target is the URL of a streamable HTTP endpoint (http:// or https://), got {target!r}; "
+            "to start a command, pass StdioServerParameters(command=..., args=[...])"
+        )
     if isinstance(target, MCPServer | Server | StdioServerParameters | str) or callable(target):
         return
     raise ConfigurationError(
@@ -703,6 +708,11 @@ def check_reconnect(policy: object) -> ReconnectPolicy:
 
 def check_entered(client: object, server: str) -> None:
     """Raise `ConfigurationError` if `client` is an `mcp.Client` outside its ``async with`` block."""
+    if isinstance(client, MCPServer | Server | StdioServerParameters | str):
+        raise ConfigurationError(
+            f"the client of server {server!r} must be an entered mcp.Client, got {type(client).__name__}: "
+            "wrap it in `async with Client(...) as client:`, or pass it to Dispatcher.connect, which connects it"
+        )
     if not isinstance(client, Client):
         return  # another object with the client's methods (a test double): it knows its own state
     try:

@@ -436,6 +436,37 @@ async def test_a_client_that_was_not_entered_is_a_configuration_error() -> None:
         assert "s" in {entry.server for entry in d.tools()}
 
 
+async def test_a_dict_batch_says_how_to_build_tool_calls() -> None:
+    """A dict, or a list of dicts, where ToolCalls are expected raises BatchError pointing to ToolCall and formats."""
+    async with Dispatcher() as d:
+        d.add_function(lambda: 1, name="one")
+        with pytest.raises(BatchError, match=r"got a dict: build ToolCall\(id, name, arguments\).*dispatcher.formats"):
+            await d.dispatch({"id": "a", "name": "one"})  # type: ignore[arg-type]
+        with pytest.raises(BatchError, match=r"item 0 is a dict, not a ToolCall: build ToolCall"):
+            await d.dispatch([{"id": "a", "name": "one"}])  # type: ignore[list-item]
+        assert [r.ok for r in await d.dispatch([ToolCall("a", "one")])] == [True]
+
+
+async def test_a_server_where_a_client_is_expected_points_to_connect() -> None:
+    """add_mcp_server with an MCPServer (not a Client) raises ConfigurationError pointing to Dispatcher.connect."""
+    server = transport_server.build()
+    async with Dispatcher() as d:
+        with pytest.raises(
+            ConfigurationError, match=r"must be an entered mcp.Client, got MCPServer.*Dispatcher.connect"
+        ):
+            await d.add_mcp_server("s", server)  # type: ignore[arg-type]
+        await d.connect("s", server)  # the name was not taken by the failed registration
+        assert "s" in {entry.server for entry in d.tools()}
+
+
+async def test_a_command_string_target_points_to_stdio_parameters() -> None:
+    """connect with a command line as a string raises ConfigurationError naming StdioServerParameters."""
+    async with Dispatcher() as d:
+        with pytest.raises(ConfigurationError, match=r"URL of a streamable HTTP endpoint.*StdioServerParameters"):
+            await d.connect("s", "python -m dispatcher.examples.workspace")
+        await d.connect("s", transport_server.build())
+
+
 # ReconnectPolicy --------------------------------------------------------------------------------
 
 
