@@ -16,6 +16,7 @@ security boundary.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Awaitable, Callable, Iterable, Set
 from dataclasses import dataclass, field
@@ -253,7 +254,13 @@ async def ask(approver: Approver | None, request: ApprovalRequest, patience: flo
         return f"not run: it needs approval because {request.reason}, and no approver is configured"
     with anyio.move_on_after(math.inf if patience is None else patience):
         try:
-            approved = await approver(request)
+            answer = approver(request)
+            if not inspect.isawaitable(answer):
+                return (
+                    f"not run: the approver returned {type(answer).__name__} instead of an awaitable; "
+                    "approve must be an async function (async def) returning True or False"
+                )
+            approved = await answer
         except Exception as exc:
             detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             return f"not run: asking for approval failed ({detail})"

@@ -244,6 +244,17 @@ async def test_an_approver_that_raises_or_answers_oddly_denies() -> None:
     assert ws.ledger == ()
 
 
+async def test_a_sync_approver_is_a_denial_that_says_to_use_async_def() -> None:
+    """A plain function as approver denies the call, with a reason naming async def; the tool never runs."""
+    async with workspace(approve=lambda request: True) as (dispatcher, ws):
+        [result] = await dispatcher.dispatch([ToolCall("w", "delete_note", {"name": "a"})])
+    assert result.status is CallStatus.DENIED
+    assert result.error is not None
+    assert "returned bool instead of an awaitable" in result.error
+    assert "async def" in result.error
+    assert ws.ledger == ()
+
+
 async def test_per_batch_approver_and_policy_override_the_dispatcher() -> None:
     """dispatch(approve=..., approval=...) applies to that batch only."""
     everyone = Approver(default=True)
