@@ -237,13 +237,17 @@ class Executor:
         if not isinstance(arguments, Mapping):
             settle(work, CallStatus.FAILED, error=_invalid_arguments(arguments))
             return work
+        # Checking arguments against an untrusted server's schema can quote it (a required argument's
+        # name is whatever the server wrote): every result of an untrusted server's tool is marked.
+        quotes_server = not entry.trusted
         try:
             work._prepared = impl.prepare(arguments)
         except ArgumentError as exc:
-            settle(work, CallStatus.FAILED, error=str(exc))
+            settle(work, CallStatus.FAILED, error=str(exc), untrusted=quotes_server)
             return work
         except Exception as exc:
-            settle(work, CallStatus.FAILED, error=f"invalid arguments: {type(exc).__name__}: {exc}")
+            error = f"invalid arguments: {type(exc).__name__}: {exc}"
+            settle(work, CallStatus.FAILED, error=error, untrusted=quotes_server)
             return work
         try:
             keys = call_keys(entry, arguments)
