@@ -580,9 +580,11 @@ def _invalid_arguments(arguments: object) -> str:
     if isinstance(arguments, str):
         try:
             json.loads(arguments)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
+            # RecursionError: nested deeper than the parser goes, which fails this call alone.
+            why = exc if isinstance(exc, ValueError) else "nested too deep to parse"
             text = arguments if len(arguments) <= 200 else f"{arguments[:200]}..."
-            return f"invalid arguments: expected a JSON object, got text that is not valid JSON ({exc}): {text!r}"
+            return f"invalid arguments: expected a JSON object, got text that is not valid JSON ({why}): {text!r}"
         return "invalid arguments: expected a JSON object, got a str of JSON text; parse it into a dict"
     return f"invalid arguments: expected a JSON object, got {type(arguments).__name__}"
 

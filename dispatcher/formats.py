@@ -236,8 +236,9 @@ def _arguments(raw: Any) -> Any:
             return None  # some OpenAI-compatible servers send "" for a call without arguments
         try:
             parsed = json.loads(raw)
-        except ValueError:
-            return raw  # dispatch explains the syntax error as the call's result
+        except (ValueError, RecursionError):
+            # Not JSON, or nested deeper than the parser goes: dispatch explains it as the call's result.
+            return raw
         return parsed
     return raw
 

@@ -17,7 +17,7 @@ from pydantic import Field
 from dispatcher import CallStatus, Dispatcher, ToolCall
 from dispatcher._gate import ROOT_KEYS
 from dispatcher._keys import call_keys
-from dispatcher.formats import anthropic_results, openai_chat_results, openai_responses_results
+from dispatcher.formats import anthropic_results, openai_chat_calls, openai_chat_results, openai_responses_results
 
 pytestmark = pytest.mark.anyio
 
@@ -153,3 +153,29 @@ async def test_media_that_is_not_what_it_says_is_described_not_sent() -> None:
     items = openai_responses_results([result])
     assert str(items).count("data:image/") == 1
     assert "data:application/pdf" not in str(items)
+
+
+async def test_arguments_nested_deeper_than_the_parser_goes_fail_only_their_call() -> None:
+    """A model's arguments nested too deep to parse are kept as text: that call fails, its sibling runs."""
+    deep = "[" * 100_000 + "]" * 100_000
+    message = {
+        "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "echo", "arguments": deep}},
+            {"id": "b", "type": "function", "function": {"name": "echo", "arguments": '{"x": "fine"}'}},
+        ]
+    }
+    calls = openai_chat_calls(message)
+    assert [call.id for call in calls] == ["a", "b"]
+    assert isinstance(calls[0].arguments, str) and len(calls[0].arguments) == len(deep)
+    server: MCPServer[Any] = MCPServer("hostile")
+
+    def echo(x: str = "") -> str:
+        return x
+
+    server.add_tool(echo)
+    async with Dispatcher() as d:
+        await d.connect("hostile", server)
+        first, second = await d.dispatch(calls)
+    assert first.status is CallStatus.FAILED
+    assert first.error is not None and "nested too deep" in first.error
+    assert second.ok
