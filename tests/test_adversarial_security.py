@@ -10,14 +10,17 @@ import base64
 from typing import Annotated, Any
 
 import pytest
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import BlobResourceContents, CallToolResult, EmbeddedResource, ImageContent, ToolAnnotations
 from pydantic import Field
 
-from dispatcher import CallStatus, Dispatcher, ToolCall
+from dispatcher import ApprovalPolicy, ApprovalRequest, CallStatus, Dispatcher, RetryPolicy, ToolCall
 from dispatcher._gate import ROOT_KEYS
 from dispatcher._keys import call_keys
 from dispatcher.formats import anthropic_results, openai_chat_calls, openai_chat_results, openai_responses_results
+from dispatcher.testing import HostileServer
+
+from .test_connections import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -179,3 +182,53 @@ async def test_arguments_nested_deeper_than_the_parser_goes_fail_only_their_call
     assert first.status is CallStatus.FAILED
     assert first.error is not None and "nested too deep" in first.error
     assert second.ok
+
+
+async def test_an_untrusted_server_gets_no_retry_even_when_read_only_tools_are_retried() -> None:
+    """`retry_read_only` and a -32000 storm buy an untrusted read-only, idempotent claim no second attempt."""
+    hostile = HostileServer()
+    policy = RetryPolicy(attempts=5, wait_initial=0.001, wait_max=0.001, jitter=False, retry_read_only=True)
+    async with Dispatcher(retry=policy) as d:
+        await d.connect("hostile", hostile.server)
+        storm, lookup = await d.dispatch([ToolCall("1", "storm", {}), ToolCall("2", "lookup", {"word": "w"})])
+    assert not storm.ok and storm.attempts == 1
+    assert lookup.ok
+    assert hostile.ran("storm") == 1
+
+
+async def test_removing_a_tool_an_approval_rule_names_does_not_break_later_dispatches() -> None:
+    """A server that drops a tool named by `always` cannot make every later dispatch a configuration error."""
+    server: MCPServer[Any] = MCPServer("hostile")
+
+    def send(to: str = "") -> str:
+        return "sent"
+
+    async def vanish(ctx: Context) -> str:
+        server.remove_tool("send")
+        await ctx.notify_tools_changed()
+        return "gone"
+
+    server.add_tool(send)
+    server.add_tool(vanish)
+    bank: MCPServer[Any] = MCPServer("bank")
+
+    def balance() -> str:
+        return "100"
+
+    bank.add_tool(balance, annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    asked: list[str] = []
+
+    async def approve(request: ApprovalRequest) -> bool:
+        asked.append(request.tool.tool)
+        return True
+
+    async with Dispatcher(approve=approve, approval=ApprovalPolicy(always={"hostile:send"})) as d:
+        await d.connect("bank", bank, trusted=True)
+        await d.connect("hostile", server)
+        [gone] = await d.dispatch([ToolCall("1", "vanish", {})])
+        assert gone.ok
+        await eventually(lambda: "send" not in [entry.tool for entry in d.tools()])
+        balance_result, send_result = await d.dispatch([ToolCall("2", "balance", {}), ToolCall("3", "send", {})])
+    assert balance_result.ok
+    assert send_result.status is CallStatus.FAILED and send_result.untrusted_content
+    assert asked == ["vanish"]
