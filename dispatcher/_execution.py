@@ -237,13 +237,17 @@ class Executor:
         if not isinstance(arguments, Mapping):
             settle(work, CallStatus.FAILED, error=_invalid_arguments(arguments))
             return work
+        # Checking arguments against an untrusted server's schema can quote it (a required argument's
+        # name is whatever the server wrote): every result of an untrusted server's tool is marked.
+        quotes_server = not entry.trusted
         try:
             work._prepared = impl.prepare(arguments)
         except ArgumentError as exc:
-            settle(work, CallStatus.FAILED, error=str(exc))
+            settle(work, CallStatus.FAILED, error=str(exc), untrusted=quotes_server)
             return work
         except Exception as exc:
-            settle(work, CallStatus.FAILED, error=f"invalid arguments: {type(exc).__name__}: {exc}")
+            error = f"invalid arguments: {type(exc).__name__}: {exc}"
+            settle(work, CallStatus.FAILED, error=error, untrusted=quotes_server)
             return work
         try:
             keys = call_keys(entry, arguments)
@@ -576,9 +580,11 @@ def _invalid_arguments(arguments: object) -> str:
     if isinstance(arguments, str):
         try:
             json.loads(arguments)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
+            # RecursionError: nested deeper than the parser goes, which fails this call alone.
+            why = exc if isinstance(exc, ValueError) else "nested too deep to parse"
             text = arguments if len(arguments) <= 200 else f"{arguments[:200]}..."
-            return f"invalid arguments: expected a JSON object, got text that is not valid JSON ({exc}): {text!r}"
+            return f"invalid arguments: expected a JSON object, got text that is not valid JSON ({why}): {text!r}"
         return "invalid arguments: expected a JSON object, got a str of JSON text; parse it into a dict"
     return f"invalid arguments: expected a JSON object, got {type(arguments).__name__}"
 

@@ -35,14 +35,12 @@ import binascii
 import json
 import re
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._calls import CallStatus, ToolCall
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from ._calls import ToolResult
     from ._catalog import ToolEntry
 
@@ -238,8 +236,9 @@ def _arguments(raw: Any) -> Any:
             return None  # some OpenAI-compatible servers send "" for a call without arguments
         try:
             parsed = json.loads(raw)
-        except ValueError:
-            return raw  # dispatch explains the syntax error as the call's result
+        except (ValueError, RecursionError):
+            # Not JSON, or nested deeper than the parser goes: dispatch explains it as the call's result.
+            return raw
         return parsed
     return raw
 
@@ -406,16 +405,49 @@ def _content(result: ToolResult) -> list[Any]:
 
 
 def _media(block: Any) -> tuple[str, str, str] | None:
-    """``(kind, mime type, base64 data)`` of an image, audio or binary resource block, else None."""
+    """``(kind, mime type, base64 data)`` of an image, audio or binary resource block, else None.
+
+    Data that is not well-formed base64 of what its MIME type says (checked by the file's signature)
+    is None too: an API rejects the whole request for one such block, so a server could otherwise
+    fail every result of the turn with one bad image. Such a block stays described in the text.
+    """
     kind = getattr(block, "type", None)
     if kind in ("image", "audio"):
-        return kind, str(block.mime_type or ""), "".join(str(block.data).split())
-    if kind == "resource":
-        blob = getattr(block.resource, "blob", None)
-        if isinstance(blob, str):
-            mime = str(block.resource.mime_type or "")
-            return ("image" if mime in _IMAGE_TYPES else "file"), mime, "".join(blob.split())
-    return None
+        found = kind, str(block.mime_type or ""), "".join(str(block.data).split())
+    elif kind == "resource" and isinstance(blob := getattr(block.resource, "blob", None), str):
+        mime = str(block.resource.mime_type or "")
+        found = ("image" if mime in _IMAGE_TYPES else "file"), mime, "".join(blob.split())
+    else:
+        return None
+    return found if _is_what_it_says(found[1], found[2]) else None
+
+
+def _is_what_it_says(mime: str, data: str) -> bool:
+    """Whether base64 `data` decodes strictly and starts with the signature of its MIME type."""
+    check = _SIGNATURES.get(mime)
+    if check is None:
+        return True  # not sent as media by any API: only described
+    try:
+        raw = binascii.a2b_base64(data, strict_mode=True)
+    except (binascii.Error, ValueError):
+        return False
+    return check(raw)
+
+
+_SIGNATURES: dict[str, Callable[[bytes], bool]] = {
+    "image/png": lambda raw: raw.startswith(b"\x89PNG\r\n\x1a\n"),
+    "image/jpeg": lambda raw: raw.startswith(b"\xff\xd8\xff"),
+    "image/gif": lambda raw: raw.startswith((b"GIF87a", b"GIF89a")),
+    "image/webp": lambda raw: raw.startswith(b"RIFF") and raw[8:12] == b"WEBP",
+    _PDF: lambda raw: raw.startswith(b"%PDF-"),
+    **dict.fromkeys(
+        ("audio/wav", "audio/x-wav", "audio/wave"), lambda raw: raw.startswith(b"RIFF") and raw[8:12] == b"WAVE"
+    ),
+    **dict.fromkeys(
+        ("audio/mpeg", "audio/mp3"),
+        lambda raw: raw.startswith(b"ID3") or (len(raw) > 1 and raw[0] == 0xFF and raw[1] & 0xE0 == 0xE0),
+    ),
+}
 
 
 def _filename(block: Any) -> str:
