@@ -392,7 +392,7 @@ async def test_a_reclassified_call_that_is_denied_never_runs(tmp_path: pathlib.P
 def test_inspect_reports_each_tools_key_rule() -> None:
     """The inspect analysis names how each tool's calls are keyed: root, its domain, or its key function."""
     from dispatcher._catalog import ToolEntry
-    from dispatcher.cli import analyze
+    from dispatcher.cli._inspect import analyze
 
     hints = ToolAnnotations(read_only_hint=True)
     entries = [
