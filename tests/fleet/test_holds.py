@@ -6,6 +6,7 @@ Each test runs on asyncio (redis.asyncio) and trio (redis-py's blocking client i
 
 from __future__ import annotations
 
+import signal
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -316,3 +317,30 @@ def test_fleet_module_exports_its_names() -> None:
     assert dispatcher.fleet.__all__ == sorted(dispatcher.fleet.__all__)
     for name in dispatcher.fleet.__all__:
         assert getattr(dispatcher.fleet, name).__module__.startswith("dispatcher.")
+
+
+async def test_a_hold_that_cannot_be_renewed_is_given_up_before_its_lease_ends(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """Redis frozen under a hold: the hold is given up before the end of its lease, late renewals or not."""
+    # With these values the renewal loop alone notices the second failed renewal after the lease ended.
+    coordinator = RedisCoordinator(
+        redis_server.url, namespace=namespace, servers=SERVERS, lease_ttl=2.0, recheck=1.0, timeout=0.6
+    )
+    lost_at: list[float] = []
+    process = redis_server.process
+    assert process is not None
+    async with coordinator:
+        async with coordinator.hold(
+            server="ws", exclusive=True, on_lost=lambda reason: lost_at.append(anyio.current_time())
+        ):
+            [lease] = coordinator._active["ws"].values()
+            process.send_signal(signal.SIGSTOP)
+            try:
+                with anyio.fail_after(20):
+                    while not lost_at:  # noqa: ASYNC110  # on_lost is a plain callback
+                        await anyio.sleep(0.01)
+            finally:
+                process.send_signal(signal.SIGCONT)
+    assert lease.lost
+    assert lost_at[0] < lease.valid_until, "the hold was kept after Redis could have given it to another"
