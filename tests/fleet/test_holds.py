@@ -261,7 +261,7 @@ async def test_shared_budget_earnings_reach_the_other_processes(redis_server: Re
 
 
 def test_without_a_coordinator_the_run_path_is_unchanged() -> None:
-    """No coordinator, or LocalCoordinator: the worker calls Executor._execute itself (nothing added per call)."""
+    """No coordinator, or LocalCoordinator: a runner calls the execution path itself (nothing added per call)."""
     for coordinator in (None, LocalCoordinator()):
         dispatcher = Dispatcher(coordinator=coordinator)
         assert dispatcher._executor._run_admitted == dispatcher._executor._execute
