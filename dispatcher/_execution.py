@@ -309,6 +309,8 @@ class Executor:
         except KeyRuleError as exc:
             self.gate.withdraw(ticket)
             settle(work, CallStatus.FAILED, error=f"invalid conflict keys: {exc}")
+            if work._scope is not None:
+                work._scope.cancel()  # its approval may still be being asked for
             return
         work._entry = entry
         hooks = work._hooks

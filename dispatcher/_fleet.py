@@ -18,7 +18,7 @@ which is the bound on noticing a lease that expired with nobody left to release 
 Holds are leases: each process renews all its holds every `lease_ttl / 3` in one script call per
 server. A process that stops renewing (killed, frozen, cut off) loses its holds `lease_ttl` after its
 last renewal; they are then free for the others within `lease_ttl + recheck`. A process that cannot
-renew for most of a ttl gives the calls up itself first (they end FAILED, abandoned like a timed-out
+renew gives the calls up itself `recheck` seconds before their leases end (they end FAILED, abandoned like a timed-out
 call, since the server may still be running them), so a call never runs on a lease Redis no longer has.
 A call that cannot get its hold because Redis cannot be reached ends FAILED with the reason, and never
 runs unguarded.
@@ -221,6 +221,7 @@ class RedisCoordinator:
         self._link = link
         tg.start_soon(link.listen, self._channel, self._wake)
         tg.start_soon(self._renew_loop)
+        tg.start_soon(self._watch_loop)
         return self
 
     async def __aexit__(
@@ -358,6 +359,18 @@ class RedisCoordinator:
                 if leases:
                     await self._renew(link, server, list(leases.values()), interval)
             await self._flush_budgets(link)
+
+    async def _watch_loop(self) -> None:
+        # Renewals can be late (several servers, budgets and a slow Redis share one loop), so the leases'
+        # ends are watched on their own: a call is given up before Redis can hand its place to another.
+        step = self.recheck / 2
+        while True:
+            await anyio.sleep(step)
+            now = anyio.current_time()
+            for server, leases in list(self._active.items()):
+                for lease in list(leases.values()):
+                    if now + self.recheck >= lease.valid_until:
+                        self._lose(lease, f"lost its fleet hold on server {server!r}: it could not be renewed in time")
 
     async def _renew(self, link: _Link, server: str, leases: list[_Lease], interval: float) -> None:
         args = self._args(server)

@@ -15,7 +15,7 @@ from trio.testing import MockClock
 
 from benchmarks import keys as bench
 from benchmarks.reference import KeyedCall, ideal_keyed_makespan
-from dispatcher import CallEvent, CallStatus, ConfigurationError, Dispatcher, RetryPolicy, ToolCall
+from dispatcher import ApprovalPolicy, CallEvent, CallStatus, ConfigurationError, Dispatcher, RetryPolicy, ToolCall
 from dispatcher._gate import conflicts
 from dispatcher.examples import Workspace
 from dispatcher.testing import inject_faults
@@ -558,3 +558,46 @@ async def test_spans_carry_declared_keys_only() -> None:
     spans = {span.name: dict(span.attributes or {}) for span in exporter.get_finished_spans()}
     assert spans["execute_tool keyed"]["dispatcher.keys"] == ("store/item:a",)
     assert "dispatcher.keys" not in spans["execute_tool plain"]
+
+
+async def test_a_held_call_whose_keys_fail_at_reclassification_stops_its_approval(tmp_path: pathlib.Path) -> None:
+    """A call awaiting approval whose key function raises once its tool changed: FAILED, the approver stops."""
+    seen: list[str] = []
+    stopped = anyio.Event()
+
+    def flaky(args: Mapping[str, Any]) -> str:
+        seen.append(args["name"])
+        if len(seen) > 1:
+            raise LookupError("no key any more")
+        return str(args["name"])
+
+    async def approve(request: ApprovalRequest) -> bool:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            stopped.set()
+        raise AssertionError("unreachable")
+
+    async with Dispatcher(approve=approve, approval=ApprovalPolicy(always={"flip:lookup"})) as d:
+        await d.connect(
+            "flip",
+            flip_server.build(tmp_path),
+            trusted=True,
+            follow_changes=False,
+            domain="flip",
+            keys={"lookup": flaky},
+        )
+        async with d.batch() as batch:
+            batch.submit(ToolCall("h", "hold", {}))
+            lookup = batch.submit(ToolCall("l", "lookup", {"name": "x"}))
+            with anyio.fail_after(30):
+                while not (tmp_path / "flipped").exists():  # noqa: ASYNC110  # set by the server
+                    await anyio.sleep(0.01)
+                await d.refresh("flip")
+                d.accept_changes("flip")
+                result = await lookup.wait()
+                await stopped.wait()
+            (tmp_path / "release").touch()
+    assert result.status is CallStatus.FAILED
+    assert result.error is not None and "LookupError: no key any more" in result.error
+    assert "start lookup" not in flip_server.log(tmp_path)

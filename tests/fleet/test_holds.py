@@ -6,6 +6,8 @@ Each test runs on asyncio (redis.asyncio) and trio (redis-py's blocking client i
 
 from __future__ import annotations
 
+import signal
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -18,6 +20,8 @@ from dispatcher.examples import FaultConfig, Workspace
 from dispatcher.fleet import CoordinationError, FleetServer, LocalCoordinator, RedisCoordinator
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Collection, Hashable
+
     from benchmarks._redis import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -316,3 +320,84 @@ def test_fleet_module_exports_its_names() -> None:
     assert dispatcher.fleet.__all__ == sorted(dispatcher.fleet.__all__)
     for name in dispatcher.fleet.__all__:
         assert getattr(dispatcher.fleet, name).__module__.startswith("dispatcher.")
+
+
+async def test_a_hold_that_cannot_be_renewed_is_given_up_before_its_lease_ends(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """Redis frozen under a hold: the hold is given up before the end of its lease, late renewals or not."""
+    # With these values the renewal loop alone notices the second failed renewal after the lease ended.
+    coordinator = RedisCoordinator(
+        redis_server.url, namespace=namespace, servers=SERVERS, lease_ttl=2.0, recheck=1.0, timeout=0.6
+    )
+    lost_at: list[float] = []
+    process = redis_server.process
+    assert process is not None
+    async with coordinator:
+        async with coordinator.hold(
+            server="ws", exclusive=True, on_lost=lambda reason: lost_at.append(anyio.current_time())
+        ):
+            [lease] = coordinator._active["ws"].values()
+            process.send_signal(signal.SIGSTOP)
+            try:
+                with anyio.fail_after(20):
+                    while not lost_at:  # noqa: ASYNC110  # on_lost is a plain callback
+                        await anyio.sleep(0.01)
+            finally:
+                process.send_signal(signal.SIGCONT)
+    assert lease.lost
+    assert lost_at[0] < lease.valid_until, "the hold was kept after Redis could have given it to another"
+
+
+class _LosesFirstHold:
+    """Fault injection: grants every hold at once, and reports the first one lost while its call runs."""
+
+    def __init__(self) -> None:
+        self.holds = 0
+        self.released = 0
+
+    @asynccontextmanager
+    async def hold(
+        self, *, server: str, exclusive: bool, keys: Collection[Hashable] = (), on_lost: Callable[[str], None]
+    ) -> AsyncIterator[None]:
+        self.holds += 1
+        first = self.holds == 1
+        try:
+            async with anyio.create_task_group() as tg:
+                if first:
+
+                    async def lose() -> None:
+                        await anyio.sleep(0.2)
+                        on_lost("lost its fleet hold on server 'ws': injected")
+                        on_lost("lost its fleet hold on server 'ws': reported twice")
+
+                    tg.start_soon(lose)
+                yield
+                tg.cancel_scope.cancel()
+        finally:
+            self.released += 1
+
+    def retry_budget(self, server: str, capacity: float, refill: float) -> None:
+        return None
+
+
+async def test_a_lost_hold_settles_its_call_once_and_frees_its_turn() -> None:
+    """A hold lost under a running write: that call is FAILED once, the writes after it run, close ends."""
+    workspace = Workspace(latency=0.5)
+    coordinator = _LosesFirstHold()
+    with anyio.fail_after(30):
+        async with Dispatcher(coordinator=coordinator, call_timeout=None) as dispatcher:
+            await dispatcher.connect("ws", workspace.server, trusted=True)
+            first, second, read = await dispatcher.dispatch(
+                [
+                    ToolCall("1", "set_note", {"name": "a", "text": "t"}),
+                    ToolCall("2", "set_note", {"name": "b", "text": "t"}),
+                    ToolCall("3", "search_notes", {"query": "x"}),
+                ]
+            )
+            [later] = await dispatcher.dispatch([ToolCall("4", "set_note", {"name": "c", "text": "t"})])
+    assert first.status is CallStatus.FAILED
+    assert first.error is not None and "injected" in first.error and "twice" not in first.error
+    assert [second.status, read.status, later.status] == [CallStatus.OK] * 3
+    assert coordinator.holds == coordinator.released == 4
+    assert workspace.in_flight == 0, "the abandoned call was not cancelled"
