@@ -47,6 +47,7 @@ from ._annotations import effective_annotations
 from ._catalog import ToolEntry
 from ._errors import ConfigurationError
 from ._failures import ConnectionLost, ToolUnavailableError, explain, is_transport_failure
+from ._keys import check_domain, check_key_functions
 from ._mcp import MCPTool, answers, list_all_tools
 from ._pins import DefinitionChange, Pins
 from ._reconnect import ReconnectPolicy
@@ -497,11 +498,13 @@ class ServerRegistry:
         """Claim a server name before its first listing, so that two registrations cannot race for it."""
         if name in self._servers or name in self._catalog.servers:
             raise ConfigurationError(f"a server named {name!r} is already registered")
+        domain = check_domain(domain, f"server {name!r}")
+        key_functions = check_key_functions(keys, domain, f"server {name!r}")
         if on_change is not None and not callable(on_change):
             raise ConfigurationError(f"on_definition_change must be callable, got {type(on_change).__name__}")
         for tool, override in overrides.items():
             check_annotations(override, tool)
-        server = self._servers[name] = _Server(name, trusted, overrides, on_change, domain=domain, keys=keys or {})
+        server = self._servers[name] = _Server(name, trusted, overrides, on_change, domain=domain, keys=key_functions)
         return server
 
     def release(self, server: _Server) -> None:

@@ -319,15 +319,8 @@ class Dispatcher:
         """
         self._check_not_closed()
         overrides = self._check_server(name, max_concurrency, overrides)
-        domain = check_domain(domain, f"server {name!r}")
-        key_functions = check_key_functions(keys, domain, f"server {name!r}")
         server = self._servers.reserve(
-            name,
-            trusted=trusted,
-            overrides=overrides,
-            on_change=on_definition_change,
-            domain=domain,
-            keys=key_functions,
+            name, trusted=trusted, overrides=overrides, on_change=on_definition_change, domain=domain, keys=keys
         )
         self._executor.gate.set_server_limit(name, max_concurrency)
         try:
@@ -408,15 +401,8 @@ class Dispatcher:
                 f"connect_timeout must be a positive number of seconds or None, got {connect_timeout!r}"
             )
         policy = check_reconnect(reconnect)
-        domain = check_domain(domain, f"server {name!r}")
-        key_functions = check_key_functions(keys, domain, f"server {name!r}")
         server = self._servers.reserve(
-            name,
-            trusted=trusted,
-            overrides=overrides,
-            on_change=on_definition_change,
-            domain=domain,
-            keys=key_functions,
+            name, trusted=trusted, overrides=overrides, on_change=on_definition_change, domain=domain, keys=keys
         )
         connection = self._servers.connection(
             server, target, mode=mode, follow=follow_changes, timeout=connect_timeout, policy=policy
