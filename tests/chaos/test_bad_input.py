@@ -140,8 +140,12 @@ async def test_fuzzed_arguments_fail_their_own_call_only(anyio_backend: Any, bat
             assert result.ok, result.error
         elif not result.ok:
             assert clear(result)
-    # What the server ran is exactly what passed the checks.
-    assert len(workspace.ledger) == sum(1 for r in results if r.attempts and r.server == "ws")
+    # Only what passed the dispatcher's checks reached the server, and every call it answered OK ran. The
+    # server stays the authority on its own schema: a call it rejects by its own validation (a set where
+    # a string is declared) is sent, answered as a tool error, and never runs.
+    sent = sum(1 for r in results if r.attempts and r.server == "ws")
+    answered = sum(1 for r in results if r.ok and r.server == "ws")
+    assert answered <= len(workspace.ledger) <= sent
 
 
 # What a loop may pass as a call's name or server when it forwards a model's JSON unchecked.
