@@ -160,6 +160,8 @@ class Executor:
         # Parked runners, each waiting on its event; `_spare`: whether a runner is on its way.
         self._idle: list[anyio.Event] = []
         self._spare = 0
+        # How many runners are inside a call.
+        self._busy = 0
         # Parked runners kept for reuse: as many as may run at once, or 64 without a limit.
         self._idle_cap = max_concurrency if max_concurrency is not None else 64
         self._runners = 0
@@ -201,9 +203,11 @@ class Executor:
 
     def submit_all(self, batch: Batch, calls: list[ToolCall]) -> list[PendingCall]:
         """Queue checked calls of `batch` in order."""
-        submit = self.submit
+        queue = self._queue
         names: dict[object, Resolution] = {}
-        return [submit(batch, call, names) for call in calls]
+        works = [queue(batch, call, names) for call in calls]
+        self._pump()
+        return works
 
     async def submit_yielding(self, batch: Batch, calls: list[ToolCall]) -> None:
         """Queue checked calls of `batch` in order, letting the event loop run every few milliseconds.
@@ -212,13 +216,14 @@ class Executor:
         the loop for as long (and, with no concurrency limit, start all of its calls in one go). If the
         caller is cancelled meanwhile, the calls already queued are cancelled and awaited.
         """
-        submit = self.submit
+        queue = self._queue
         clock = self._clock
         until = clock() + _SLICE
         names: dict[object, Resolution] = {}
         for position, call in enumerate(calls, start=1):
-            submit(batch, call, names)
+            queue(batch, call, names)
             if not position % _SLICE_CHECK and clock() >= until:
+                self._pump()
                 try:
                     await anyio.lowlevel.checkpoint()
                 except BaseException:
@@ -228,9 +233,16 @@ class Executor:
                     raise
                 until = clock() + _SLICE
                 names.clear()  # the catalogue may have changed while the loop ran
+        self._pump()
 
-    def submit(self, batch: Batch, call: ToolCall, names: dict[object, Resolution] | None = None) -> PendingCall:
-        """Queue one checked call of `batch`; a call that cannot run settles at once as FAILED.
+    def submit(self, batch: Batch, call: ToolCall) -> PendingCall:
+        """Queue one checked call of `batch`; a call that cannot run settles at once as FAILED."""
+        work = self._queue(batch, call)
+        self._pump()
+        return work
+
+    def _queue(self, batch: Batch, call: ToolCall, names: dict[object, Resolution] | None = None) -> PendingCall:
+        """Queue one checked call of `batch` without bringing a runner; see `submit`.
 
         `names` keeps the resolutions of the names seen so far in one synchronous run of submissions,
         during which the catalogue cannot change.
@@ -280,7 +292,6 @@ class Executor:
             work._ticket = self.gate.submit(work, exclusive=entry.exclusive, server=entry.server, keys=keys)
         else:
             self._submit_hooked(work, entry, hooks, keys)
-        self._pump()
         return work
 
     def _submit_hooked(self, work: PendingCall, entry: ToolEntry, hooks: CallHooks, keys: tuple[str, ...]) -> None:
@@ -413,16 +424,22 @@ class Executor:
 
     # Running ---------------------------------------------------------------------------------------
 
-    def _pump(self, most: int = 0) -> None:
-        """Have a runner on its way for each call the gate may admit now: wake parked ones, or start new ones.
+    def _pump(self, arrived: bool = False) -> None:
+        """Have runners on their way for the calls the gate may admit now: wake parked ones, or start new ones.
 
-        At most `_FANOUT` runners (or `most`) are on their way at once; each that takes a call brings
-        another on its way if it was the last one and more calls may be admitted (`_take`). Calls that
-        never wait (cached reads, local functions) are then carried out back to back by a few runners,
-        while calls that wait (on a server, a sleep) each get a runner of their own: the first
-        `_FANOUT` at once, the others one after another, one task switch apart.
+        Calls admitted together start together: a runner is brought for each call the gate may admit,
+        up to `_FANOUT` runners on their way or running at once. Beyond that, and for a runner that just
+        `arrived` and took a call while no runner is inside a call that waits (`_busy` counts the runners
+        inside a call; when this runs, each of them is waiting in it), one runner on its way is enough:
+        calls that never wait (cached reads, local functions) are then carried out back to back by few
+        runners, without a task switch per call, and a runner that takes a call pumps again, so no
+        admitted call is ever left without one.
         """
-        want = min(self.gate.may_take, most or _FANOUT) - self._spare
+        gate = self.gate
+        may = gate.may_take
+        if not may:
+            return
+        want = min(may, 1 if arrived and not self._busy else max(_FANOUT - gate.running, 1)) - self._spare
         if want <= 0:
             return
         self._spare += want
@@ -438,10 +455,10 @@ class Executor:
                 tg.start_soon(self._runner)
 
     def _take(self) -> Ticket[PendingCall] | None:
-        """The next call the gate admits, for a runner that just arrived; the last one on its way brings another."""
+        """The next call the gate admits, for a runner that just arrived; runners come for the calls after it."""
         ticket = self.gate.take()
-        if ticket is not None and not self._spare:
-            self._pump(1)
+        if ticket is not None:
+            self._pump(arrived=True)
         return ticket
 
     async def _runner(self) -> None:
@@ -486,7 +503,11 @@ class Executor:
             try:
                 with anyio.CancelScope() as scope:
                     while True:
-                        await self._run_one(current.item, scope)
+                        self._busy += 1
+                        try:
+                            await self._run_one(current.item, scope)
+                        finally:
+                            self._busy -= 1
                         readied = gate.readied
                         gate.finish(current)
                         current = None
