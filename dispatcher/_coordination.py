@@ -148,10 +148,16 @@ def admitted_runner(
             await run(work)  # local functions are the process's own business
             return
         # The call's outer scope: cancelled by a lost lease, and by cancelling the call while it waits.
+        # The call's keys are those its ticket holds in the local gate (set at submit, and changed there
+        # when its tool is reclassified), so the fleet excludes what this process's gate excludes.
+        ticket = work._ticket
+        keys = ticket.keys if ticket is not None else ()
         with anyio.CancelScope() as scope:
-            await _held(work, entry.server, entry.exclusive, scope)
+            await _held(work, entry.server, entry.exclusive, keys, scope)
 
-    async def _held(work: PendingCall, server: str, exclusive: bool, scope: anyio.CancelScope) -> None:
+    async def _held(
+        work: PendingCall, server: str, exclusive: bool, keys: tuple[str, ...], scope: anyio.CancelScope
+    ) -> None:
 
         def lost(reason: str) -> None:
             if work._result is None:
@@ -168,7 +174,7 @@ def admitted_runner(
         work._scope = scope
         acquired = False
         try:
-            async with checked.hold(server=server, exclusive=exclusive, on_lost=lost):
+            async with checked.hold(server=server, exclusive=exclusive, keys=keys, on_lost=lost):
                 acquired = True
                 work._scope = None
                 await run(work)

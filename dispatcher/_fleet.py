@@ -32,6 +32,7 @@ never keeps a request the process has already forgotten.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import uuid
 from contextlib import asynccontextmanager
@@ -44,6 +45,8 @@ import anyio
 from . import _fleet_lua
 from ._coordination import CoordinationError
 from ._errors import ConfigurationError
+from ._gate import ROOT_KEYS, normalize_keys
+from ._gate import _nodes as lock_nodes
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Collection, Hashable, Mapping
@@ -97,12 +100,12 @@ class FleetServer:
 
 
 class _Lease:
-    __slots__ = ("id", "lost", "mode", "on_lost", "server", "valid_until")
+    __slots__ = ("id", "locks", "lost", "on_lost", "server", "valid_until")
 
-    def __init__(self, lease_id: str, server: str, mode: str, on_lost: Callable[[str], None]) -> None:
+    def __init__(self, lease_id: str, server: str, locks: str, on_lost: Callable[[str], None]) -> None:
         self.id = lease_id
         self.server = server
-        self.mode = mode
+        self.locks = locks
         self.on_lost = on_lost
         self.valid_until = -math.inf
         self.lost = False
@@ -259,7 +262,9 @@ class RedisCoordinator:
     ) -> AsyncIterator[None]:
         """Wait for a fleet-wide hold on `server`, keep it renewed for the block, then give it back.
 
-        `keys` are not used yet: on a `shared_state` server a writing call holds the whole server.
+        On a `shared_state` server the hold excludes what the gate of one process would: a write
+        (`exclusive`) excludes the holds whose `keys` conflict with its own, reads exclude writes of
+        their keys, and no keys means the root key (the whole server).
 
         Raises:
             CoordinationError: Redis cannot be reached, the coordinator is not open, or `wait_timeout`
@@ -269,8 +274,7 @@ class RedisCoordinator:
         if config is None or not config.holds:
             yield
             return
-        mode = "w" if exclusive and config.shared_state else "r"
-        lease = _Lease(f"{self._uid}:{next(self._counter)}", server, mode, on_lost)
+        lease = _Lease(f"{self._uid}:{next(self._counter)}", server, _locks(config, exclusive, keys), on_lost)
         await self._acquire(lease)
         active = self._active.setdefault(server, {})
         active[lease.id] = lease
@@ -305,7 +309,7 @@ class RedisCoordinator:
         link = self._open_link()
         server = lease.server
         keys = self._keys(server)
-        args = [*self._args(server), lease.id, lease.mode]
+        args = [*self._args(server), lease.id, lease.locks]
         started = anyio.current_time()
         deadline = math.inf if self.wait_timeout is None else started + self.wait_timeout
         event = self._waiters[lease.id] = anyio.Event()
@@ -375,7 +379,7 @@ class RedisCoordinator:
     async def _renew(self, link: _Link, server: str, leases: list[_Lease], interval: float) -> None:
         args = self._args(server)
         for lease in leases:
-            args += [lease.id, lease.mode]
+            args += [lease.id, lease.locks]
         sent = anyio.current_time()
         try:
             renewed = await link.run("renew", self._keys(server), args)
@@ -583,6 +587,17 @@ def _running_trio() -> bool:
         return sniffio.current_async_library() == "trio"
     except sniffio.AsyncLibraryNotFoundError:
         return False
+
+
+_ROOT_READ = json.dumps(["", 2])
+
+
+def _locks(config: FleetServer, exclusive: bool, keys: Collection[Hashable]) -> str:
+    """A hold's locks as the scripts read them: JSON ``[path, mode, ...]`` (`_fleet_lua`)."""
+    if not config.shared_state:
+        return _ROOT_READ  # only the limit is shared: every hold is a read of the whole server
+    normal = normalize_keys(str(key) for key in keys) if keys else ROOT_KEYS
+    return json.dumps([part for node in lock_nodes(normal, exclusive) for part in node], separators=(",", ":"))
 
 
 def _positive(value: object) -> bool:
