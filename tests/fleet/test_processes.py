@@ -170,6 +170,34 @@ def test_without_the_coordinator_the_same_fleet_breaks_both_rules(
     assert seen.peak > LIMIT or seen.write_overlaps > 0, "the checks cannot tell a fleet without coordination"
 
 
+def test_a_fleet_overlaps_writes_on_different_keys_and_never_on_the_same_key(
+    tmp_path: pathlib.Path, redis_server: RedisServer, namespace: str, workspace: tuple[str, pathlib.Path]
+) -> None:
+    """Three processes writing notes k0 and k1 (keyed by name): same-note writes never overlap, k0 and k1 do."""
+    mcp, ledger = workspace
+    configs = fleet_configs(tmp_path, mcp, redis_server.url, namespace, processes=3, rounds=4)
+    for config in configs:
+        config.update(mode="keyed", limit=None)
+    wait_all([spawn(config) for config in configs])
+    results = results_of(configs)
+    assert len(results) == 3 * 4 * 4
+    assert [result for result in results if result["status"] != "ok"] == []
+    running: dict[tuple[int, int], str] = {}
+    same = different = 0
+    for line in ledger.read_text().splitlines():
+        record = json.loads(line)
+        key = (record["pid"], record["seq"])
+        if record["event"] == "start":
+            note = record["arguments"]["name"]
+            same += sum(other == note for other in running.values())
+            different += sum(other != note for other in running.values())
+            running[key] = note
+        else:
+            running.pop(key, None)
+    assert same == 0, f"writes of one note overlapped {same} times across the fleet"
+    assert different > 0, "writes of different notes never overlapped: the fleet held the whole server"
+
+
 def test_redis_restarted_mid_run_loses_no_result_and_runs_nothing_unguarded(
     tmp_path: pathlib.Path, redis_server: RedisServer, namespace: str, workspace: tuple[str, pathlib.Path]
 ) -> None:
