@@ -15,6 +15,7 @@ import pytest
 import redis
 from mcp.types import ToolAnnotations
 
+from dispatcher import _fleet_lua
 from dispatcher import CallStatus, ConfigurationError, Dispatcher, RetryPolicy, ToolCall
 from dispatcher.examples import FaultConfig, Workspace
 from dispatcher.fleet import CoordinationError, FleetServer, LocalCoordinator, RedisCoordinator
@@ -401,3 +402,37 @@ async def test_a_lost_hold_settles_its_call_once_and_frees_its_turn() -> None:
     assert [second.status, read.status, later.status] == [CallStatus.OK] * 3
     assert coordinator.holds == coordinator.released == 4
     assert workspace.in_flight == 0, "the abandoned call was not cancelled"
+
+
+async def test_a_fresh_namespace_on_a_running_redis_grants_at_once(redis_server: RedisServer, namespace: str) -> None:
+    """A namespace Redis has never seen: its very first request is granted (no quiet period), also end to end."""
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        with anyio.fail_after(10):
+            # The quiet period covers a Redis younger than one lease_ttl (here 1 s): wait until it is older.
+            while (await anyio.to_thread.run_sync(client.info, "server"))["uptime_in_seconds"] < 1:
+                await anyio.sleep(0.1)
+        coordinator = fleet(redis_server, namespace, servers={"ws": FleetServer(shared_state=True)})
+        keys = coordinator._keys("ws")
+        args = [1000, 0, f"{namespace}:wake:", "t:1", '["",3]']
+        first = await anyio.to_thread.run_sync(lambda: client.register_script(_fleet_lua.ACQUIRE)(keys=keys, args=args))
+        assert first == 1, "the first request on a fresh namespace waited for a quiet period"
+    finally:
+        client.close()
+    other = RedisCoordinator(redis_server.url, namespace=namespace + "-2", servers=SERVERS, lease_ttl=1.0, recheck=0.2)
+    async with other:
+        with anyio.fail_after(30):
+            async with other.hold(server="ws", exclusive=True, on_lost=never_lost):
+                pass
+
+
+async def test_a_redis_younger_than_lease_ttl_grants_nothing_until_it_is_that_old(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """Redis started (or restarted empty) less than a ttl ago: no grant before its uptime reaches the ttl."""
+    redis_server.restart()
+    coordinator = RedisCoordinator(redis_server.url, namespace=namespace, servers=SERVERS, lease_ttl=60.0, wait_timeout=1.5)
+    async with coordinator:
+        with pytest.raises(CoordinationError, match="within wait_timeout"):
+            async with coordinator.hold(server="ws", exclusive=False, on_lost=never_lost):
+                raise AssertionError("granted while holds from before the restart could still be running")
