@@ -26,6 +26,7 @@ call's retries spend from, or None for the dispatcher's own local one.
 
 from __future__ import annotations
 
+import math
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -128,11 +129,17 @@ def _check(coordinator: object) -> Coordinator | None:
 def admitted_runner(
     coordinator: object,
     run: Callable[[PendingCall], Awaitable[None]],
+    call_timeout: float | None = None,
 ) -> Callable[[PendingCall], Awaitable[None]]:
     """What a worker calls to run an admitted call: `run` itself, or `run` inside a fleet-wide hold.
 
     Without a coordinator (or with `LocalCoordinator`) this is `run` unchanged, so a single process pays
     nothing for the hook.
+
+    The wait for a fleet hold is bounded by `call_timeout` (besides the coordinator's own bound): a call
+    that gets no hold in that time settles FAILED, never having run. Once held, the call's attempts get
+    their own `call_timeout` each, as without a fleet: a run shortened by the wait would turn congestion
+    into timed-out writes whose outcome is unknown, where a call that never ran is safe to ask again.
 
     Raises:
         ConfigurationError: `coordinator` is not a `Coordinator`.
@@ -153,7 +160,17 @@ def admitted_runner(
         ticket = work._ticket
         keys = ticket.keys if ticket is not None else ()
         with anyio.CancelScope() as scope:
+            if call_timeout is not None:
+                scope.deadline = anyio.current_time() + call_timeout  # lifted once the hold is granted
             await _held(work, entry.server, entry.exclusive, keys, scope)
+        if work._result is None:
+            # Only the wait's deadline ends the block without a result (a cancel or a lost hold settles).
+            settle(
+                work,
+                CallStatus.FAILED,
+                error=f"no fleet hold on server {entry.server!r} within call_timeout={call_timeout}s; the call did "
+                "not run",
+            )
 
     async def _held(
         work: PendingCall, server: str, exclusive: bool, keys: tuple[str, ...], scope: anyio.CancelScope
@@ -176,6 +193,7 @@ def admitted_runner(
         try:
             async with checked.hold(server=server, exclusive=exclusive, keys=keys, on_lost=lost):
                 acquired = True
+                scope.deadline = math.inf
                 work._scope = None
                 await run(work)
         except CoordinationError as exc:
@@ -187,7 +205,8 @@ def admitted_runner(
         except BaseException:
             if not acquired:
                 work._scope = None
-                if work._result is None:
+                timed_out = not work._cancel_requested and anyio.current_time() >= scope.deadline
+                if work._result is None and not timed_out:
                     cancelled = work._cancel_requested
                     why = "cancelled while waiting for its fleet hold" if cancelled else "the dispatcher closed"
                     settle(work, CallStatus.CANCELLED, error=why)

@@ -143,7 +143,7 @@ class Executor:
         self._retry = retry
         self._budgets: dict[str | None, RetryBudget] = {}
         # A fleet coordinator wraps each admitted call in its fleet-wide hold; without one, nothing is added.
-        self._run_admitted = admitted_runner(coordinator, self._execute)
+        self._run_admitted = admitted_runner(coordinator, self._execute, call_timeout)
         self._new_budget = budget_factory(coordinator)
         self._rng = random.Random(retry.seed if retry is not None else None)
         self.gate: Gate[PendingCall] = Gate(max_concurrency)

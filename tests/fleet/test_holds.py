@@ -436,3 +436,43 @@ async def test_a_redis_younger_than_lease_ttl_grants_nothing_until_it_is_that_ol
         with pytest.raises(CoordinationError, match="within wait_timeout"):
             async with coordinator.hold(server="ws", exclusive=False, on_lost=never_lost):
                 raise AssertionError("granted while holds from before the restart could still be running")
+
+
+async def test_call_timeout_bounds_the_wait_for_a_fleet_hold(redis_server: RedisServer, namespace: str) -> None:
+    """No wait_timeout: a call held off the server by another process fails at call_timeout, never run, queue left."""
+    workspace = Workspace()
+    other, coordinator = fleet(redis_server, namespace), fleet(redis_server, namespace)
+    async with other, coordinator, Dispatcher(coordinator=coordinator, call_timeout=0.5) as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+        async with other.hold(server="ws", exclusive=True, on_lost=never_lost):
+            with anyio.fail_after(20):
+                [result] = await dispatcher.dispatch([ToolCall("1", "set_note", {"name": "n", "text": "t"})])
+            assert await queued(redis_server, namespace) == 0
+    assert result.status is CallStatus.FAILED
+    assert result.error == "no fleet hold on server 'ws' within call_timeout=0.5s; the call did not run"
+    assert result.attempts == 0
+    assert workspace.ledger == ()
+
+
+async def test_a_call_that_waited_for_its_hold_still_gets_its_whole_call_timeout_to_run(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """Wait 1.5 s for the hold, run 1.5 s, call_timeout 2.5 s: OK (each is bounded alone, not their sum)."""
+    workspace = Workspace(latency=1.5)
+    other, coordinator = fleet(redis_server, namespace), fleet(redis_server, namespace)
+    async with other, coordinator, Dispatcher(coordinator=coordinator, call_timeout=2.5) as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+        async with anyio.create_task_group() as tg:
+            held = anyio.Event()
+
+            async def hold_for_a_while() -> None:
+                async with other.hold(server="ws", exclusive=True, on_lost=never_lost):
+                    held.set()
+                    await anyio.sleep(1.5)
+
+            tg.start_soon(hold_for_a_while)
+            await held.wait()
+            with anyio.fail_after(30):
+                [result] = await dispatcher.dispatch([ToolCall("1", "set_note", {"name": "n", "text": "t"})])
+    assert result.status is CallStatus.OK, result.error
+    assert len(workspace.ledger) == 1
