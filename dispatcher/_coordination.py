@@ -43,11 +43,44 @@ if TYPE_CHECKING:
     from ._batch import PendingCall
     from ._retry import RetryBudget
 
-__all__ = ["CoordinationError", "Coordinator", "LocalCoordinator", "admitted_runner", "budget_factory"]
+__all__ = ["CoordinationError", "Coordinator", "Lease", "LocalCoordinator", "admitted_runner", "budget_factory"]
 
 
 class CoordinationError(DispatcherError):
     """A fleet-wide hold could not be granted; the call it was for settles FAILED with this text."""
+
+
+class Lease:
+    """A fleet hold in force, as a coordinator keeps it: lost at most once, with the reason said once.
+
+    The one record of a hold's loss: however many ways a coordinator notices it (a renewal refused, a
+    lease about to end, the coordinator closing), the call's `on_lost` hears of it once.
+
+    Args:
+        server: The server the hold is on.
+        on_lost: What `hold` was given: told the reason when the hold is lost.
+    """
+
+    __slots__ = ("_on_lost", "reason", "server")
+
+    def __init__(self, server: str, on_lost: Callable[[str], None]) -> None:
+        self.server = server
+        self._on_lost = on_lost
+        self.reason: str | None = None
+        """Why the hold was lost, or None while it holds."""
+
+    @property
+    def lost(self) -> bool:
+        """Whether the hold was lost."""
+        return self.reason is not None
+
+    def lose(self, why: str) -> bool:
+        """Mark the hold lost and tell its call, the first time; returns whether this call lost it."""
+        if self.reason is not None:
+            return False
+        self.reason = reason = f"lost its fleet hold on server {self.server!r}: {why}"
+        self._on_lost(reason)
+        return True
 
 
 @runtime_checkable

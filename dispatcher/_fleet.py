@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Self
 import anyio
 
 from . import _fleet_lua
-from ._coordination import CoordinationError
+from ._coordination import CoordinationError, Lease
 from ._errors import ConfigurationError
 from ._gate import ROOT_KEYS, normalize_keys
 from ._gate import _nodes as lock_nodes
@@ -99,16 +99,16 @@ class FleetServer:
         return self.limit is not None or self.shared_state
 
 
-class _Lease:
-    __slots__ = ("id", "locks", "lost", "on_lost", "server", "valid_until")
+class _Lease(Lease):
+    """A hold in Redis: its lease id, its locks, and until when (loop clock) Redis surely keeps it."""
+
+    __slots__ = ("id", "locks", "valid_until")
 
     def __init__(self, lease_id: str, server: str, locks: str, on_lost: Callable[[str], None]) -> None:
+        super().__init__(server, on_lost)
         self.id = lease_id
-        self.server = server
         self.locks = locks
-        self.on_lost = on_lost
         self.valid_until = -math.inf
-        self.lost = False
 
 
 class RedisCoordinator:
@@ -235,9 +235,9 @@ class RedisCoordinator:
         # Nothing renews holds from here on: calls still holding one are given up now rather than left
         # running once their leases expire (close dispatchers before their coordinator).
         with anyio.CancelScope(shield=True):
-            for server, leases in list(self._active.items()):
+            for leases in list(self._active.values()):
                 for lease in list(leases.values()):
-                    self._lose(lease, f"lost its fleet hold on server {server!r}: the RedisCoordinator closed")
+                    self._lose(lease, "the RedisCoordinator closed")
                     await self._release(lease)
         self._link = None
         tg.cancel_scope.cancel()
@@ -370,11 +370,15 @@ class RedisCoordinator:
         step = self.recheck / 2
         while True:
             await anyio.sleep(step)
-            now = anyio.current_time()
-            for server, leases in list(self._active.items()):
-                for lease in list(leases.values()):
-                    if now + self.recheck >= lease.valid_until:
-                        self._lose(lease, f"lost its fleet hold on server {server!r}: it could not be renewed in time")
+            for leases in list(self._active.values()):
+                self._give_up_ending(list(leases.values()), self.recheck, "it could not be renewed in time")
+
+    def _give_up_ending(self, leases: list[_Lease], margin: float, why: str) -> None:
+        """Lose the holds among `leases` whose lease may end within `margin` seconds."""
+        now = anyio.current_time()
+        for lease in leases:
+            if now + margin >= lease.valid_until:
+                self._lose(lease, why)
 
     async def _renew(self, link: _Link, server: str, leases: list[_Lease], interval: float) -> None:
         args = self._args(server)
@@ -387,9 +391,8 @@ class RedisCoordinator:
             # Give a call up before Redis could hand its place to another: by the next renewal the lease
             # may have expired there.
             active = self._active.get(server, {})
-            for lease in leases:
-                if lease.id in active and anyio.current_time() + interval >= lease.valid_until:
-                    self._lose(lease, f"lost its fleet hold on server {server!r}: could not renew it ({exc})")
+            in_force = [lease for lease in leases if lease.id in active]
+            self._give_up_ending(in_force, interval, f"could not renew it ({exc})")
             return
         active = self._active.get(server, {})
         for lease, flag in zip(leases, renewed, strict=True):
@@ -401,14 +404,11 @@ class RedisCoordinator:
             elif flag == 1:
                 lease.valid_until = sent + self.lease_ttl
             else:
-                self._lose(lease, f"lost its fleet hold on server {server!r}: it expired in Redis and was taken")
+                self._lose(lease, "it expired in Redis and was taken")
 
-    def _lose(self, lease: _Lease, reason: str) -> None:
-        if lease.lost:
-            return
-        lease.lost = True
-        self._active.get(lease.server, {}).pop(lease.id, None)
-        lease.on_lost(reason)
+    def _lose(self, lease: _Lease, why: str) -> None:
+        if lease.lose(why):
+            self._active.get(lease.server, {}).pop(lease.id, None)
 
     async def _flush_budgets(self, link: _Link) -> None:
         for budget in self._budgets.values():

@@ -15,8 +15,7 @@ import pytest
 import redis
 from mcp.types import ToolAnnotations
 
-from dispatcher import _fleet_lua
-from dispatcher import CallStatus, ConfigurationError, Dispatcher, RetryPolicy, ToolCall
+from dispatcher import CallStatus, ConfigurationError, Dispatcher, RetryPolicy, ToolCall, _fleet_lua
 from dispatcher.examples import FaultConfig, Workspace
 from dispatcher.fleet import CoordinationError, FleetServer, LocalCoordinator, RedisCoordinator
 
@@ -410,11 +409,11 @@ async def test_a_fresh_namespace_on_a_running_redis_grants_at_once(redis_server:
     try:
         with anyio.fail_after(10):
             # The quiet period covers a Redis younger than one lease_ttl (here 1 s): wait until it is older.
-            while (await anyio.to_thread.run_sync(client.info, "server"))["uptime_in_seconds"] < 1:
+            while (await anyio.to_thread.run_sync(client.info, "server"))["uptime_in_seconds"] < 1:  # noqa: ASYNC110  # Redis' own uptime
                 await anyio.sleep(0.1)
         coordinator = fleet(redis_server, namespace, servers={"ws": FleetServer(shared_state=True)})
         keys = coordinator._keys("ws")
-        args = [1000, 0, f"{namespace}:wake:", "t:1", '["",3]']
+        args: list[str | int] = [1000, 0, f"{namespace}:wake:", "t:1", '["",3]']
         first = await anyio.to_thread.run_sync(lambda: client.register_script(_fleet_lua.ACQUIRE)(keys=keys, args=args))
         assert first == 1, "the first request on a fresh namespace waited for a quiet period"
     finally:
@@ -431,7 +430,9 @@ async def test_a_redis_younger_than_lease_ttl_grants_nothing_until_it_is_that_ol
 ) -> None:
     """Redis started (or restarted empty) less than a ttl ago: no grant before its uptime reaches the ttl."""
     redis_server.restart()
-    coordinator = RedisCoordinator(redis_server.url, namespace=namespace, servers=SERVERS, lease_ttl=60.0, wait_timeout=1.5)
+    coordinator = RedisCoordinator(
+        redis_server.url, namespace=namespace, servers=SERVERS, lease_ttl=60.0, wait_timeout=1.5
+    )
     async with coordinator:
         with pytest.raises(CoordinationError, match="within wait_timeout"):
             async with coordinator.hold(server="ws", exclusive=False, on_lost=never_lost):

@@ -54,7 +54,7 @@ def test_redis_grants_exactly_what_the_gate_starts(
         # No quiet period: this Redis instance is the one that has always held this namespace's state.
         run_id = client.info("server")["run_id"]
         client.hset(keys[6], mapping={"run_id": run_id, "quiet_until": 0})
-        args = [60_000, limit, f"{namespace}:wake:"]
+        args: list[str | int] = [60_000, limit, f"{namespace}:wake:"]
         gate: Gate[str] = Gate(limit or None)
         tickets: list[Ticket[str]] = []
         for number, action in enumerate(steps):
@@ -88,7 +88,7 @@ def test_the_model_check_can_tell_a_whole_server_hold_from_a_keyed_one(redis_ser
         acquire = client.register_script(ACQUIRE)
         keys = redis_keys("oracle")
         client.hset(keys[6], mapping={"run_id": client.info("server")["run_id"], "quiet_until": 0})
-        args = [60_000, 0, "oracle:wake:"]
+        args: list[str | int] = [60_000, 0, "oracle:wake:"]
         for lease in ("t:0", "t:1"):
             acquire(keys=keys, args=[*args, lease, _locks(SHARED, True, ())])
         assert client.hkeys(keys[3]) == ["t:0"], "two whole-server writes must not both hold"
@@ -116,9 +116,8 @@ async def test_dispatchers_overlap_writes_on_different_keys_only(redis_server: R
 
     async def agent(coordinator: RedisCoordinator, note: str) -> None:
         async with Dispatcher(coordinator=coordinator) as dispatcher:
-            await dispatcher.connect(
-                "ws", workspace.server, trusted=True, domain="ws", keys={"set_note": lambda arguments: arguments["name"]}
-            )
+            keys = {"set_note": lambda arguments: arguments["name"]}
+            await dispatcher.connect("ws", workspace.server, trusted=True, domain="ws", keys=keys)
             for round_ in range(4):
                 results = await dispatcher.dispatch([ToolCall(str(round_), "set_note", {"name": note, "text": "t"})])
                 statuses.extend(result.status for result in results)
