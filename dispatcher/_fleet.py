@@ -479,7 +479,21 @@ class _Link:
         raise NotImplementedError
 
     def _failure(self, exc: BaseException) -> CoordinationError:
-        return CoordinationError(f"cannot reach Redis at {_safe_url(self._url)}: {type(exc).__name__}: {exc}")
+        where = _safe_url(self._url)
+        if _cluster_reply(exc):
+            # A script's keys all name one server, but not one hash slot, and the client is not a cluster client.
+            return CoordinationError(
+                f"Redis at {where} is a Redis Cluster node, which RedisCoordinator does not support: use a standalone "
+                f"Redis (or a primary with replicas) for the fleet ({type(exc).__name__}: {exc})"
+            )
+        return CoordinationError(f"cannot reach Redis at {where}: {type(exc).__name__}: {exc}")
+
+
+def _cluster_reply(exc: BaseException) -> bool:
+    """Whether `exc` is what a Redis Cluster node answers a client that is not a cluster client."""
+    from redis.exceptions import AskError, ClusterCrossSlotError, ClusterDownError, MovedError
+
+    return isinstance(exc, AskError | ClusterCrossSlotError | ClusterDownError | MovedError)
 
 
 def _no_retries() -> Any:

@@ -7,6 +7,8 @@ Each test runs on asyncio (redis.asyncio) and trio (redis-py's blocking client i
 from __future__ import annotations
 
 import signal
+import subprocess
+import time
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -15,12 +17,14 @@ import pytest
 import redis
 from mcp.types import ToolAnnotations
 
+from benchmarks._redis import _free_port
 from dispatcher import CallStatus, ConfigurationError, Dispatcher, RetryPolicy, ToolCall, _fleet_lua
 from dispatcher.examples import FaultConfig, Workspace
 from dispatcher.fleet import CoordinationError, FleetServer, LocalCoordinator, RedisCoordinator
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Collection, Hashable
+    import pathlib
+    from collections.abc import AsyncIterator, Callable, Collection, Hashable, Iterator
 
     from benchmarks._redis import RedisServer
 
@@ -477,3 +481,46 @@ async def test_a_call_that_waited_for_its_hold_still_gets_its_whole_call_timeout
                 [result] = await dispatcher.dispatch([ToolCall("1", "set_note", {"name": "n", "text": "t"})])
     assert result.status is CallStatus.OK, result.error
     assert len(workspace.ledger) == 1
+
+
+@pytest.fixture
+def cluster_node(redis_server: RedisServer, tmp_path: pathlib.Path) -> Iterator[str]:
+    """A one-node Redis Cluster serving every slot; yields its URL."""
+    port = _free_port()
+    node = subprocess.Popen(
+        [redis_server.binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--save", "",
+         "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    client = redis.Redis(port=port)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "the cluster node did not start"
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        client.close()
+        node.kill()
+        node.wait()
+
+
+async def test_a_redis_cluster_node_fails_calls_saying_cluster_is_not_supported(
+    cluster_node: str, namespace: str
+) -> None:
+    """Pointed at a Redis Cluster node: the call is FAILED, saying Redis Cluster is not supported, and never runs."""
+    workspace = Workspace()
+    coordinator = fleet(cluster_node, namespace)
+    async with coordinator, Dispatcher(coordinator=coordinator) as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+        with anyio.fail_after(20):
+            [result] = await dispatcher.dispatch([ToolCall("1", "search_notes", {"query": "x"})])
+    assert result.status is CallStatus.FAILED
+    assert result.error is not None
+    assert "is a Redis Cluster node, which RedisCoordinator does not support" in result.error
+    assert workspace.ledger == ()
