@@ -23,7 +23,6 @@ from dispatcher.fleet import CoordinationError, FleetServer, RedisCoordinator
 
 if TYPE_CHECKING:
     import pathlib
-    from collections.abc import Iterator
 
     from benchmarks._redis import RedisServer
 
@@ -55,32 +54,6 @@ def read_ledger(path: pathlib.Path) -> Overlaps:
         else:
             running.pop(record["seq"], None)
     return Overlaps(peak, overlaps, calls)
-
-
-@pytest.fixture
-def workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
-    """The example workspace over HTTP with a ledger; yields its URL and the ledger's path."""
-    ledger = tmp_path / "ledger.jsonl"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "dispatcher.examples.workspace", "--http", "--port", "0", "--latency", "0.03",
-         "--ledger", str(ledger)],
-        stdout=subprocess.PIPE,
-        cwd=ROOT,
-    )  # fmt: skip
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline().decode()
-        assert line.startswith("MCP_URL="), f"the workspace did not start: {line!r}"
-        yield line.strip().split("=", 1)[1], ledger
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        assert process.stdout is not None
-        process.stdout.close()
 
 
 def spawn(config: dict[str, Any]) -> subprocess.Popen[bytes]:
