@@ -31,6 +31,7 @@ never keeps a request the process has already forgotten.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -605,13 +606,31 @@ def _running_trio() -> bool:
 
 _ROOT_READ = json.dumps(["", 2])
 
+# What a hold may carry to Redis, where every script reads every holder's locks: keys come partly from a
+# model's arguments (up to 100 keys of 1000 characters), so they are coarsened first. A key cut to an
+# ancestor conflicts with everything the key did and more, so coarsening only ever excludes more.
+_MAX_DEPTH = 8  # segments kept of a key
+_MAX_KEYS = 16  # keys kept: more, and each is cut to its first segment; more still, the whole server
+_MAX_PATH = 48  # characters of a path sent as is; a longer one is sent as its digest
+
 
 def _locks(config: FleetServer, exclusive: bool, keys: Collection[Hashable]) -> str:
     """A hold's locks as the scripts read them: JSON ``[path, mode, ...]`` (`_fleet_lua`)."""
     if not config.shared_state:
         return _ROOT_READ  # only the limit is shared: every hold is a read of the whole server
     normal = normalize_keys(str(key) for key in keys) if keys else ROOT_KEYS
-    return json.dumps([part for node in lock_nodes(normal, exclusive) for part in node], separators=(",", ":"))
+    if any(key.count("/") >= _MAX_DEPTH for key in normal):
+        normal = normalize_keys("/".join(key.split("/")[:_MAX_DEPTH]) for key in normal)
+    if len(normal) > _MAX_KEYS:
+        normal = normalize_keys(key.split("/", 1)[0] for key in normal)
+        if len(normal) > _MAX_KEYS:
+            normal = ROOT_KEYS
+    parts: list[str | int] = []
+    for path, mode in lock_nodes(normal, exclusive):
+        if len(path) > _MAX_PATH:
+            path = "#" + hashlib.blake2b(path.encode(), digest_size=16).hexdigest()
+        parts += [path, mode]
+    return json.dumps(parts, separators=(",", ":"))
 
 
 def _positive(value: object) -> bool:

@@ -7,6 +7,7 @@ the tickets the gate runs. Then the same rules seen end to end: dispatchers shar
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -134,3 +135,32 @@ async def test_dispatchers_overlap_writes_on_different_keys_only(redis_server: R
     assert any(x.overlaps(y) for x in writes for y in writes if x.arguments != y.arguments), (
         "writes of different notes never overlapped: the fleet held the whole server"
     )
+
+
+# Incompatible modes on one path (IS 0, IX 1, S 2, X 3), as the scripts and the gate decide.
+_INCOMPATIBLE = {0: {3}, 1: {2, 3}, 2: {1, 3}, 3: {0, 1, 2, 3}}
+
+
+def lock_conflict(first: list[Any], second: list[Any]) -> bool:
+    """Whether two holds' lock lists conflict."""
+    modes = dict(zip(first[::2], first[1::2], strict=True))
+    pairs = zip(second[::2], second[1::2], strict=True)
+    return any(path in modes and modes[path] in _INCOMPATIBLE[mode] for path, mode in pairs)
+
+
+def test_the_locks_a_hold_sends_are_bounded_and_only_ever_coarser() -> None:
+    """Deep, many or long keys (a model chooses arguments) reach Redis coarsened, conflicting with at least as much."""
+    deep = "d/" + "/".join(f"s{index}" for index in range(400))
+    many = [f"d/file{index}" for index in range(100)]
+    long = "d/" + "x" * 1000
+    for keys in ([deep], many, [long], [deep, *many, long]):
+        locks = json.loads(_locks(SHARED, True, keys))
+        assert len(json.dumps(locks)) < 4000, keys
+        # Coarser, never finer: the hold still conflicts with a read of each of its keys, as in the gate.
+        for key in keys:
+            assert lock_conflict(locks, json.loads(_locks(SHARED, False, [key]))), key
+    assert json.loads(_locks(SHARED, True, [deep]))[0:2] == ["", 1]
+    assert json.loads(_locks(SHARED, True, many)) == ["", 1, "d", 3], "100 keys under d: the whole domain"
+    assert json.loads(_locks(SHARED, False, [long]))[2] == "d"
+    assert json.loads(_locks(SHARED, False, [long]))[4].startswith("#"), "a long path is sent as its digest"
+    assert _locks(SHARED, True, [f"k{index}" for index in range(40)]) == '["",3]', "40 domains: the whole server"
