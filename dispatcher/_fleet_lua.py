@@ -55,8 +55,11 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local BLOCKERS = {[0] = {3}, [1] = {2, 3}, [2] = {1, 3}, [3] = {0, 1, 2, 3}}
 
 local function quiet()
-  local info = redis.call('INFO', 'server')
-  local run_id = string.match(info, 'run_id:(%w+)')
+  -- A Redis that refuses INFO (renamed away on some managed services) gets a quiet period of one ttl
+  -- from the first request that finds no state, and a failover there goes unnoticed.
+  local info = redis.pcall('INFO', 'server')
+  if type(info) ~= 'string' then info = '' end
+  local run_id = string.match(info, 'run_id:(%w+)') or 'unknown'
   local seen = redis.call('HMGET', META, 'run_id', 'quiet_until')
   local untl = seen[2]
   if seen[1] ~= run_id then

@@ -220,7 +220,8 @@ async def _process(config: dict[str, Any]) -> None:
     ):
         await d.add_mcp_server(server, client, trusted=config["trusted"])
         print("READY", flush=True)
-        await anyio.to_thread.run_sync(sys.stdin.readline)
+        if (await anyio.to_thread.run_sync(sys.stdin.readline)).strip() != "GO":
+            return  # the sweep ended before this process was needed (its parent stopped, or died)
         window = await closed_loop(
             d,
             workload,
