@@ -483,29 +483,44 @@ async def test_a_call_that_waited_for_its_hold_still_gets_its_whole_call_timeout
     assert len(workspace.ledger) == 1
 
 
-@pytest.fixture
-def cluster_node(redis_server: RedisServer, tmp_path: pathlib.Path) -> Iterator[str]:
-    """A one-node Redis Cluster serving every slot; yields its URL."""
+def _start_cluster_node(binary: str, directory: pathlib.Path) -> tuple[subprocess.Popen[bytes], int] | None:
+    """A one-node Redis Cluster serving every slot, or None if it did not come up (its port was taken)."""
     port = _free_port()
     node = subprocess.Popen(
-        [redis_server.binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--save", "",
-         "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"],
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory), "--save", "",
+         "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     client = redis.Redis(port=port)
     try:
-        deadline = time.monotonic() + 10
-        while True:
+        deadline = time.monotonic() + 30
+        while node.poll() is None and time.monotonic() < deadline:
             try:
                 client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
-                break
+                return node, port
             except redis.ConnectionError:
-                assert time.monotonic() < deadline, "the cluster node did not start"
                 time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
     finally:
         client.close()
+    node.kill()
+    node.wait()
+    return None
+
+
+@pytest.fixture
+def cluster_node(redis_server: RedisServer, tmp_path: pathlib.Path) -> Iterator[str]:
+    """A one-node Redis Cluster serving every slot; yields its URL."""
+    for _ in range(3):
+        started = _start_cluster_node(redis_server.binary, tmp_path)
+        if started is not None:
+            break
+    else:
+        raise AssertionError("no Redis Cluster node could be started")
+    node, port = started
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
         node.kill()
         node.wait()
 
