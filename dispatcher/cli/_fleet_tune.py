@@ -115,7 +115,8 @@ async def fleet_measure(
         "workload": [[call.name, call.arguments, call.server] for call in workload],
     }
     per_clients = shares(clients, processes)
-    per_calls = shares(calls, processes) if calls is not None else [None] * processes
+    # Every process measures at least one call, so that each has a window of its own.
+    per_calls = [max(1, n) for n in shares(calls, processes)] if calls is not None else [None] * processes
     per_warmup = [-(-warmup // processes)] * processes
     configs = [
         {**base, "clients": c, "calls": n, "warmup": w}
