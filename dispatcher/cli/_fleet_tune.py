@@ -146,7 +146,23 @@ async def fleet_measure(
         windows = []
         for process, lines, log in running:
             windows.append(json.loads(await _expect(lines, None, process, log)))
+    await _forget(redis, namespace, server)
     return _merge(limit, windows)
+
+
+async def _forget(url: str, namespace: str, server: str) -> None:
+    """Delete what a setting's fleet left in Redis (its holds are gone; its marker and counter stay)."""
+    import redis
+
+    def delete() -> None:
+        client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        try:
+            client.delete(*(f"{namespace}:server:{server}:{name}" for name in ("meta", "seq")))
+        finally:
+            client.close()
+
+    with contextlib.suppress(redis.RedisError, OSError):
+        await anyio.to_thread.run_sync(delete)
 
 
 async def _expect(lines: BufferedByteReceiveStream, word: bytes | None, process: Process, log: Any) -> bytes:

@@ -12,6 +12,7 @@ import json
 from typing import TYPE_CHECKING
 
 import pytest
+import redis
 
 from dispatcher import ConfigurationError
 from dispatcher.cli import main
@@ -57,6 +58,11 @@ async def test_a_fleet_sweep_measures_the_fleet_wide_limit_with_several_processe
     assert three.in_flight <= 3.05
     assert three.in_flight > 1.2, "the fleet never ran calls together under a limit of 3"
     assert ledger_peak(ledger) <= 3, "the server ran more calls at once than the largest fleet-wide setting"
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        assert client.keys("dispatcher-tune-*") == [], "a setting's fleet left keys in Redis"
+    finally:
+        client.close()
 
 
 def test_the_fleet_sweep_from_the_command_line(
