@@ -146,7 +146,7 @@ class Executor:
         self._retry = retry
         self._budgets: dict[str | None, RetryBudget] = {}
         # A fleet coordinator wraps each admitted call in its fleet-wide hold; without one, nothing is added.
-        self._run_admitted = admitted_runner(coordinator, self._execute)
+        self._run_admitted = admitted_runner(coordinator, self._execute, call_timeout)
         # Without a coordinator, a call of one attempt runs directly on its runner (`_run_one`).
         self._direct = self._run_admitted == self._execute
         self._new_budget = budget_factory(coordinator)

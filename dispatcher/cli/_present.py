@@ -122,7 +122,10 @@ def _tune_table(report: TuneReport) -> Any:
 
 def _tune_heading(report: TuneReport) -> list[str]:
     trust = "trusted" if report.trusted else "untrusted"
-    knob = "the per-server limit" if report.knob == "per_server" else "max_concurrency"
+    knob = {
+        "per_server": "the per-server limit",
+        "fleet": f"the fleet-wide limit ({report.processes} processes sharing it through Redis)",
+    }.get(report.knob, "max_concurrency")
     amount = f"{report.calls} measured calls" if report.calls is not None else "measured calls"
     if report.duration is not None:
         amount += f" (at most {report.duration:g} s)"
