@@ -15,7 +15,7 @@ and then lets the cancellation propagate.
 
 from __future__ import annotations
 
-import asyncio
+import asyncio  # noqa: TID251 - only to read a running asyncio loop's clock; trio's is read as well
 import functools
 import json
 import math
@@ -550,11 +550,7 @@ class Executor:
         assert entry is not None
         retry = self._retry
         state = work._state
-        if (
-            not self._direct
-            or (retry is not None and eligible(retry, entry))
-            or (state is not None and state.recheck)
-        ):
+        if not self._direct or (retry is not None and eligible(retry, entry)) or (state is not None and state.recheck):
             if scope.deadline != math.inf:
                 scope.deadline = math.inf
             await self._run_admitted(work)
@@ -582,7 +578,8 @@ class Executor:
             else:
                 work._scope = None
                 if result.is_error:
-                    settle(work, CallStatus.TOOL_ERROR, result=result, error=_error_text(result), attempts=1, now=clock())
+                    error = _error_text(result)
+                    settle(work, CallStatus.TOOL_ERROR, result=result, error=error, attempts=1, now=clock())
                 else:
                     settle(work, CallStatus.OK, result=result, attempts=1, now=clock())
                 return

@@ -46,8 +46,7 @@ import anyio
 from . import _fleet_lua
 from ._coordination import CoordinationError, Lease
 from ._errors import ConfigurationError
-from ._gate import ROOT_KEYS, normalize_keys
-from ._gate import _nodes as lock_nodes
+from ._gate import ROOT_KEYS, lock_nodes, normalize_keys
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Collection, Hashable, Mapping
@@ -55,7 +54,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
-__all__ = ["FleetServer", "RedisCoordinator"]
+__all__ = ["FleetServer", "RedisCoordinator", "safe_url"]
 
 _SCRIPTS = {
     "acquire": _fleet_lua.ACQUIRE,
@@ -201,7 +200,7 @@ class RedisCoordinator:
         self._budgets: dict[str, _SharedBudget] = {}
 
     def __repr__(self) -> str:
-        return f"RedisCoordinator({_safe_url(self.url)!r}, namespace={self.namespace!r})"
+        return f"RedisCoordinator({safe_url(self.url)!r}, namespace={self.namespace!r})"
 
     @property
     def _channel(self) -> str:
@@ -480,7 +479,7 @@ class _Link:
         raise NotImplementedError
 
     def _failure(self, exc: BaseException) -> CoordinationError:
-        where = _safe_url(self._url)
+        where = safe_url(self._url)
         if _cluster_reply(exc):
             # A script's keys all name one server, but not one hash slot, and the client is not a cluster client.
             return CoordinationError(
@@ -637,7 +636,7 @@ def _positive(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
 
 
-def _safe_url(url: str) -> str:
+def safe_url(url: str) -> str:
     """The URL without its password, for messages."""
     scheme, sep, rest = url.partition("://")
     if "@" in rest:

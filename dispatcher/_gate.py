@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 if TYPE_CHECKING:
     from collections.abc import Hashable, Iterable
 
-__all__ = ["ROOT", "ROOT_KEYS", "Gate", "Ticket", "TicketState", "conflicts", "normalize_keys"]
+__all__ = ["ROOT", "ROOT_KEYS", "Gate", "Ticket", "TicketState", "conflicts", "lock_nodes", "normalize_keys"]
 
 T = TypeVar("T")
 
@@ -118,7 +118,7 @@ def conflicts(first: Iterable[str], second: Iterable[str]) -> bool:
     return any(x[: len(y)] == y or y[: len(x)] == x for x in a for y in b)
 
 
-def _nodes(keys: tuple[str, ...], exclusive: bool) -> tuple[tuple[str, int], ...]:
+def lock_nodes(keys: tuple[str, ...], exclusive: bool) -> tuple[tuple[str, int], ...]:
     """The nodes a normalised key set locks, with the mode on each."""
     own, intent = (_X, _IX) if exclusive else (_S, _IS)
     modes: dict[str, int] = {}
@@ -257,7 +257,7 @@ class Gate(Generic[T]):
             if len(cache) >= _CACHE_SIZE:
                 cache.clear()
             normal = normalize_keys(keys)
-            found = cache[(keys, exclusive)] = (normal, _nodes(normal, exclusive))
+            found = cache[(keys, exclusive)] = (normal, lock_nodes(normal, exclusive))
         return found
 
     def _enter(self, ticket: Ticket[object]) -> None:

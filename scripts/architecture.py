@@ -106,6 +106,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "dispatcher.__main__",
             "dispatcher.cli",
             "dispatcher.cli._connection",
+            "dispatcher.cli._fleet_tune",
             "dispatcher.cli._inspect",
             "dispatcher.cli._inspect_command",
             "dispatcher.cli._machine",

@@ -62,7 +62,7 @@ async def check_redis(url: str, socket_timeout: float) -> None:
     Raises:
         ConfigurationError: The `redis` package is not installed.
     """
-    from dispatcher._fleet import RedisCoordinator, _safe_url
+    from dispatcher._fleet import RedisCoordinator, safe_url
 
     RedisCoordinator(url, servers={})  # checks the URL and the extra
     import redis
@@ -77,7 +77,7 @@ async def check_redis(url: str, socket_timeout: float) -> None:
     try:
         await anyio.to_thread.run_sync(ping)
     except (redis.RedisError, OSError) as exc:
-        raise FleetTuneError(f"cannot reach Redis at {_safe_url(url)}: {type(exc).__name__}: {exc}") from None
+        raise FleetTuneError(f"cannot reach Redis at {safe_url(url)}: {type(exc).__name__}: {exc}") from None
 
 
 async def fleet_measure(
