@@ -1,11 +1,17 @@
-"""Choosing the executor: one task per admitted call against the worker pool, in one run.
+"""Choosing the executor: one task per admitted call against the dispatcher's runners, in one run.
 
-Run it with ``python -m benchmarks.executors [--quick]``. Both executors serve the same `Dispatcher`
-(the task-per-call executor of commit 30f8d3a, `_task_per_call`, and the worker pool of commit 4749c3b,
-`_worker_pool`, are put in place of the dispatcher's own before it is entered; the dispatcher's own
-"runners" reuse tasks like the pool but without its watchdog and reused cancel scopes, and yield on a
-shared time slice) and are measured in the same process, interleaved repetition by
-repetition, on asyncio and on trio:
+Run it with ``python -m benchmarks.executors [--quick]``. Both executors serve the same `Dispatcher` and
+are measured in the same process, interleaved repetition by repetition, on asyncio and on trio:
+
+- task per call: the simplest executor the gate allows, `TaskPerCall` below. Each call the gate admits
+  gets an anyio task of its own, which runs the call's attempts under a cancel scope of the call's own
+  (the dispatcher's general path, `Executor._execute`), frees its place and admits the next calls;
+- runners (kept): the dispatcher's own executor. Runner tasks are reused: a runner takes the next
+  admitted call when it finishes one, runs calls of one attempt under one cancel scope whose deadline
+  it moves, and new runners are brought only as calls are admitted together or wait (see
+  `dispatcher._execution`).
+
+Cases:
 
 - overhead: one batch of 1,000 zero-latency read-only calls, default settings (us per call);
 - no limit: the same with ``max_concurrency=None`` (us per call);
@@ -15,7 +21,7 @@ repetition, on asyncio and on trio:
 - through MCP: one batch of 1,000 zero-latency calls to an in-process `MCPServer` (us per call).
 
 The table printed is the one in docs/benchmarks.md ("Choosing the executor"): medians, with the
-min-max of the paired ratios pool / task-per-call.
+min-max of the paired ratios runners / task-per-call.
 """
 
 from __future__ import annotations
@@ -32,8 +38,8 @@ from mcp import Client
 from mcp.server.mcpserver import MCPServer
 
 from dispatcher import Dispatcher, ToolCall
+from dispatcher._execution import Executor
 
-from . import _task_per_call, _worker_pool
 from ._measure import Stat, interleave, paired_ratios
 from ._report import Progress
 from ._tools import READ_ONLY, lookup, zero_calls
@@ -44,9 +50,26 @@ if TYPE_CHECKING:
 __all__ = ["Config", "main", "measure"]
 
 TASKS = "task per call"
-POOL = "worker pool"
 RUNNERS = "runners (kept)"
-KINDS = [TASKS, POOL, RUNNERS]
+KINDS = [TASKS, RUNNERS]
+
+
+class TaskPerCall(Executor):
+    """The simplest executor: one task per admitted call, started as the gate admits it."""
+
+    def _pump(self, arrived: bool = False) -> None:
+        tg = self._tg
+        assert tg is not None
+        while (ticket := self.gate.take()) is not None:
+            tg.start_soon(self._one, ticket)
+
+    async def _one(self, ticket: Any) -> None:
+        try:
+            await self._run_admitted(ticket.item)
+        finally:
+            self.gate.finish(ticket)
+            if self._open:
+                self._pump()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,9 +87,8 @@ QUICK = Config(repeat=5, big=20_000, big_repeat=2)
 def _make(kind: str, **settings: Any) -> Dispatcher:
     """A dispatcher with the executor `kind` in place of its own (swapped before it is entered)."""
     dispatcher = Dispatcher(**settings)
-    if kind != RUNNERS:
-        module = _worker_pool if kind == POOL else _task_per_call
-        dispatcher._executor = module.Executor(
+    if kind == TASKS:
+        dispatcher._executor = TaskPerCall(
             dispatcher._catalog,
             max_concurrency=dispatcher.max_concurrency,
             call_timeout=dispatcher.call_timeout,
@@ -182,19 +204,16 @@ def measure(config: Config) -> dict[str, dict[str, dict[str, list[float]]]]:
 
 
 def render(results: dict[str, dict[str, dict[str, list[float]]]]) -> str:
-    """A markdown table: each case on each backend, each executor, and paired ratios against task per call."""
+    """A markdown table: each case on each backend, each executor, and the paired ratios runners / tasks."""
     lines = [
-        f"| backend | case | {TASKS} | {POOL} | {RUNNERS} | pool / tasks (min-max) | runners / tasks (min-max) |",
-        "|---|---|---:|---:|---:|---|---|",
+        f"| backend | case | {TASKS} | {RUNNERS} | runners / tasks (min-max) |",
+        "|---|---|---:|---:|---|",
     ]
     for backend, cases in results.items():
         for case, samples in cases.items():
             medians = " | ".join(f"{Stat.of(samples[kind]).median:,.1f}" for kind in KINDS)
-            ratios = []
-            for kind in (POOL, RUNNERS):
-                ratio = Stat.of(paired_ratios(samples[kind], samples[TASKS]))
-                ratios.append(f"{ratio.median:.2f} ({ratio.min:.2f}-{ratio.max:.2f})")
-            lines.append(f"| {backend} | {case} | {medians} | {' | '.join(ratios)} |")
+            ratio = Stat.of(paired_ratios(samples[RUNNERS], samples[TASKS]))
+            lines.append(f"| {backend} | {case} | {medians} | {ratio.median:.2f} ({ratio.min:.2f}-{ratio.max:.2f}) |")
     return "\n".join(lines)
 
 

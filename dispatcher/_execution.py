@@ -204,8 +204,14 @@ class Executor:
     def submit_all(self, batch: Batch, calls: list[ToolCall]) -> list[PendingCall]:
         """Queue checked calls of `batch` in order."""
         queue = self._queue
+        clock = self._clock
         names: dict[object, Resolution] = {}
-        works = [queue(batch, call, names) for call in calls]
+        works = []
+        now = clock()
+        for position, call in enumerate(calls, start=1):
+            works.append(queue(batch, call, names, now))
+            if not position % _SLICE_CHECK:
+                now = clock()
         self._pump()
         return works
 
@@ -218,11 +224,15 @@ class Executor:
         """
         queue = self._queue
         clock = self._clock
-        until = clock() + _SLICE
+        now = clock()
+        until = now + _SLICE
         names: dict[object, Resolution] = {}
         for position, call in enumerate(calls, start=1):
-            queue(batch, call, names)
-            if not position % _SLICE_CHECK and clock() >= until:
+            queue(batch, call, names, now)
+            if position % _SLICE_CHECK:
+                continue
+            now = clock()
+            if now >= until:
                 self._pump()
                 try:
                     await anyio.lowlevel.checkpoint()
@@ -231,7 +241,8 @@ class Executor:
                         batch.cancel()
                         await batch.wait()
                     raise
-                until = clock() + _SLICE
+                now = clock()
+                until = now + _SLICE
                 names.clear()  # the catalogue may have changed while the loop ran
         self._pump()
 
@@ -241,14 +252,17 @@ class Executor:
         self._pump()
         return work
 
-    def _queue(self, batch: Batch, call: ToolCall, names: dict[object, Resolution] | None = None) -> PendingCall:
+    def _queue(
+        self, batch: Batch, call: ToolCall, names: dict[object, Resolution] | None = None, now: float | None = None
+    ) -> PendingCall:
         """Queue one checked call of `batch` without bringing a runner; see `submit`.
 
         `names` keeps the resolutions of the names seen so far in one synchronous run of submissions,
-        during which the catalogue cannot change.
+        during which the catalogue cannot change; `now`, a recent reading of the loop clock (one per
+        few dozen calls of a run), is taken as the time the call was queued.
         """
         self.check_open()
-        work = PendingCall(call, batch, self._clock())
+        work = PendingCall(call, batch, self._clock() if now is None else now)
         batch._works.append(work)
         batch._added()
         name = call.name
@@ -476,6 +490,7 @@ class Executor:
                 ticket = self._take()
                 if ticket is not None:
                     await self._run_from(ticket)
+                    ticket = None  # a parked runner holds no finished call
                 if not self._open or len(self._idle) >= self._idle_cap:
                     return
                 event = anyio.Event()
@@ -505,7 +520,7 @@ class Executor:
                     while True:
                         self._busy += 1
                         try:
-                            await self._run_one(current.item, scope)
+                            ended = await self._run_one(current.item, scope)
                         finally:
                             self._busy -= 1
                         readied = gate.readied
@@ -518,7 +533,7 @@ class Executor:
                         current = gate.take()
                         if current is None or not self._open:
                             break
-                        now = clock()
+                        now = ended if ended is not None else clock()
                         if now >= self._yield_at:
                             # Yield holding the next call: its place stays taken.
                             await anyio.lowlevel.cancel_shielded_checkpoint()
@@ -544,8 +559,12 @@ class Executor:
                 self._pump()
                 current = gate.take()
 
-    async def _run_one(self, work: PendingCall, scope: anyio.CancelScope) -> None:
-        """Run one admitted call to its result; a call of one attempt runs under the runner's `scope`."""
+    async def _run_one(self, work: PendingCall, scope: anyio.CancelScope) -> float | None:
+        """Run one admitted call to its result; a call of one attempt runs under the runner's `scope`.
+
+        Returns:
+            When it ended (the loop clock), if it was read.
+        """
         entry = work._entry
         assert entry is not None
         retry = self._retry
@@ -554,10 +573,10 @@ class Executor:
             if scope.deadline != math.inf:
                 scope.deadline = math.inf
             await self._run_admitted(work)
-            return
+            return None
         if work._cancel_requested:
             settle(work, CallStatus.CANCELLED, error="cancelled before it started")
-            return
+            return None
         clock = self._clock
         work.started_at = started = clock()
         timeout = self._call_timeout
@@ -577,15 +596,17 @@ class Executor:
                 outcome = _failed(exc)
             else:
                 work._scope = None
+                now = clock()
                 if result.is_error:
                     error = _error_text(result)
-                    settle(work, CallStatus.TOOL_ERROR, result=result, error=error, attempts=1, now=clock())
+                    settle(work, CallStatus.TOOL_ERROR, result=result, error=error, attempts=1, now=now)
                 else:
-                    settle(work, CallStatus.OK, result=result, attempts=1, now=clock())
-                return
+                    settle(work, CallStatus.OK, result=result, attempts=1, now=now)
+                return now
         else:
             outcome = await self._attempt(work, False, started, math.inf)
         work._scope = None
+        now = clock()
         settle(
             work,
             outcome.status,
@@ -593,8 +614,9 @@ class Executor:
             error=outcome.error,
             attempts=1,
             untrusted=outcome.untrusted,
-            now=clock(),
+            now=now,
         )
+        return now
 
     def _drop(self, ticket: Ticket[PendingCall]) -> None:
         """End a taken call the dispatcher is closing under, and free its place."""
@@ -734,10 +756,10 @@ def loop_clock() -> Callable[[], float]:
     except ImportError:  # pragma: no cover - anyio runs on asyncio or trio
         return anyio.current_time
     try:
-        trio.lowlevel.current_task()
+        # The run's clock itself (a `trio.testing.MockClock` in tests): `trio.current_time` looks it up.
+        return trio.lowlevel.current_clock().current_time
     except RuntimeError:  # pragma: no cover
         return anyio.current_time
-    return trio.current_time
 
 
 def _failed(exc: Exception) -> Attempt:

@@ -1,0 +1,149 @@
+"""How the executor brings runners and reuses their cancel scope, seen from the calls' results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+from mcp.types import ToolAnnotations
+from trio.testing import MockClock
+
+from dispatcher import CallStatus, Dispatcher, PendingCall, ToolCall
+
+pytestmark = pytest.mark.anyio
+
+READ_ONLY = ToolAnnotations(readOnlyHint=True)
+
+
+def all_clocks() -> pytest.MarkDecorator:
+    """asyncio, trio, and trio under a virtual clock that jumps whenever every task waits."""
+    clock = MockClock(autojump_threshold=0)
+    return pytest.mark.parametrize(
+        "anyio_backend", ["asyncio", "trio", pytest.param(("trio", {"clock": clock}), id="trio-mock")]
+    )
+
+
+class Overlap:
+    """A tool that sleeps, counting how many of its calls are running at once."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.active = 0
+        self.most = 0
+
+    async def sleeper(self, key: str) -> str:
+        self.active += 1
+        self.most = max(self.most, self.active)
+        try:
+            await anyio.sleep(self.seconds)
+        finally:
+            self.active -= 1
+        return key
+
+
+@all_clocks()
+@pytest.mark.parametrize("limit", [None, 100])
+async def test_calls_that_wait_all_run_together_beyond_the_runners_brought_at_once(limit: int | None) -> None:
+    """200 waiting reads with no limit (or 100 with a limit of 100) all overlap: runners keep coming."""
+    sleeper = Overlap(1.0)
+    count = 200 if limit is None else 100
+    async with Dispatcher(max_concurrency=limit) as dispatcher:
+        dispatcher.add_function(sleeper.sleeper, annotations=READ_ONLY)
+        started = anyio.current_time()
+        results = await dispatcher.dispatch([ToolCall(f"c{i}", "sleeper", {"key": str(i)}) for i in range(count)])
+        elapsed = anyio.current_time() - started
+    assert [result.status for result in results] == [CallStatus.OK] * count
+    assert sleeper.most == count
+    assert elapsed < 30, "the calls ran one after another"
+
+
+@all_clocks()
+async def test_calls_admitted_together_start_in_the_same_turn_of_the_loop() -> None:
+    """The reads of one batch all start before any of them gets past its first checkpoint."""
+    events: list[tuple[str, str]] = []
+
+    async def step(key: str) -> str:
+        events.append(("entered", key))
+        await anyio.lowlevel.checkpoint()
+        events.append(("passed", key))
+        return key
+
+    async with Dispatcher() as dispatcher:
+        dispatcher.add_function(step, annotations=READ_ONLY)
+        for _ in range(2):  # with new runners, then with the parked ones
+            events.clear()
+            results = await dispatcher.dispatch([ToolCall(f"c{i}", "step", {"key": str(i)}) for i in range(8)])
+            assert all(result.ok for result in results)
+            assert [what for what, _ in events[:8]] == ["entered"] * 8, events
+
+
+@all_clocks()
+async def test_a_call_cancelled_as_it_ends_leaves_the_next_call_on_its_runner_alone() -> None:
+    """A call that is cancelled while it returns does not carry the cancellation into the next call."""
+    handles: dict[str, PendingCall] = {}
+
+    async def first() -> str:
+        handles["first"].cancel()  # lands on the runner's scope, but the call returns before a checkpoint
+        return "first"
+
+    async def second() -> str:
+        await anyio.sleep(0.01)  # a leftover cancellation would land here
+        return "second"
+
+    async with Dispatcher(max_concurrency=1) as dispatcher:
+        dispatcher.add_function(first, annotations=READ_ONLY)
+        dispatcher.add_function(second, annotations=READ_ONLY)
+        async with dispatcher.batch() as batch:
+            handles["first"] = batch.submit(ToolCall("1", "first"))
+            batch.submit(ToolCall("2", "second"))
+            batch.submit(ToolCall("3", "second"))
+        one, two, three = batch.results()
+    assert one.status in (CallStatus.OK, CallStatus.CANCELLED)
+    assert two.ok and three.ok, (two, three)
+
+
+@all_clocks()
+async def test_a_timed_out_call_leaves_the_next_calls_on_its_runner_their_whole_timeout() -> None:
+    """After a call times out on a runner, the next calls run under a fresh deadline of their own."""
+
+    async def hang() -> str:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def nap(seconds: float) -> str:
+        await anyio.sleep(seconds)
+        return "rested"
+
+    async with Dispatcher(max_concurrency=1, call_timeout=1.0) as dispatcher:
+        dispatcher.add_function(hang, annotations=READ_ONLY)
+        dispatcher.add_function(nap, annotations=READ_ONLY)
+        results = await dispatcher.dispatch(
+            [ToolCall("h", "hang"), ToolCall("a", "nap", {"seconds": 0.6}), ToolCall("b", "nap", {"seconds": 0.6})]
+        )
+    hung, first, second = results
+    assert hung.status is CallStatus.TIMEOUT and hung.attempts == 1
+    assert first.ok and second.ok, (first, second)
+
+
+@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+async def test_a_call_times_out_at_its_timeout_and_not_before(anyio_backend: Any) -> None:
+    """On a virtual clock, a call that never answers ends at call_timeout, within a few milliseconds."""
+
+    async def quick() -> str:
+        return "quick"
+
+    async def hang() -> str:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async with Dispatcher(max_concurrency=1, call_timeout=5.0) as dispatcher:
+        dispatcher.add_function(quick, annotations=READ_ONLY)
+        dispatcher.add_function(hang, annotations=READ_ONLY)
+        # Quick calls first: the runner's deadline was set for them, before the hanging call started.
+        calls = [ToolCall(f"q{i}", "quick") for i in range(50)] + [ToolCall("h", "hang")]
+        results = await dispatcher.dispatch(calls)
+    hung = results[-1]
+    assert hung.status is CallStatus.TIMEOUT
+    assert hung.started_at is not None
+    assert 5.0 <= hung.finished_at - hung.started_at <= 5.01
