@@ -153,10 +153,14 @@ async def test_a_finished_batch_of_local_calls_is_freed_by_reference_counting() 
     assert garbage == []
 
 
-async def test_a_finished_batch_of_mcp_calls_is_freed_by_reference_counting() -> None:
+@pytest.mark.parametrize("owned", [False, True], ids=["user-client", "owned-connection"])
+async def test_a_finished_batch_of_mcp_calls_is_freed_by_reference_counting(owned: bool) -> None:
     """OK, tool-error, rejected and timed-out MCP calls leave nothing of the dispatcher's for the collector."""
     async with Client(_server()) as client, Dispatcher(call_timeout=0.05) as dispatcher:
-        await dispatcher.add_mcp_server("s", client, trusted=True)
+        if owned:
+            await dispatcher.connect("s", _server(), trusted=True)
+        else:
+            await dispatcher.add_mcp_server("s", client, trusted=True)
         calls = [
             *(ToolCall(f"q{i}", "search", {"query": f"q{i}"}) for i in range(200)),
             *(ToolCall(f"b{i}", "broken", {"query": f"q{i}"}) for i in range(5)),
