@@ -115,13 +115,45 @@ def _check(required: tuple[str, ...], arguments: Mapping[str, Any]) -> None:
             if key not in arguments:
                 break
         else:
-            encode_arguments(arguments)
+            if not _plain(arguments):
+                encode_arguments(arguments)
             return
     problems = [f"argument names must be strings, got {key!r}" for key in arguments if not isinstance(key, str)]
     missing = [key for key in required if key not in arguments]
     if missing:
         problems.append("missing required " + ", ".join(repr(key) for key in missing))
     raise ArgumentError("invalid arguments: " + "; ".join(problems))
+
+
+_INT_MIN = -(2**63)
+_INT_MAX = 2**64
+
+
+def _plain(arguments: Mapping[str, Any]) -> bool:
+    """Whether any JSON encoder certainly encodes `arguments`, without encoding them.
+
+    True for the common case only: ASCII names, and values that are ASCII strings, bools, None, 64-bit
+    integers or finite floats, of exactly those types. Anything else (a nested value, a non-ASCII string
+    that may hold a lone surrogate, a subclass) is left to `encode_arguments`.
+    """
+    for key, value in arguments.items():
+        if type(key) is not str or not key.isascii():
+            return False
+        kind = type(value)
+        if kind is str:
+            if not value.isascii():
+                return False
+        elif kind is bool or value is None:
+            continue
+        elif kind is int:
+            if not _INT_MIN <= value < _INT_MAX:
+                return False
+        elif kind is float:
+            if value - value != 0.0:  # NaN or an infinity
+                return False
+        else:
+            return False
+    return True
 
 
 async def answers(client: Client, wait: float) -> bool:
