@@ -1,13 +1,13 @@
 # Entry points: `make bench` (the benchmark suite), `make test` (lint, types, tests), `make package-check`
-# (the wheel, installed into a clean venv and run) and `make demo`
-# (a scripted agent loop against the example server).
+# (the wheel, installed into a clean venv and run), `make demo` (a scripted agent loop against the example
+# server) and `make architecture` (docs/architecture.md, regenerated from the code).
 # Each creates .venv on first use and reinstalls only when pyproject.toml changes.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: bench bench-quick demo test lint typecheck pytest stress package-check clean
+.PHONY: architecture bench bench-quick demo test lint typecheck pytest stress package-check clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,9 +28,13 @@ demo: $(STAMP)
 
 test: lint typecheck pytest
 
+# The layers, the modules and their import graph, read from the code (scripts/architecture.py).
+architecture: $(STAMP)
+	$(BIN)/python -m scripts.architecture
+
 lint: $(STAMP)
-	$(BIN)/ruff check dispatcher tests benchmarks
-	$(BIN)/ruff format --check dispatcher tests benchmarks
+	$(BIN)/ruff check dispatcher tests benchmarks scripts
+	$(BIN)/ruff format --check dispatcher tests benchmarks scripts
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -26,6 +26,8 @@ except ImportError as exc:  # pragma: no cover - the bench extra installs rich
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from rich.status import Status
+
     from ._measure import Stat
     from ._results import Target, WorkloadResult
 
@@ -37,7 +39,7 @@ NO_VERDICTS = "quick run: no verdicts, figures only"
 
 
 class Progress:
-    """Progress on stderr: one rewritten line on a terminal, one line per step elsewhere (CI logs).
+    """Progress on stderr: rich's status line on a terminal, one line per step elsewhere (CI logs).
 
     Args:
         stream: Where to write (default: stderr).
@@ -48,9 +50,10 @@ class Progress:
         self._stream = stream if stream is not None else sys.stderr
         self._enabled = enabled
         self._tty = enabled and self._stream.isatty()
+        self._console = Console(file=self._stream, highlight=False) if self._tty else None
+        self._status: Status | None = None
         self._section = ""
         self._started = time.perf_counter()
-        self._width = 0
 
     def section(self, title: str) -> None:
         """A workload starts."""
@@ -76,15 +79,20 @@ class Progress:
     def _write(self, text: str, *, final: bool) -> None:
         if not self._enabled:
             return
-        if self._tty:
-            padded = text.ljust(self._width)
-            self._width = len(text)
-            self._stream.write("\r" + padded + ("\n" if final else ""))
-            if final:
-                self._width = 0
-        else:
+        if self._console is None:
             self._stream.write(text + "\n")
-        self._stream.flush()
+            self._stream.flush()
+            return
+        if final:
+            if self._status is not None:
+                self._status.stop()
+                self._status = None
+            self._console.print(escape(text))
+        elif self._status is None:
+            self._status = self._console.status(escape(text))
+            self._status.start()
+        else:
+            self._status.update(escape(text))
 
 
 # The table --------------------------------------------------------------------------------------------

@@ -24,6 +24,10 @@ import anyio
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 from trio.testing import MockClock
 
 from dispatcher import Dispatcher, RetryPolicy, ToolCall
@@ -105,11 +109,14 @@ SCENARIOS: list[tuple[str, float, RetryPolicy | None]] = [
 
 
 async def _run(calls: int, seed: int) -> None:
-    print(f"{calls} calls per scenario, fault kinds {', '.join(TRANSIENT)}, fault seed {seed}")
-    print(f"{'scenario':40} {'success':>8} {'attempts/call':>14}")
+    console = Console(highlight=False)
+    console.print(f"{calls} calls per scenario, fault kinds {', '.join(TRANSIENT)}, fault seed {seed}", markup=False)
+    table = Table("scenario", "success", "attempts/call", box=box.SIMPLE_HEAD)
+    table.columns[1].justify = table.columns[2].justify = "right"
     for name, rate, policy in SCENARIOS:
         figures = await measure(calls=calls, rate=rate, seed=seed, retry=policy)
-        print(f"{name:40} {figures.success_rate:8.2%} {figures.attempts_per_call:14.3f}")
+        table.add_row(escape(name), f"{figures.success_rate:.2%}", f"{figures.attempts_per_call:.3f}")
+    console.print(table)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -24,6 +24,7 @@ from ._observe import CallEvent as CallEvent
 from ._pins import DefinitionChange as DefinitionChange
 from ._reconnect import ReconnectPolicy as ReconnectPolicy
 from ._retry import RetryPolicy as RetryPolicy
+from ._version import __version__ as __version__
 
 __all__ = [
     "ApprovalPolicy",
@@ -47,5 +48,3 @@ __all__ = [
     "ToolEntry",
     "ToolResult",
 ]
-
-__version__ = "0.1.0"

@@ -26,6 +26,7 @@ call's retries spend from, or None for the dispatcher's own local one.
 
 from __future__ import annotations
 
+import math
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -42,11 +43,44 @@ if TYPE_CHECKING:
     from ._batch import PendingCall
     from ._retry import RetryBudget
 
-__all__ = ["CoordinationError", "Coordinator", "LocalCoordinator", "admitted_runner", "budget_factory"]
+__all__ = ["CoordinationError", "Coordinator", "Lease", "LocalCoordinator", "admitted_runner", "budget_factory"]
 
 
 class CoordinationError(DispatcherError):
     """A fleet-wide hold could not be granted; the call it was for settles FAILED with this text."""
+
+
+class Lease:
+    """A fleet hold in force, as a coordinator keeps it: lost at most once, with the reason said once.
+
+    The one record of a hold's loss: however many ways a coordinator notices it (a renewal refused, a
+    lease about to end, the coordinator closing), the call's `on_lost` hears of it once.
+
+    Args:
+        server: The server the hold is on.
+        on_lost: What `hold` was given: told the reason when the hold is lost.
+    """
+
+    __slots__ = ("_on_lost", "reason", "server")
+
+    def __init__(self, server: str, on_lost: Callable[[str], None]) -> None:
+        self.server = server
+        self._on_lost = on_lost
+        self.reason: str | None = None
+        """Why the hold was lost, or None while it holds."""
+
+    @property
+    def lost(self) -> bool:
+        """Whether the hold was lost."""
+        return self.reason is not None
+
+    def lose(self, why: str) -> bool:
+        """Mark the hold lost and tell its call, the first time; returns whether this call lost it."""
+        if self.reason is not None:
+            return False
+        self.reason = reason = f"lost its fleet hold on server {self.server!r}: {why}"
+        self._on_lost(reason)
+        return True
 
 
 @runtime_checkable
@@ -128,11 +162,17 @@ def _check(coordinator: object) -> Coordinator | None:
 def admitted_runner(
     coordinator: object,
     run: Callable[[PendingCall], Awaitable[None]],
+    call_timeout: float | None = None,
 ) -> Callable[[PendingCall], Awaitable[None]]:
     """What a worker calls to run an admitted call: `run` itself, or `run` inside a fleet-wide hold.
 
     Without a coordinator (or with `LocalCoordinator`) this is `run` unchanged, so a single process pays
     nothing for the hook.
+
+    The wait for a fleet hold is bounded by `call_timeout` (besides the coordinator's own bound): a call
+    that gets no hold in that time settles FAILED, never having run. Once held, the call's attempts get
+    their own `call_timeout` each, as without a fleet: a run shortened by the wait would turn congestion
+    into timed-out writes whose outcome is unknown, where a call that never ran is safe to ask again.
 
     Raises:
         ConfigurationError: `coordinator` is not a `Coordinator`.
@@ -148,10 +188,26 @@ def admitted_runner(
             await run(work)  # local functions are the process's own business
             return
         # The call's outer scope: cancelled by a lost lease, and by cancelling the call while it waits.
+        # The call's keys are those its ticket holds in the local gate (set at submit, and changed there
+        # when its tool is reclassified), so the fleet excludes what this process's gate excludes.
+        ticket = work._ticket
+        keys = ticket.keys if ticket is not None else ()
         with anyio.CancelScope() as scope:
-            await _held(work, entry.server, entry.exclusive, scope)
+            if call_timeout is not None:
+                scope.deadline = anyio.current_time() + call_timeout  # lifted once the hold is granted
+            await _held(work, entry.server, entry.exclusive, keys, scope)
+        if work._result is None:
+            # Only the wait's deadline ends the block without a result (a cancel or a lost hold settles).
+            settle(
+                work,
+                CallStatus.FAILED,
+                error=f"no fleet hold on server {entry.server!r} within call_timeout={call_timeout}s; the call did "
+                "not run",
+            )
 
-    async def _held(work: PendingCall, server: str, exclusive: bool, scope: anyio.CancelScope) -> None:
+    async def _held(
+        work: PendingCall, server: str, exclusive: bool, keys: tuple[str, ...], scope: anyio.CancelScope
+    ) -> None:
 
         def lost(reason: str) -> None:
             if work._result is None:
@@ -168,8 +224,9 @@ def admitted_runner(
         work._scope = scope
         acquired = False
         try:
-            async with checked.hold(server=server, exclusive=exclusive, on_lost=lost):
+            async with checked.hold(server=server, exclusive=exclusive, keys=keys, on_lost=lost):
                 acquired = True
+                scope.deadline = math.inf
                 work._scope = None
                 await run(work)
         except CoordinationError as exc:
@@ -181,7 +238,8 @@ def admitted_runner(
         except BaseException:
             if not acquired:
                 work._scope = None
-                if work._result is None:
+                timed_out = not work._cancel_requested and anyio.current_time() >= scope.deadline
+                if work._result is None and not timed_out:
                     cancelled = work._cancel_requested
                     why = "cancelled while waiting for its fleet hold" if cancelled else "the dispatcher closed"
                     settle(work, CallStatus.CANCELLED, error=why)

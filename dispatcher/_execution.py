@@ -15,8 +15,10 @@ and then lets the cancellation propagate.
 
 from __future__ import annotations
 
+import asyncio  # noqa: TID251 - only to read a running asyncio loop's clock; trio's is read as well
 import functools
 import json
+import math
 import random
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -36,14 +38,14 @@ from ._keys import KeyRuleError, call_keys
 from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible, is_transient
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from anyio.abc import TaskGroup
     from mcp.types import CallToolResult
 
     from ._approval import ApprovalRequest
     from ._calls import ToolCall
-    from ._catalog import Catalog, ToolEntry
+    from ._catalog import Catalog, Resolution, ToolEntry
     from ._hooks import CallHooks
     from ._observe import CallState
 
@@ -62,6 +64,13 @@ _SLICE_CHECK = 32
 # The policy of a call that may not be retried: one attempt, bounded by the call timeout alone.
 _ONE_ATTEMPT = RetryPolicy(attempts=1, timeout=None, jitter=False, budget=None)
 
+# How much later than its call timeout a call may be cut off, so that a run of short calls seldom
+# moves the deadline of the runner's cancel scope (each move reschedules a timer).
+_DEADLINE_SLACK = 0.002
+
+# The most runners woken or started at once for calls the gate may admit (see `Executor._pump`).
+_FANOUT = 64
+
 
 def settle(
     work: PendingCall,
@@ -72,8 +81,12 @@ def settle(
     attempts: int = 0,
     attempt_errors: tuple[str, ...] = (),
     untrusted: bool = False,
+    now: float | None = None,
 ) -> None:
-    """Give a call its one result, tell its hooks and waiters, and count it done in its batch."""
+    """Give a call its one result, tell its hooks and waiters, and count it done in its batch.
+
+    `now` is the loop clock's reading, if the caller has it at hand.
+    """
     entry = work._entry
     if error is not None and len(error) > _MAX_ERROR:
         # A tool or server can put anything in its error text; the full text stays in `result`.
@@ -88,7 +101,7 @@ def settle(
         entry.server if entry is not None else None,
         work.queued_at,
         work.started_at,
-        anyio.current_time(),
+        anyio.current_time() if now is None else now,
         attempt_errors,
         # Anything an open-world tool sent back, errors included, may carry instructions.
         untrusted or (attempts > 0 and entry is not None and bool(entry.annotations.open_world_hint)),
@@ -107,16 +120,6 @@ def settle(
         work._event.set()
     assert batch is not None, "a call settles once"
     batch._settled()
-
-
-class _Slot:
-    """A parked runner waiting to be handed a call."""
-
-    __slots__ = ("event", "ticket")
-
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-        self.ticket: Ticket[PendingCall] | None = None
 
 
 class Executor:
@@ -143,7 +146,9 @@ class Executor:
         self._retry = retry
         self._budgets: dict[str | None, RetryBudget] = {}
         # A fleet coordinator wraps each admitted call in its fleet-wide hold; without one, nothing is added.
-        self._run_admitted = admitted_runner(coordinator, self._execute)
+        self._run_admitted = admitted_runner(coordinator, self._execute, call_timeout)
+        # Without a coordinator, a call of one attempt runs directly on its runner (`_run_one`).
+        self._direct = self._run_admitted == self._execute
         self._new_budget = budget_factory(coordinator)
         self._rng = random.Random(retry.seed if retry is not None else None)
         self.gate: Gate[PendingCall] = Gate(max_concurrency)
@@ -152,7 +157,11 @@ class Executor:
         self._tg: TaskGroup | None = None
         self._open = False
         self._clock = anyio.current_time
-        self._idle: list[_Slot] = []
+        # Parked runners, each waiting on its event; `_spare`: whether a runner is on its way.
+        self._idle: list[anyio.Event] = []
+        self._spare = 0
+        # How many runners are inside a call.
+        self._busy = 0
         # Parked runners kept for reuse: as many as may run at once, or 64 without a limit.
         self._idle_cap = max_concurrency if max_concurrency is not None else 64
         self._runners = 0
@@ -173,6 +182,7 @@ class Executor:
         """Run calls in `tg` from now on."""
         self._tg = tg
         self._open = True
+        self._clock = loop_clock()
 
     def close(self) -> None:
         """Take no more calls; the outstanding ones end as CANCELLED."""
@@ -180,8 +190,8 @@ class Executor:
         # Waiters get their results instead of hanging.
         for batch in list(self.live):
             batch.cancel()
-        for slot in self._idle:
-            slot.event.set()
+        for event in self._idle:
+            event.set()
         self._idle.clear()
 
     def check_open(self) -> None:
@@ -193,8 +203,11 @@ class Executor:
 
     def submit_all(self, batch: Batch, calls: list[ToolCall]) -> list[PendingCall]:
         """Queue checked calls of `batch` in order."""
-        submit = self.submit
-        return [submit(batch, call) for call in calls]
+        queue = self._queue
+        names: dict[object, Resolution] = {}
+        works = [queue(batch, call, names) for call in calls]
+        self._pump()
+        return works
 
     async def submit_yielding(self, batch: Batch, calls: list[ToolCall]) -> None:
         """Queue checked calls of `batch` in order, letting the event loop run every few milliseconds.
@@ -203,12 +216,14 @@ class Executor:
         the loop for as long (and, with no concurrency limit, start all of its calls in one go). If the
         caller is cancelled meanwhile, the calls already queued are cancelled and awaited.
         """
-        submit = self.submit
+        queue = self._queue
         clock = self._clock
         until = clock() + _SLICE
+        names: dict[object, Resolution] = {}
         for position, call in enumerate(calls, start=1):
-            submit(batch, call)
+            queue(batch, call, names)
             if not position % _SLICE_CHECK and clock() >= until:
+                self._pump()
                 try:
                     await anyio.lowlevel.checkpoint()
                 except BaseException:
@@ -217,14 +232,33 @@ class Executor:
                         await batch.wait()
                     raise
                 until = clock() + _SLICE
+                names.clear()  # the catalogue may have changed while the loop ran
+        self._pump()
 
     def submit(self, batch: Batch, call: ToolCall) -> PendingCall:
         """Queue one checked call of `batch`; a call that cannot run settles at once as FAILED."""
+        work = self._queue(batch, call)
+        self._pump()
+        return work
+
+    def _queue(self, batch: Batch, call: ToolCall, names: dict[object, Resolution] | None = None) -> PendingCall:
+        """Queue one checked call of `batch` without bringing a runner; see `submit`.
+
+        `names` keeps the resolutions of the names seen so far in one synchronous run of submissions,
+        during which the catalogue cannot change.
+        """
         self.check_open()
-        work = PendingCall(call, batch, anyio.current_time())
+        work = PendingCall(call, batch, self._clock())
         batch._works.append(work)
         batch._added()
-        resolution = self._catalog.resolve(call.name, call.server)
+        name = call.name
+        resolution = None
+        if names is not None and type(name) is str and call.server is None:
+            resolution = names.get(name)
+            if resolution is None:
+                resolution = names[name] = self._catalog.resolve(name)
+        else:
+            resolution = self._catalog.resolve(name, call.server)
         hooks = batch._hooks
         if hooks is not None:
             work._state = hooks.queued(call, resolution.entry, work.queued_at)
@@ -234,7 +268,7 @@ class Executor:
         work._entry = entry = resolution.entry
         work._impl = impl = resolution.impl
         arguments = call.arguments if call.arguments is not None else {}
-        if not isinstance(arguments, Mapping):
+        if type(arguments) is not dict and not isinstance(arguments, Mapping):
             settle(work, CallStatus.FAILED, error=_invalid_arguments(arguments))
             return work
         # Checking arguments against an untrusted server's schema can quote it (a required argument's
@@ -258,7 +292,6 @@ class Executor:
             work._ticket = self.gate.submit(work, exclusive=entry.exclusive, server=entry.server, keys=keys)
         else:
             self._submit_hooked(work, entry, hooks, keys)
-        self._pump()
         return work
 
     def _submit_hooked(self, work: PendingCall, entry: ToolEntry, hooks: CallHooks, keys: tuple[str, ...]) -> None:
@@ -391,70 +424,186 @@ class Executor:
 
     # Running ---------------------------------------------------------------------------------------
 
-    def _pump(self) -> None:
-        """Hand every call the gate admits now to a parked runner, or to a new one."""
-        gate = self.gate
-        idle = self._idle
-        while (ticket := gate.take()) is not None:
-            if idle:
-                slot = idle.pop()
-                slot.ticket = ticket
-                slot.event.set()
-            else:
-                tg = self._tg
-                assert tg is not None
-                self._runners += 1
-                tg.start_soon(self._runner, ticket)
+    def _pump(self, arrived: bool = False) -> None:
+        """Have runners on their way for the calls the gate may admit now: wake parked ones, or start new ones.
 
-    async def _runner(self, ticket: Ticket[PendingCall] | None) -> None:
-        """Run admitted calls one after another, parking in between, until there is nothing left to run.
-
-        Runners are reused because starting a task costs more than the rest of a short call's
-        bookkeeping (docs/benchmarks.md, "Choosing the executor"). All runners share one time slice:
-        once it has passed, each lets the event loop run before its next call, so a long run of short
-        calls never holds the loop for more than a few milliseconds.
+        Calls admitted together start together: a runner is brought for each call the gate may admit,
+        up to `_FANOUT` runners on their way or running at once. Beyond that, and for a runner that just
+        `arrived` and took a call while no runner is inside a call that waits (`_busy` counts the runners
+        inside a call; when this runs, each of them is waiting in it), one runner on its way is enough:
+        calls that never wait (cached reads, local functions) are then carried out back to back by few
+        runners, without a task switch per call, and a runner that takes a call pumps again, so no
+        admitted call is ever left without one.
         """
         gate = self.gate
-        clock = self._clock
+        may = gate.may_take
+        if not may:
+            return
+        want = min(may, 1 if arrived and not self._busy else max(_FANOUT - gate.running, 1)) - self._spare
+        if want <= 0:
+            return
+        self._spare += want
+        idle = self._idle
+        while want and idle:
+            idle.pop().set()
+            want -= 1
+        if want:
+            tg = self._tg
+            assert tg is not None
+            self._runners += want
+            for _ in range(want):
+                tg.start_soon(self._runner)
+
+    def _take(self) -> Ticket[PendingCall] | None:
+        """The next call the gate admits, for a runner that just arrived; runners come for the calls after it."""
+        ticket = self.gate.take()
+        if ticket is not None:
+            self._pump(arrived=True)
+        return ticket
+
+    async def _runner(self) -> None:
+        """Run admitted calls one after another; park when there is none, and end when too many are parked.
+
+        A runner is started or woken as the spare (`_pump`): it takes the next admitted call, if any.
+        All runners share one time slice: once it has passed, each lets the event loop run before its
+        next call, so a long run of short calls never holds the loop for more than a few milliseconds.
+        """
         try:
-            while ticket is not None:
-                try:
-                    await self._run_admitted(ticket.item)
-                finally:
-                    gate.finish(ticket)
-                ticket = None
+            while True:
+                self._spare -= 1
                 if not self._open:
                     return
-                ticket = await self._next()
-                now = clock()
-                if ticket is not None and now >= self._yield_at:
-                    # Yield holding the next call: its place stays taken, so no other runner starts.
-                    await anyio.lowlevel.cancel_shielded_checkpoint()
-                    if self._yield_at <= now:
-                        self._yield_at = clock() + _SLICE
+                ticket = self._take()
+                if ticket is not None:
+                    await self._run_from(ticket)
+                if not self._open or len(self._idle) >= self._idle_cap:
+                    return
+                event = anyio.Event()
+                self._idle.append(event)
+                await event.wait()
         finally:
             self._runners -= 1
 
-    async def _next(self) -> Ticket[PendingCall] | None:
-        """The next admitted call for a runner that just finished one, parking if there is none."""
-        # Take a call before waking others: a runner with work to do never parks.
-        ticket = self.gate.take()
-        self._pump()
-        if ticket is not None or not self._open or len(self._idle) >= self._idle_cap:
-            return ticket
-        slot = _Slot()
-        self._idle.append(slot)
-        try:
-            await slot.event.wait()
-        except BaseException:
-            handed = slot.ticket
-            if handed is not None:
-                # Handed a call as the dispatcher closed: it ends here, never started.
-                if handed.item._result is None:
-                    settle(handed.item, CallStatus.CANCELLED, error="the dispatcher closed")
-                self.gate.finish(handed)
-            raise
-        return slot.ticket
+    async def _run_from(self, ticket: Ticket[PendingCall]) -> None:
+        """Run `ticket`'s call and every call admitted after it, until the gate admits none.
+
+        Calls of one attempt run directly under one cancel scope of the runner, whose deadline moves
+        with each call (by at least `_DEADLINE_SLACK`, so a run of short calls seldom moves it):
+        cancelling the call or reaching its deadline cancels that scope, which ends that call alone;
+        the next call gets a new scope. Other calls (retried, fleet-held, rechecked by the session
+        guard) run through `_run_admitted`, with a scope of their own.
+        """
+        gate = self.gate
+        clock = self._clock
+        current: Ticket[PendingCall] | None = ticket
+        while current is not None:
+            if not self._open:
+                self._drop(current)
+                return
+            try:
+                with anyio.CancelScope() as scope:
+                    while True:
+                        self._busy += 1
+                        try:
+                            await self._run_one(current.item, scope)
+                        finally:
+                            self._busy -= 1
+                        readied = gate.readied
+                        gate.finish(current)
+                        current = None
+                        if gate.readied != readied:
+                            self._pump()  # its end let other calls start
+                        if scope.cancel_called:
+                            break  # cancelled as it ended: the next call gets a fresh scope
+                        current = gate.take()
+                        if current is None or not self._open:
+                            break
+                        now = clock()
+                        if now >= self._yield_at:
+                            # Yield holding the next call: its place stays taken.
+                            await anyio.lowlevel.cancel_shielded_checkpoint()
+                            if self._yield_at <= now:
+                                self._yield_at = clock() + _SLICE
+                            if not self._open or scope.cancel_called:
+                                break  # the scope's deadline (the last call's) may have passed meanwhile
+            except BaseException:
+                if current is not None:
+                    self._drop(current)
+                raise
+            if current is not None and current.item.started_at is not None:
+                # Its scope was cancelled while it ran: by `cancel`, or at its deadline.
+                work = current.item
+                work._scope = None
+                if work._result is None:
+                    if work._cancel_requested:
+                        status, error = CallStatus.CANCELLED, "cancelled while running"
+                    else:
+                        status, error = CallStatus.TIMEOUT, f"no result within call_timeout={self._call_timeout}s"
+                    settle(work, status, error=error, attempts=1)
+                gate.finish(current)
+                self._pump()
+                current = gate.take()
+
+    async def _run_one(self, work: PendingCall, scope: anyio.CancelScope) -> None:
+        """Run one admitted call to its result; a call of one attempt runs under the runner's `scope`."""
+        entry = work._entry
+        assert entry is not None
+        retry = self._retry
+        state = work._state
+        if not self._direct or (retry is not None and eligible(retry, entry)) or (state is not None and state.recheck):
+            if scope.deadline != math.inf:
+                scope.deadline = math.inf
+            await self._run_admitted(work)
+            return
+        if work._cancel_requested:
+            settle(work, CallStatus.CANCELLED, error="cancelled before it started")
+            return
+        clock = self._clock
+        work.started_at = started = clock()
+        timeout = self._call_timeout
+        if timeout is not None:
+            deadline = scope.deadline
+            if deadline < started + timeout or deadline == math.inf:
+                scope.deadline = started + timeout + _DEADLINE_SLACK
+        elif scope.deadline != math.inf:
+            scope.deadline = math.inf
+        work._scope = scope
+        if state is None:
+            impl = work._impl
+            assert impl is not None
+            try:
+                result = await impl.invoke(work._prepared)
+            except Exception as exc:
+                outcome = _failed(exc)
+            else:
+                work._scope = None
+                if result.is_error:
+                    error = _error_text(result)
+                    settle(work, CallStatus.TOOL_ERROR, result=result, error=error, attempts=1, now=clock())
+                else:
+                    settle(work, CallStatus.OK, result=result, attempts=1, now=clock())
+                return
+        else:
+            outcome = await self._attempt(work, False, started, math.inf)
+        work._scope = None
+        settle(
+            work,
+            outcome.status,
+            result=outcome.result,
+            error=outcome.error,
+            attempts=1,
+            untrusted=outcome.untrusted,
+            now=clock(),
+        )
+
+    def _drop(self, ticket: Ticket[PendingCall]) -> None:
+        """End a taken call the dispatcher is closing under, and free its place."""
+        work = ticket.item
+        work._scope = None
+        if work._result is None:
+            attempts = 0 if work.started_at is None else 1
+            settle(work, CallStatus.CANCELLED, error="the dispatcher closed", attempts=attempts)
+        self.gate.finish(ticket)
 
     async def _execute(self, work: PendingCall) -> None:
         """Run a call's attempts as its retry policy allows, and settle it.
@@ -550,10 +699,7 @@ class Executor:
         try:
             result = await impl.invoke(work._prepared)
         except Exception as exc:
-            status, error = describe_failure(exc)
-            # Why a tool is unavailable can quote its server (a blocked tool's changed definition).
-            unavailable = isinstance(exc, ToolUnavailableError)
-            return Attempt(status, error=error, transient=is_transient(exc), untrusted=unavailable)
+            return _failed(exc)
         if result.is_error:
             return Attempt(CallStatus.TOOL_ERROR, result, _error_text(result))
         return Attempt(CallStatus.OK, result)
@@ -575,6 +721,31 @@ class Executor:
                 transient=True,
             )
         return Attempt(CallStatus.TIMEOUT, error=f"no result within call_timeout={call_timeout}s", transient=True)
+
+
+def loop_clock() -> Callable[[], float]:
+    """The running event loop's clock, read directly: `anyio.current_time` looks up the backend each time."""
+    try:
+        return asyncio.get_running_loop().time
+    except RuntimeError:
+        pass
+    try:
+        import trio
+    except ImportError:  # pragma: no cover - anyio runs on asyncio or trio
+        return anyio.current_time
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:  # pragma: no cover
+        return anyio.current_time
+    return trio.current_time
+
+
+def _failed(exc: Exception) -> Attempt:
+    """How an attempt that raised `exc` ended."""
+    status, error = describe_failure(exc)
+    # Why a tool is unavailable can quote its server (a blocked tool's changed definition).
+    unavailable = isinstance(exc, ToolUnavailableError)
+    return Attempt(status, error=error, transient=is_transient(exc), untrusted=unavailable)
 
 
 def _invalid_arguments(arguments: object) -> str:

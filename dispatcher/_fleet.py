@@ -31,7 +31,9 @@ never keeps a request the process has already forgotten.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import math
 import uuid
 from contextlib import asynccontextmanager
@@ -42,8 +44,9 @@ from typing import TYPE_CHECKING, Any, Self
 import anyio
 
 from . import _fleet_lua
-from ._coordination import CoordinationError
+from ._coordination import CoordinationError, Lease
 from ._errors import ConfigurationError
+from ._gate import ROOT_KEYS, lock_nodes, normalize_keys
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Collection, Hashable, Mapping
@@ -51,7 +54,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
-__all__ = ["FleetServer", "RedisCoordinator"]
+__all__ = ["FleetServer", "RedisCoordinator", "safe_url"]
 
 _SCRIPTS = {
     "acquire": _fleet_lua.ACQUIRE,
@@ -96,16 +99,16 @@ class FleetServer:
         return self.limit is not None or self.shared_state
 
 
-class _Lease:
-    __slots__ = ("id", "lost", "mode", "on_lost", "server", "valid_until")
+class _Lease(Lease):
+    """A hold in Redis: its lease id, its locks, and until when (loop clock) Redis surely keeps it."""
 
-    def __init__(self, lease_id: str, server: str, mode: str, on_lost: Callable[[str], None]) -> None:
+    __slots__ = ("id", "locks", "valid_until")
+
+    def __init__(self, lease_id: str, server: str, locks: str, on_lost: Callable[[str], None]) -> None:
+        super().__init__(server, on_lost)
         self.id = lease_id
-        self.server = server
-        self.mode = mode
-        self.on_lost = on_lost
+        self.locks = locks
         self.valid_until = -math.inf
-        self.lost = False
 
 
 class RedisCoordinator:
@@ -197,7 +200,7 @@ class RedisCoordinator:
         self._budgets: dict[str, _SharedBudget] = {}
 
     def __repr__(self) -> str:
-        return f"RedisCoordinator({_safe_url(self.url)!r}, namespace={self.namespace!r})"
+        return f"RedisCoordinator({safe_url(self.url)!r}, namespace={self.namespace!r})"
 
     @property
     def _channel(self) -> str:
@@ -232,9 +235,9 @@ class RedisCoordinator:
         # Nothing renews holds from here on: calls still holding one are given up now rather than left
         # running once their leases expire (close dispatchers before their coordinator).
         with anyio.CancelScope(shield=True):
-            for server, leases in list(self._active.items()):
+            for leases in list(self._active.values()):
                 for lease in list(leases.values()):
-                    self._lose(lease, f"lost its fleet hold on server {server!r}: the RedisCoordinator closed")
+                    self._lose(lease, "the RedisCoordinator closed")
                     await self._release(lease)
         self._link = None
         tg.cancel_scope.cancel()
@@ -259,7 +262,9 @@ class RedisCoordinator:
     ) -> AsyncIterator[None]:
         """Wait for a fleet-wide hold on `server`, keep it renewed for the block, then give it back.
 
-        `keys` are not used yet: on a `shared_state` server a writing call holds the whole server.
+        On a `shared_state` server the hold excludes what the gate of one process would: a write
+        (`exclusive`) excludes the holds whose `keys` conflict with its own, reads exclude writes of
+        their keys, and no keys means the root key (the whole server).
 
         Raises:
             CoordinationError: Redis cannot be reached, the coordinator is not open, or `wait_timeout`
@@ -269,8 +274,7 @@ class RedisCoordinator:
         if config is None or not config.holds:
             yield
             return
-        mode = "w" if exclusive and config.shared_state else "r"
-        lease = _Lease(f"{self._uid}:{next(self._counter)}", server, mode, on_lost)
+        lease = _Lease(f"{self._uid}:{next(self._counter)}", server, _locks(config, exclusive, keys), on_lost)
         await self._acquire(lease)
         active = self._active.setdefault(server, {})
         active[lease.id] = lease
@@ -305,7 +309,7 @@ class RedisCoordinator:
         link = self._open_link()
         server = lease.server
         keys = self._keys(server)
-        args = [*self._args(server), lease.id, lease.mode]
+        args = [*self._args(server), lease.id, lease.locks]
         started = anyio.current_time()
         deadline = math.inf if self.wait_timeout is None else started + self.wait_timeout
         event = self._waiters[lease.id] = anyio.Event()
@@ -366,16 +370,20 @@ class RedisCoordinator:
         step = self.recheck / 2
         while True:
             await anyio.sleep(step)
-            now = anyio.current_time()
-            for server, leases in list(self._active.items()):
-                for lease in list(leases.values()):
-                    if now + self.recheck >= lease.valid_until:
-                        self._lose(lease, f"lost its fleet hold on server {server!r}: it could not be renewed in time")
+            for leases in list(self._active.values()):
+                self._give_up_ending(list(leases.values()), self.recheck, "it could not be renewed in time")
+
+    def _give_up_ending(self, leases: list[_Lease], margin: float, why: str) -> None:
+        """Lose the holds among `leases` whose lease may end within `margin` seconds."""
+        now = anyio.current_time()
+        for lease in leases:
+            if now + margin >= lease.valid_until:
+                self._lose(lease, why)
 
     async def _renew(self, link: _Link, server: str, leases: list[_Lease], interval: float) -> None:
         args = self._args(server)
         for lease in leases:
-            args += [lease.id, lease.mode]
+            args += [lease.id, lease.locks]
         sent = anyio.current_time()
         try:
             renewed = await link.run("renew", self._keys(server), args)
@@ -383,9 +391,8 @@ class RedisCoordinator:
             # Give a call up before Redis could hand its place to another: by the next renewal the lease
             # may have expired there.
             active = self._active.get(server, {})
-            for lease in leases:
-                if lease.id in active and anyio.current_time() + interval >= lease.valid_until:
-                    self._lose(lease, f"lost its fleet hold on server {server!r}: could not renew it ({exc})")
+            in_force = [lease for lease in leases if lease.id in active]
+            self._give_up_ending(in_force, interval, f"could not renew it ({exc})")
             return
         active = self._active.get(server, {})
         for lease, flag in zip(leases, renewed, strict=True):
@@ -397,14 +404,11 @@ class RedisCoordinator:
             elif flag == 1:
                 lease.valid_until = sent + self.lease_ttl
             else:
-                self._lose(lease, f"lost its fleet hold on server {server!r}: it expired in Redis and was taken")
+                self._lose(lease, "it expired in Redis and was taken")
 
-    def _lose(self, lease: _Lease, reason: str) -> None:
-        if lease.lost:
-            return
-        lease.lost = True
-        self._active.get(lease.server, {}).pop(lease.id, None)
-        lease.on_lost(reason)
+    def _lose(self, lease: _Lease, why: str) -> None:
+        if lease.lose(why):
+            self._active.get(lease.server, {}).pop(lease.id, None)
 
     async def _flush_budgets(self, link: _Link) -> None:
         for budget in self._budgets.values():
@@ -475,7 +479,21 @@ class _Link:
         raise NotImplementedError
 
     def _failure(self, exc: BaseException) -> CoordinationError:
-        return CoordinationError(f"cannot reach Redis at {_safe_url(self._url)}: {type(exc).__name__}: {exc}")
+        where = safe_url(self._url)
+        if _cluster_reply(exc):
+            # A script's keys all name one server, but not one hash slot, and the client is not a cluster client.
+            return CoordinationError(
+                f"Redis at {where} is a Redis Cluster node, which RedisCoordinator does not support: use a standalone "
+                f"Redis (or a primary with replicas) for the fleet ({type(exc).__name__}: {exc})"
+            )
+        return CoordinationError(f"cannot reach Redis at {where}: {type(exc).__name__}: {exc}")
+
+
+def _cluster_reply(exc: BaseException) -> bool:
+    """Whether `exc` is what a Redis Cluster node answers a client that is not a cluster client."""
+    from redis.exceptions import AskError, ClusterCrossSlotError, ClusterDownError, MovedError
+
+    return isinstance(exc, AskError | ClusterCrossSlotError | ClusterDownError | MovedError)
 
 
 def _no_retries() -> Any:
@@ -585,11 +603,40 @@ def _running_trio() -> bool:
         return False
 
 
+_ROOT_READ = json.dumps(["", 2])
+
+# What a hold may carry to Redis, where every script reads every holder's locks: keys come partly from a
+# model's arguments (up to 100 keys of 1000 characters), so they are coarsened first. A key cut to an
+# ancestor conflicts with everything the key did and more, so coarsening only ever excludes more.
+_MAX_DEPTH = 8  # segments kept of a key
+_MAX_KEYS = 16  # keys kept: more, and each is cut to its first segment; more still, the whole server
+_MAX_PATH = 48  # characters of a path sent as is; a longer one is sent as its digest
+
+
+def _locks(config: FleetServer, exclusive: bool, keys: Collection[Hashable]) -> str:
+    """A hold's locks as the scripts read them: JSON ``[path, mode, ...]`` (`_fleet_lua`)."""
+    if not config.shared_state:
+        return _ROOT_READ  # only the limit is shared: every hold is a read of the whole server
+    normal = normalize_keys(str(key) for key in keys) if keys else ROOT_KEYS
+    if any(key.count("/") >= _MAX_DEPTH for key in normal):
+        normal = normalize_keys("/".join(key.split("/")[:_MAX_DEPTH]) for key in normal)
+    if len(normal) > _MAX_KEYS:
+        normal = normalize_keys(key.split("/", 1)[0] for key in normal)
+        if len(normal) > _MAX_KEYS:
+            normal = ROOT_KEYS
+    parts: list[str | int] = []
+    for path, mode in lock_nodes(normal, exclusive):
+        if len(path) > _MAX_PATH:
+            path = "#" + hashlib.blake2b(path.encode(), digest_size=16).hexdigest()
+        parts += [path, mode]
+    return json.dumps(parts, separators=(",", ":"))
+
+
 def _positive(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
 
 
-def _safe_url(url: str) -> str:
+def safe_url(url: str) -> str:
     """The URL without its password, for messages."""
     scheme, sep, rest = url.partition("://")
     if "@" in rest:

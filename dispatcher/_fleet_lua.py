@@ -3,30 +3,46 @@
 Every script works on one server's keys (all declared in KEYS, so each runs as one atomic step):
 
     KEYS[1] queue        ZSET  lease id -> arrival number   (waiting holds, oldest first)
-    KEYS[2] waiting      HASH  lease id -> "r" | "w"        (the mode each waiting hold asks for)
+    KEYS[2] waiting      HASH  lease id -> locks            (what each waiting hold asks for)
     KEYS[3] waiting_exp  ZSET  lease id -> expiry (ms)      (a waiter that stops checking in is dropped)
-    KEYS[4] holders      HASH  lease id -> "r" | "w"        (granted holds)
+    KEYS[4] holders      HASH  lease id -> locks            (granted holds)
     KEYS[5] holders_exp  ZSET  lease id -> expiry (ms)      (a holder that stops renewing is dropped)
     KEYS[6] seq          STRING  the arrival counter
-    KEYS[7] meta         HASH  quiet_until (ms): no grants before it, see below
+    KEYS[7] meta         HASH  run_id, quiet_until (ms): see below
 
     ARGV[1] lease ttl (ms), ARGV[2] the server's limit (0: none), ARGV[3] the wake-up channel prefix.
 
-Time is Redis' own clock (TIME), so the processes' clocks never need to agree. Grants are strictly in
-arrival order: the oldest waiter is granted if it fits (a read: no writer holds and the limit has room;
-a write: nothing holds), then the next, and so on; the first that does not fit stops the walk, so a
-queued write is never overtaken by later reads. Each grant is PUBLISHed on the owner's channel
-(prefix .. the part of the lease id before ":") to wake its waiting task.
+A hold's *locks* are those of `_gate` (multi-granularity locking over the call's conflict keys), as a JSON
+list ``[path, mode, path, mode, ...]`` with the modes 0 IS, 1 IX, 2 S, 3 X: a read takes S on each key
+and IS on its ancestors, a write X and IX. Two holds conflict when they hold incompatible modes on one
+path; a call on the root key ``""`` (every call of a server without keys) conflicts with every write.
+The Python side computes the locks with `_gate`'s own function, so the two agree by construction.
 
-A Redis that lost its state (first use, a restart without persistence, a flush) has no `meta`: the first
-script to notice starts a quiet period of one lease ttl during which nothing is granted but holders that
-are still running re-register by renewing. A holder whose renewals failed for a whole ttl has given its
-call up by then, so after the quiet period the holders in Redis are again exactly the holds in force.
+Time is Redis' own clock (TIME), so the processes' clocks never need to agree. Grants follow arrival
+order as the gate's do: walking the queue from the oldest waiter, a waiter is granted when no hold and
+no *older waiter* conflicts with it and the limit has room; one that cannot start blocks, for the rest
+of the walk, whatever conflicts with it, so nothing overtakes a waiting call it conflicts with (a queued
+write is never overtaken by later reads of its keys) while writes on other keys go ahead. The walk stops
+when the limit is reached, when a waiting write on the root key blocks everything after it, or after
+`WALK` waiters. Each grant is PUBLISHed on the owner's channel (prefix .. the part of the lease id
+before ":") to wake its waiting task.
+
+The quiet period. A Redis that lost the holders (a restart, a failover to a replica that lacked recent
+writes) must not grant while holds still running elsewhere are missing from it: those re-register by
+renewing within a third of a ttl, and a holder that could not renew for a whole ttl has given its call up.
+So `meta` remembers the run_id of the Redis instance that wrote it. When it is missing (a fresh namespace,
+or a Redis that came back empty) nothing is granted until that Redis has been up for one ttl (`INFO`'s
+uptime): a fresh namespace on a Redis that has been running starts at once. When it names another
+instance (a restart that restored a snapshot, a failover) nothing is granted for one ttl from then.
+A FLUSHALL or an eviction on a running Redis is not noticed (see docs/fleet.md).
 """
 
 from __future__ import annotations
 
-__all__ = ["ACQUIRE", "RELEASE", "RENEW", "SPEND"]
+__all__ = ["ACQUIRE", "RELEASE", "RENEW", "SPEND", "WALK"]
+
+WALK = 1000
+"""The most waiters one grant walks past (a bound on a script's time when thousands wait)."""
 
 _PRELUDE = """
 local Q, W, WE, H, HE, SEQ, META = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
@@ -35,12 +51,26 @@ local limit = tonumber(ARGV[2])
 local prefix = ARGV[3]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- BLOCKERS[m]: the modes held on a path that a lock of mode m cannot share it with (as in _gate).
+local BLOCKERS = {[0] = {3}, [1] = {2, 3}, [2] = {1, 3}, [3] = {0, 1, 2, 3}}
 
 local function quiet()
-  local untl = redis.call('HGET', META, 'quiet_until')
-  if not untl then
-    untl = now + ttl
-    redis.call('HSET', META, 'quiet_until', untl)
+  -- A Redis that refuses INFO (renamed away on some managed services) gets a quiet period of one ttl
+  -- from the first request that finds no state, and a failover there goes unnoticed.
+  local info = redis.pcall('INFO', 'server')
+  if type(info) ~= 'string' then info = '' end
+  local run_id = string.match(info, 'run_id:(%w+)') or 'unknown'
+  local seen = redis.call('HMGET', META, 'run_id', 'quiet_until')
+  local untl = seen[2]
+  if seen[1] ~= run_id then
+    if seen[1] then
+      untl = now + ttl
+    else
+      -- Its uptime is whole seconds: the latest this Redis can have started.
+      local uptime = tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0
+      untl = now - uptime * 1000 + ttl
+    end
+    redis.call('HSET', META, 'run_id', run_id, 'quiet_until', untl)
   end
   return now < tonumber(untl)
 end
@@ -58,52 +88,97 @@ local function purge()
   redis.call('ZREMRANGEBYSCORE', WE, '-inf', now)
 end
 
-local function state()
-  local modes = redis.call('HVALS', H)
-  local writer = false
-  for _, mode in ipairs(modes) do
-    if mode == 'w' then writer = true end
+local function blocked(taken, locks)
+  for i = 1, #locks, 2 do
+    local node = taken[locks[i]]
+    if node then
+      for _, mode in ipairs(BLOCKERS[locks[i + 1]]) do
+        if (node[mode] or 0) > 0 then return true end
+      end
+    end
   end
-  return #modes, writer
+  return false
 end
 
-local function fits(mode, count, writer)
-  if mode == 'w' then return count == 0 end
-  return (not writer) and (limit == 0 or count < limit)
+local function take(taken, locks)
+  for i = 1, #locks, 2 do
+    local path, mode = locks[i], locks[i + 1]
+    local node = taken[path]
+    if not node then
+      node = {}
+      taken[path] = node
+    end
+    node[mode] = (node[mode] or 0) + 1
+  end
 end
 
-local function hold(id, mode)
-  redis.call('HSET', H, id, mode)
+-- The locks of the holds in force, and how many there are.
+local function state()
+  local taken = {}
+  local count = 0
+  for _, spec in ipairs(redis.call('HVALS', H)) do
+    take(taken, cjson.decode(spec))
+    count = count + 1
+  end
+  return taken, count
+end
+
+local function room(count)
+  return limit == 0 or count < limit
+end
+
+local function hold(id, spec)
+  redis.call('HSET', H, id, spec)
   redis.call('ZADD', HE, now + ttl, id)
 end
 
 local function grant()
   if quiet() then return end
-  local count, writer = state()
-  while true do
-    local head = redis.call('ZRANGE', Q, 0, 0)[1]
-    if not head then return end
-    local mode = redis.call('HGET', W, head)
-    if mode and not fits(mode, count, writer) then return end
-    redis.call('ZREM', Q, head)
-    redis.call('HDEL', W, head)
-    redis.call('ZREM', WE, head)
-    if mode then
-      hold(head, mode)
-      count = count + 1
-      if mode == 'w' then writer = true end
-      local owner = string.match(head, '^([^:]+):')
-      if owner then redis.call('PUBLISH', prefix .. owner, head) end
+  local taken, count = state()
+  local ahead = {}  -- the locks of older waiters that were not granted
+  local start = 0
+  local walked = 0
+  while room(count) and walked < WALK do
+    local ids = redis.call('ZRANGE', Q, start, start + 63)
+    if #ids == 0 then return end
+    start = start + #ids
+    for _, id in ipairs(ids) do
+      if not room(count) or walked >= WALK then return end
+      walked = walked + 1
+      local spec = redis.call('HGET', W, id)
+      if not spec then
+        -- A stale queue entry (its waiter expired): dropped.
+        redis.call('ZREM', Q, id)
+        redis.call('ZREM', WE, id)
+        start = start - 1
+      else
+        local locks = cjson.decode(spec)
+        if blocked(taken, locks) or blocked(ahead, locks) then
+          take(ahead, locks)
+          local root = ahead['']
+          if root and (root[3] or 0) > 0 then return end
+        else
+          redis.call('ZREM', Q, id)
+          redis.call('HDEL', W, id)
+          redis.call('ZREM', WE, id)
+          start = start - 1
+          hold(id, spec)
+          take(taken, locks)
+          count = count + 1
+          local owner = string.match(id, '^([^:]+):')
+          if owner then redis.call('PUBLISH', prefix .. owner, id) end
+        end
+      end
     end
   end
 end
-"""
+""".replace("WALK", str(WALK))
 
 ACQUIRE = (
     _PRELUDE
     + """
--- ARGV[4] lease id, ARGV[5] mode. Returns 1 when the hold is granted, 0 while it waits.
-local id, mode = ARGV[4], ARGV[5]
+-- ARGV[4] lease id, ARGV[5] its locks. Returns 1 when the hold is granted, 0 while it waits.
+local id, spec = ARGV[4], ARGV[5]
 purge()
 if redis.call('HEXISTS', H, id) == 1 then
   redis.call('ZADD', HE, now + ttl, id)
@@ -111,7 +186,7 @@ if redis.call('HEXISTS', H, id) == 1 then
 end
 if redis.call('HEXISTS', W, id) == 0 then
   redis.call('ZADD', Q, redis.call('INCR', SEQ), id)
-  redis.call('HSET', W, id, mode)
+  redis.call('HSET', W, id, spec)
 end
 redis.call('ZADD', WE, now + ttl, id)
 grant()
@@ -138,25 +213,28 @@ return 1
 RENEW = (
     _PRELUDE
     + """
--- ARGV[4], ARGV[5], ...: lease id, mode pairs of holds in force. Returns one flag per hold: 1 renewed,
+-- ARGV[4], ARGV[5], ...: lease id, locks pairs of holds in force. Returns one flag per hold: 1 renewed,
 -- 0 lost (it had expired here and its place was taken meanwhile).
 purge()
 local quiet_now = quiet()
-local count, writer = state()
+local taken, count = state()
 local out = {}
 for i = 4, #ARGV, 2 do
-  local id, mode = ARGV[i], ARGV[i + 1]
+  local id, spec = ARGV[i], ARGV[i + 1]
   if redis.call('HEXISTS', H, id) == 1 then
     redis.call('ZADD', HE, now + ttl, id)
     out[#out + 1] = 1
-  elseif quiet_now or fits(mode, count, writer) then
-    -- Re-registered: after a loss of state (quiet period), or after a late renewal while it still fits.
-    hold(id, mode)
-    count = count + 1
-    if mode == 'w' then writer = true end
-    out[#out + 1] = 1
   else
-    out[#out + 1] = 0
+    local locks = cjson.decode(spec)
+    if quiet_now or (room(count) and not blocked(taken, locks)) then
+      -- Re-registered: after a loss of state (quiet period), or after a late renewal while it still fits.
+      hold(id, spec)
+      take(taken, locks)
+      count = count + 1
+      out[#out + 1] = 1
+    else
+      out[#out + 1] = 0
+    end
   end
 end
 grant()

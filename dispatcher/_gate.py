@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 if TYPE_CHECKING:
     from collections.abc import Hashable, Iterable
 
-__all__ = ["ROOT", "ROOT_KEYS", "Gate", "Ticket", "TicketState", "conflicts", "normalize_keys"]
+__all__ = ["ROOT", "ROOT_KEYS", "Gate", "Ticket", "TicketState", "conflicts", "lock_nodes", "normalize_keys"]
 
 T = TypeVar("T")
 
@@ -118,7 +118,7 @@ def conflicts(first: Iterable[str], second: Iterable[str]) -> bool:
     return any(x[: len(y)] == y or y[: len(x)] == x for x in a for y in b)
 
 
-def _nodes(keys: tuple[str, ...], exclusive: bool) -> tuple[tuple[str, int], ...]:
+def lock_nodes(keys: tuple[str, ...], exclusive: bool) -> tuple[tuple[str, int], ...]:
     """The nodes a normalised key set locks, with the mode on each."""
     own, intent = (_X, _IX) if exclusive else (_S, _IS)
     modes: dict[str, int] = {}
@@ -187,6 +187,8 @@ class Gate(Generic[T]):
     def __init__(self, limit: int | None = None) -> None:
         self.limit = limit
         self.running = 0
+        self.readied = 0
+        """How many times a call became ready to start: a change tells that `take` may give more."""
         self._seq = 0
         self._tree: dict[str, _Node] = {}
         # Tickets not yet done or withdrawn, in submission order.
@@ -255,7 +257,7 @@ class Gate(Generic[T]):
             if len(cache) >= _CACHE_SIZE:
                 cache.clear()
             normal = normalize_keys(keys)
-            found = cache[(keys, exclusive)] = (normal, _nodes(normal, exclusive))
+            found = cache[(keys, exclusive)] = (normal, lock_nodes(normal, exclusive))
         return found
 
     def _enter(self, ticket: Ticket[object]) -> None:
@@ -276,11 +278,19 @@ class Gate(Generic[T]):
             queues[mode].append(ticket)
 
     def _ready(self, ticket: Ticket[T]) -> None:
+        self.readied += 1
         fifo = self._fifo
         if not fifo or fifo[-1]._seq < ticket._seq:
             fifo.append(ticket)
         else:
             heapq.heappush(self._heap, (ticket._seq, ticket))
+
+    @property
+    def may_take(self) -> int:
+        """At most how many calls `take` would start now (0: it certainly returns None)."""
+        ready = len(self._fifo) + len(self._heap)
+        limit = self.limit
+        return ready if limit is None or ready <= limit - self.running else max(limit - self.running, 0)
 
     def take(self) -> Ticket[T] | None:
         """Start the next call the rules allow, or return None if none may start now."""

@@ -98,7 +98,7 @@ def resolve_tracer(provider: TracerProvider | None) -> Tracer | None:
         provider = trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         return None
-    from . import __version__
+    from ._version import __version__
 
     return provider.get_tracer("dispatcher", __version__)
 

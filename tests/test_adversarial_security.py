@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import pytest
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import BlobResourceContents, CallToolResult, EmbeddedResource, ImageContent, ToolAnnotations
 from pydantic import Field
 
@@ -64,6 +65,24 @@ async def test_a_local_functions_argument_error_is_not_marked() -> None:
         [result] = await d.dispatch([ToolCall(id="1", name="local", arguments={})])
     assert result.status is CallStatus.FAILED
     assert not result.untrusted_content
+
+
+async def test_errors_from_a_trusted_closed_world_tool_are_not_marked() -> None:
+    """A trusted server's closed-world tool that fails: its error text reaches the model unmarked (SECURITY.md)."""
+    server: MCPServer[Any] = MCPServer("trusted")
+
+    def lookup(word: str) -> str:
+        raise ToolError(_INJECTION)
+
+    server.add_tool(lookup, annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    async with Dispatcher() as d:
+        await d.connect("docs", server, trusted=True)
+        failed, rejected = await d.dispatch([ToolCall("1", "lookup", {"word": "x"}), ToolCall("2", "lookup", {})])
+    assert failed.status is CallStatus.TOOL_ERROR and _INJECTION in str(failed.result)
+    assert rejected.status is CallStatus.FAILED and rejected.error is not None
+    assert not failed.untrusted_content and not rejected.untrusted_content
+    [block, _] = anthropic_results([failed, rejected])
+    assert "<untrusted-content-" not in str(block["content"])
 
 
 async def test_an_untrusted_servers_claims_and_meta_give_it_no_domain_or_keys() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import shutil
 import subprocess
 from typing import TYPE_CHECKING
@@ -273,3 +274,27 @@ def test_the_quick_run_leaves_out_the_peers() -> None:
             chosen(["peers"], quick=False)
     with pytest.raises(ValueError, match="unknown workload"):
         chosen(["overhead,nonsense"], quick=False)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_rich_on_a_terminal_and_one_line_per_step_elsewhere() -> None:
+    """On a terminal steps show in rich's status line and only finished lines stay; in a log, one line per step."""
+    terminal = _Terminal()
+    progress = Progress(terminal)
+    progress.section("overhead")
+    progress.update("step [1]")
+    progress.done("fine")
+    progress.note("skipped [bold]peers")
+    shown = terminal.getvalue()
+    assert "overhead: step [1]" in shown  # escaped: brackets are text, not rich markup
+    assert re.search(r"overhead: done in [\d.]+ s\. fine\nskipped \[bold\]peers\n$", shown), shown
+    log = io.StringIO()
+    progress = Progress(log)
+    progress.section("overhead")
+    progress.update("step 1")
+    progress.done("fine")
+    assert re.fullmatch(r"overhead \.\.\.\noverhead: done in [\d.]+ s\. fine\n", log.getvalue())

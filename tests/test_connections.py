@@ -178,8 +178,14 @@ async def test_streamable_http_restart(mode: Mode) -> None:
         down = await d.dispatch(calls(("read_note", {"name": "a"})))
         port = int(url.rsplit(":", 1)[1].split("/")[0])
         async with serve_http(workspace.server, port=port, shutdown_timeout=0.1):
-            await anyio.sleep(0.05)  # the backoff, in case the failed call was a reconnect attempt
-            back = await d.dispatch(calls(("read_note", {"name": "a"})))
+            # A call may still meet the reconnect backoff (it grew while the server was down, longer on a
+            # loaded machine): calls are sent until one reconnects, for at most 30 s.
+            with anyio.fail_after(30):
+                while True:
+                    back = await d.dispatch(calls(("read_note", {"name": "a"})))
+                    if back[0].ok:
+                        break
+                    await anyio.sleep(0.05)
     assert first[0].ok
     assert down[0].status is CallStatus.FAILED
     assert "server 'ws'" in str(down[0].error)

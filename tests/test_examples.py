@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
 import time
@@ -437,7 +436,8 @@ async def test_serve_http_answers_without_delayed_ack_stalls() -> None:
     """A zero-latency call over HTTP takes a few milliseconds, not the ~40 ms of Nagle plus delayed ACK.
 
     Without TCP_NODELAY on the accepted connection, each response body (written after its headers)
-    waited for the client's delayed ACK, and every call took at least 40 ms; with it, about 2 ms.
+    waited for the client's delayed ACK, and every call took at least 40 ms; with it, about 2 ms. The
+    fastest of 20 calls is compared: a loaded machine slows some calls down, but Nagle slows every one.
     """
     workspace = Workspace()
     async with serve_http(workspace.server) as url, Client(url) as client:
@@ -447,7 +447,7 @@ async def test_serve_http_answers_without_delayed_ack_stalls() -> None:
             start = time.perf_counter()
             await _ok(client, "search_notes", query="q")
             durations.append(time.perf_counter() - start)
-    assert statistics.median(durations) < 0.025, sorted(durations)
+    assert min(durations) < 0.035, sorted(durations)
 
 
 async def test_http_subprocess_prints_its_url() -> None:

@@ -186,14 +186,36 @@ async def test_invalid_names_in_a_live_server() -> None:
     assert [w.code for w in tool.warnings] == ["invalid_name"]
 
 
+@pytest.mark.anyio
+async def test_the_conflict_domain_shows_in_the_report() -> None:
+    """A server inspected with a domain: each tool's keys, the heading and the JSON name it."""
+    report = await inspect_server(Workspace().server, server="ws", trusted=True, domain="notes")
+    assert {tool.keys for tool in report.tools} == {"notes"}
+    data = report.to_json()
+    assert data["domain"] == "notes" and {tool["keys"] for tool in data["tools"]} == {"notes"}
+    lines = render_table(report).splitlines()
+    assert lines[0].startswith("server 'ws': in-process MCPServer (trusted, protocol ")
+    assert "domain 'notes', calls itself 'workspace'" in lines[0]
+    assert lines[3].split()[-1] == "notes"
+
+
+def test_cli_domain_option(capsys: pytest.CaptureFixture[str]) -> None:
+    """`inspect --domain D --json` registers the server under that domain and says so for every tool."""
+    argv = ["inspect", "--stdio", WORKSPACE, "--env", PYTHONPATH, "--domain", "notes", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["domain"] == "notes"
+    assert {tool["keys"] for tool in report["tools"]} == {"notes"}
+
+
 def test_table_rendering() -> None:
     """The table has one row per tool, a legend, and the warnings at the end."""
     tools, warnings = analyze([entry("a", ToolAnnotations(read_only_hint=True, open_world_hint=False))])
     text = render_table(Report("s", "cmd", False, "2026-07-28", tools, warnings))
     lines = text.splitlines()
-    assert lines[0] == "server 's': cmd (untrusted, protocol 2026-07-28)"
-    assert lines[2].split() == ["TOOL", "DECLARED", "EFFECTIVE", "SCHEDULING", "RETRYABLE"]
-    assert lines[3].split() == ["a", "T", "-", "-", "F", "F", "T", "F", "T", "exclusive", "no"]
+    assert lines[0] == "server 's': cmd (untrusted, protocol 2026-07-28, root key)"
+    assert lines[2].split() == ["TOOL", "DECLARED", "EFFECTIVE", "SCHEDULING", "RETRYABLE", "KEYS"]
+    assert lines[3].split() == ["a", "T", "-", "-", "F", "F", "T", "F", "T", "exclusive", "no", "root"]
     assert "1 warning:" in lines
     assert lines[-1].startswith("  a: declared read-only, but runs exclusive")
 
@@ -216,8 +238,10 @@ def test_cli_stdio_json(capsys: pytest.CaptureFixture[str]) -> None:
         "effective": {"readOnlyHint": True, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True},
         "scheduling": "concurrent",
         "retryable": False,
+        "keys": "root",
         "warnings": [],
     }
+    assert report["domain"] is None
     assert [w["code"] for w in report["warnings"]] == ["lethal_trifecta"]
 
 
@@ -229,9 +253,10 @@ async def test_cli_url_table(mode: Mode, capsys: pytest.CaptureFixture[str]) -> 
         status = await anyio.to_thread.run_sync(main, ["inspect", "--url", url, "--mode", mode])
     out = capsys.readouterr().out
     assert status == 0
-    header = out.splitlines()[0]  # the server's own name, what was connected to, and the name it is registered under
+    header = out.splitlines()[0]  # the name it is registered under, what was connected to, then its own name
     assert re.fullmatch(
-        rf"'workspace'( \S+)?: {re.escape(url)} \(untrusted, protocol [\d-]+, registered as 'server'\)", header
+        rf"server 'server': {re.escape(url)} \(untrusted, protocol [\d-]+, root key, calls itself 'workspace'( \S+)?\)",
+        header,
     )
     assert "search_notes  T - - F   F T F T    exclusive   no" in out
     assert "4 warnings:" in out and "toolset: lethal trifecta" in out
@@ -290,7 +315,7 @@ async def test_what_a_server_sends_cannot_drive_the_terminal() -> None:
     assert report.server_name == "evil\x1b[2J[bold]x[/bold]"
     text = render_table(report)
     assert "\x1b" not in text
-    assert text.splitlines()[0].startswith("'evil\\x1b[2J[bold]x[/bold]'")
+    assert text.splitlines()[0].endswith("calls itself 'evil\\x1b[2J[bold]x[/bold]')")
     assert "'look\\x1b[31mup'" in text  # in the invalid-name warning, escaped
 
 

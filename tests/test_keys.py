@@ -227,11 +227,17 @@ async def test_local_functions_take_a_domain_and_a_key_function() -> None:
     """add_function(domain=..., keys=...) keys a local function's calls; writes to distinct ids overlap."""
     running: list[str] = []
     seen: list[tuple[str, ...]] = []
+    together = anyio.Event()
 
     async def update(ticket: str) -> str:
         running.append(ticket)
         seen.append(tuple(sorted(running)))
-        await anyio.sleep(0.2)
+        if {"A", "B"} <= set(running):
+            together.set()
+        # Wait for the other write to start (not for a time a loaded machine might overrun); a dispatcher
+        # that serialised them would leave this to time out, and `seen` would show it.
+        with anyio.move_on_after(10):
+            await together.wait()
         running.remove(ticket)
         return ticket
 

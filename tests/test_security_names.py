@@ -67,15 +67,17 @@ class Bank:
         self.server.add_tool(balance, annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
 
 
-def hostile_target(hostile: HostileServer, transport: Transport) -> MCPServer[Any] | StdioServerParameters:
-    """The hostile server in process, or the same server (same options) as a stdio subprocess."""
+def hostile_target(
+    hostile: HostileServer, transport: Transport, *, late: bool = False
+) -> MCPServer[Any] | StdioServerParameters:
+    """The hostile server in process, or the same server (same options, `late` as it was built) as a subprocess."""
     if transport == "in-process":
         return hostile.server
     pythonpath = os.pathsep.join(p for p in (SOURCE_ROOT, os.environ.get("PYTHONPATH")) if p)
     args = ["-m", "dispatcher.testing", "--victim", hostile.victim]
     for tool in hostile.tools:
         args += ["--tool", tool]
-    if not hostile._shadowing:
+    if late:
         args.append("--late")
     return StdioServerParameters(command=sys.executable, args=args, env={"PYTHONPATH": pythonpath})
 
@@ -89,10 +91,10 @@ async def bank_and_hostile(
     hostile = HostileServer(victim="bank", tools=("transfer", "balance"), late=late)
     async with Dispatcher(**options) as d:
         if hostile_first:
-            await d.connect("hostile", hostile_target(hostile, transport))
+            await d.connect("hostile", hostile_target(hostile, transport, late=late))
         await d.connect("bank", bank.server, trusted=True)
         if not hostile_first:
-            await d.connect("hostile", hostile_target(hostile, transport))
+            await d.connect("hostile", hostile_target(hostile, transport, late=late))
         yield d, bank, hostile
 
 

@@ -18,6 +18,7 @@ from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
 
 from dispatcher._errors import ConfigurationError, ServerConnectionError
+from dispatcher._failures import innermost
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -67,15 +68,9 @@ async def connected(
     except Exception as exc:
         if connected:
             raise
-        raise ServerConnectionError(f"could not connect to {description}: {_innermost(exc)}") from exc
+        raise ServerConnectionError(f"could not connect to {description}: {innermost(exc)}") from exc
     if scope.cancelled_caught and not connected:
         raise ServerConnectionError(f"could not connect to {description} within {connect_timeout} s")
-
-
-def _innermost(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
 
 
 def describe_target(target: object) -> str:

@@ -74,6 +74,8 @@ class Report:
         warnings: Warnings about the toolset as a whole.
         server_name: The name the server gives itself (`serverInfo.name`), if any: a self-report.
         server_version: The version it gives itself, if any.
+        domain: The conflict-key domain the server was registered with (docs/conflicts.md), or None for
+            the root key (its calls that may mutate run alone).
     """
 
     server: str
@@ -84,15 +86,17 @@ class Report:
     warnings: tuple[Finding, ...]
     server_name: str | None = None
     server_version: str | None = None
+    domain: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON data (what `--json` prints)."""
         return {
             "server": self.server,
-            "server_info": {"name": self.server_name, "version": self.server_version},
             "target": self.target,
             "trusted": self.trusted,
             "protocol": self.protocol,
+            "domain": self.domain,
+            "server_info": {"name": self.server_name, "version": self.server_version},
             "tools": [
                 {
                     "tool": tool.tool,
@@ -101,6 +105,7 @@ class Report:
                     "effective": tool.effective,
                     "scheduling": tool.scheduling,
                     "retryable": tool.retryable,
+                    "keys": tool.keys,
                     "warnings": [{"code": w.code, "message": w.message} for w in tool.warnings],
                 }
                 for tool in self.tools
@@ -206,6 +211,7 @@ async def inspect_server(
     *,
     server: str = "server",
     trusted: bool = False,
+    domain: str | None = None,
     mode: Literal["auto", "legacy"] = "auto",
     connect_timeout: float | None = 30.0,
 ) -> Report:
@@ -216,6 +222,7 @@ async def inspect_server(
             a `StdioServerParameters`, a URL, or a function returning a new `mcp.Client`.
         server: The name to register the server under.
         trusted: Whether to believe the server's annotations.
+        domain: The conflict-key domain to register the server with (see `Dispatcher.add_mcp_server`).
         mode: The protocol negotiation when `inspect_server` connects.
         connect_timeout: Seconds to connect, or None.
 
@@ -228,7 +235,7 @@ async def inspect_server(
     async with connected(target, mode=mode, connect_timeout=connect_timeout, description=description) as client:
         async with Dispatcher() as dispatcher:
             try:
-                entries = await dispatcher.add_mcp_server(server, client, trusted=trusted)
+                entries = await dispatcher.add_mcp_server(server, client, trusted=trusted, domain=domain)
             except DispatcherError as exc:
                 # Raised once the dispatcher is closed: its task group would wrap it in an exception group.
                 failure = exc
@@ -246,4 +253,5 @@ async def inspect_server(
         warnings,
         server_name=info.name if info is not None else None,
         server_version=info.version if info is not None else None,
+        domain=domain,
     )

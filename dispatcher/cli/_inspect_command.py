@@ -32,6 +32,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         ),
     )
     add_target_options(parser)
+    parser.add_argument(
+        "--domain",
+        help="register the server with this conflict-key domain (docs/conflicts.md): its writes then wait only "
+        "for calls in the same domain; by default every call is on the root key",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of a table")
     parser.set_defaults(handler=_run)
 
@@ -44,6 +49,7 @@ def _run(args: argparse.Namespace) -> int:
             connect_to,
             server=args.name,
             trusted=args.trusted,
+            domain=args.domain,
             mode=args.mode,
             connect_timeout=args.timeout if args.timeout > 0 else None,
         )

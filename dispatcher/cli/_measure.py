@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from dispatcher._calls import ToolResult
     from dispatcher._dispatcher import Dispatcher
 
-__all__ = ["SettingResult", "measure", "summarise"]
+__all__ = ["SettingResult", "Window", "closed_loop", "measure", "summarise"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,7 +101,41 @@ async def measure(
     duration: float | None,
     report: Callable[[int, int | None], None] | None,
 ) -> SettingResult:
-    """Run one setting's closed loop and summarise its measurement window.
+    """Run one setting's closed loop (`closed_loop`) and summarise its measurement window."""
+    window = await closed_loop(
+        dispatcher, workload, clients=clients, warmup=warmup, calls=calls, duration=duration, report=report
+    )
+    return summarise(limit, window.results, window.start, window.stop, inclusive=window.inclusive)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Window:
+    """What a closed loop ran: every call's result and the measurement window (loop clock).
+
+    Attributes:
+        results: The calls completed, and those running when the measurement stopped.
+        start: When the window opened (the end of the warm-up).
+        stop: When it closed.
+        inclusive: Whether a call ending exactly at `start` counts (there was no warm-up).
+    """
+
+    results: list[ToolResult]
+    start: float
+    stop: float
+    inclusive: bool
+
+
+async def closed_loop(
+    dispatcher: Dispatcher,
+    workload: Sequence[ToolCall],
+    *,
+    clients: int,
+    warmup: int,
+    calls: int | None,
+    duration: float | None,
+    report: Callable[[int, int | None], None] | None,
+) -> Window:
+    """Run one setting's closed loop: callers each submit a call and wait for it, until the window closes.
 
     Each call is a batch of its own, so that when the measurement ends the calls still queued can be
     withdrawn without touching those already running at the server. Those are left to finish: they
@@ -110,7 +144,6 @@ async def measure(
     Args:
         dispatcher: An open dispatcher with the server registered under the setting being measured.
         workload: The calls to repeat, in order.
-        limit: The setting (recorded in the result).
         clients: The callers keeping calls offered.
         warmup: Calls completed before the window opens.
         calls: Calls completed inside the window before it closes, or None.
@@ -156,7 +189,7 @@ async def measure(
     finished.sort(key=lambda r: r.finished_at)
     window_start = finished[warmup - 1].finished_at if warmup else started
     window_stop = min(finished[-1].finished_at, window_end)
-    return summarise(limit, [*finished, *tail], window_start, window_stop, inclusive=not warmup)
+    return Window(results=[*finished, *tail], start=window_start, stop=window_stop, inclusive=not warmup)
 
 
 def _repeat(workload: Sequence[ToolCall]) -> Iterator[ToolCall]:

@@ -41,7 +41,7 @@ __all__ = [
 INSTALL_HINT = "the dispatcher command line needs rich: pip install 'mcp-dispatcher[cli]'"
 
 _TUNE_HEADERS = ("calls/s", "of best", "in flight", "run p50", "run p95", "queue p50", "queue p95", "errors")
-_INSPECT_HEADERS = ("TOOL", "DECLARED", "EFFECTIVE", "SCHEDULING", "RETRYABLE")
+_INSPECT_HEADERS = ("TOOL", "DECLARED", "EFFECTIVE", "SCHEDULING", "RETRYABLE", "KEYS")
 
 
 def require_rich() -> ModuleType:
@@ -122,7 +122,10 @@ def _tune_table(report: TuneReport) -> Any:
 
 def _tune_heading(report: TuneReport) -> list[str]:
     trust = "trusted" if report.trusted else "untrusted"
-    knob = "the per-server limit" if report.knob == "per_server" else "max_concurrency"
+    knob = {
+        "per_server": "the per-server limit",
+        "fleet": f"the fleet-wide limit ({report.processes} processes sharing it through Redis)",
+    }.get(report.knob, "max_concurrency")
     amount = f"{report.calls} measured calls" if report.calls is not None else "measured calls"
     if report.duration is not None:
         amount += f" (at most {report.duration:g} s)"
@@ -162,13 +165,14 @@ def _flag(value: bool | None) -> str:
 
 
 def _inspect_heading(report: Report) -> str:
-    trust = "trusted" if report.trusted else "untrusted"
-    protocol = f"protocol {report.protocol or 'unknown'}"
-    if not report.server_name:
-        return f"server {report.server!r}: {report.target} ({trust}, {protocol})"
-    # The name a server gives itself is a self-report: shown, quoted, never used as its identity.
-    version = f" {report.server_version}" if report.server_version else ""
-    return f"{report.server_name!r}{version}: {report.target} ({trust}, {protocol}, registered as {report.server!r})"
+    # The name the server is registered under (the user's) comes first, as in every error message; the
+    # name a server gives itself is a self-report: shown last, quoted, never used as its identity.
+    details = ["trusted" if report.trusted else "untrusted", f"protocol {report.protocol or 'unknown'}"]
+    details.append(f"domain {report.domain!r}" if report.domain else "root key")
+    if report.server_name:
+        version = f" {report.server_version}" if report.server_version else ""
+        details.append(f"calls itself {report.server_name!r}{version}")
+    return f"server {report.server!r}: {report.target} ({', '.join(details)})"
 
 
 def inspect_lines(report: Report) -> list[Any]:
@@ -180,11 +184,13 @@ def inspect_lines(report: Report) -> list[Any]:
             " ".join(_flag(v) for v in tool.effective.values()),
             tool.scheduling,
             "yes" if tool.retryable else "no",
+            tool.keys,
         )
         for tool in report.tools
     ]
     lines: list[Any] = [_inspect_heading(report), "", _table(_INSPECT_HEADERS, rows, right=False), ""]
     lines.append("hints in order ro de id ow (readOnly, destructive, idempotent, openWorld): T true, F false, - unset")
+    lines.append("keys: root waits for every call; a domain only for calls in it and on root (docs/conflicts.md)")
     warnings = [(tool.name, w) for tool in report.tools for w in tool.warnings]
     warnings += [("toolset", w) for w in report.warnings]
     if warnings:

@@ -7,6 +7,10 @@ between settings is the limit and nothing else. Each setting is measured by a cl
 the best: past it, more calls in flight only make each call slower. When no call of the workload may
 run concurrently (an untrusted server, a workload of writes), no limit can matter, and nothing is
 recommended.
+
+With `fleet` (a Redis URL), the limit swept is a fleet-wide one: each setting is measured by `processes`
+processes, each a dispatcher of its own sharing `FleetServer(limit=setting)` through Redis, with the
+closed loop split across them (`_fleet_tune`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dispatcher._dispatcher import Dispatcher
 from dispatcher._errors import ConfigurationError, DispatcherError
 
 from ._connection import connected, describe_target
+from ._fleet_tune import check_redis, fleet_measure
 from ._measure import measure
 from ._recommend import TOLERANCE, format_number, recommend
 from ._workloads import resolve_workload
@@ -46,7 +51,8 @@ class TuneReport:
     Attributes:
         target: What was tuned against, for people.
         trusted: Whether the server's annotations were trusted.
-        knob: "max_concurrency" (the dispatcher-wide limit) or "per_server" (`add_mcp_server`'s).
+        knob: "max_concurrency" (the dispatcher-wide limit), "per_server" (`add_mcp_server`'s) or
+            "fleet" (`FleetServer.limit`, shared by `processes` processes through Redis).
         workload: A description of the workload.
         concurrent_share: The share of the workload's calls that may run concurrently.
         clients: Callers kept waiting on the dispatcher (the offered concurrency).
@@ -58,11 +64,12 @@ class TuneReport:
         best: The setting with the highest throughput, or None likewise.
         explanation: Why the recommended setting (or why none), in a sentence or two.
         notes: Things the reader should know (an untrusted server, failed calls, a narrow range).
+        processes: The processes of a fleet sweep, or None.
     """
 
     target: str
     trusted: bool
-    knob: Literal["max_concurrency", "per_server"]
+    knob: Literal["max_concurrency", "per_server", "fleet"]
     workload: str
     concurrent_share: float
     clients: int
@@ -73,6 +80,7 @@ class TuneReport:
     best: int | None
     explanation: str
     notes: tuple[str, ...] = ()
+    processes: int | None = None
 
     @property
     def how_to_apply(self) -> str:
@@ -81,6 +89,8 @@ class TuneReport:
             return "no recommendation"
         if self.knob == "per_server":
             return f"add_mcp_server(..., max_concurrency={self.recommended})"
+        if self.knob == "fleet":
+            return f"RedisCoordinator(..., servers={{...: FleetServer(limit={self.recommended})}})"
         return f"Dispatcher(max_concurrency={self.recommended})"
 
     @property
@@ -94,6 +104,7 @@ class TuneReport:
             "target": self.target,
             "trusted": self.trusted,
             "knob": self.knob,
+            "processes": self.processes,
             "workload": self.workload,
             "concurrent_share": self.concurrent_share,
             "clients": self.clients,
@@ -140,6 +151,8 @@ async def tune(
     connect_timeout: float | None = 30.0,
     seed: int = 0,
     progress: Callable[[TuneProgress], object] | None = None,
+    fleet: str | None = None,
+    processes: int = 2,
 ) -> TuneReport:
     """Run a workload under each setting of a concurrency limit and recommend one.
 
@@ -168,7 +181,12 @@ async def tune(
         mode: The protocol negotiation when `tune` connects ("auto" or "legacy").
         connect_timeout: Seconds to connect (when `tune` connects), or None.
         seed: The seed of the synthetic mixed workload.
-        progress: Called after every completed call with a `TuneProgress`.
+        progress: Called after every completed call with a `TuneProgress` (in a fleet sweep, once a
+            setting is done).
+        fleet: A Redis URL: sweep the fleet-wide limit (`FleetServer(limit=...)`) with `processes`
+            processes sharing it, each a dispatcher of its own connected to `target`, which must be a
+            streamable HTTP URL. Needs the `fleet` extra.
+        processes: The processes of a fleet sweep; the callers, warm-up and calls are split among them.
 
     Returns:
         The measurements and the recommendation.
@@ -194,6 +212,17 @@ async def tune(
     if not 0 <= tolerance < 1:
         raise ConfigurationError(f"tolerance must be in [0, 1), got {tolerance!r}")
     callers = clients if clients is not None else limits[-1]
+    if fleet is not None:
+        if not isinstance(target, str) or not target.startswith(("http://", "https://")):
+            raise ConfigurationError(
+                "a fleet sweep needs the server's streamable HTTP URL: every process of the fleet connects to it"
+            )
+        if per_server:
+            raise ConfigurationError("a fleet sweep tunes the fleet-wide limit; per_server does not apply")
+        if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
+            raise ConfigurationError(f"processes must be an int >= 1, got {processes!r}")
+        callers = max(callers, processes)
+        await check_redis(fleet, connect_timeout or 30.0)
     notes: list[str] = []
     results: list[SettingResult] = []
     failure: DispatcherError | None = None
@@ -222,6 +251,29 @@ async def tune(
                         if progress is None
                         else functools.partial(_report_progress, progress, limit, index, len(limits))
                     )
+                    if fleet is not None:
+                        assert isinstance(target, str)
+                        results.append(
+                            await fleet_measure(
+                                target,
+                                pattern,
+                                redis=fleet,
+                                processes=processes,
+                                limit=limit,
+                                clients=callers,
+                                warmup=2 * limit if warmup is None else warmup,
+                                calls=calls,
+                                duration=duration,
+                                trusted=trusted,
+                                server=server,
+                                mode=mode,
+                                call_timeout=call_timeout,
+                                connect_timeout=connect_timeout,
+                            )
+                        )
+                        if report is not None:
+                            report(calls or 1, calls)
+                        continue
                     results.append(
                         await measure(
                             dispatcher,
@@ -255,7 +307,7 @@ async def tune(
     return TuneReport(
         target=describe_target(target),
         trusted=trusted,
-        knob="per_server" if per_server else "max_concurrency",
+        knob="fleet" if fleet is not None else "per_server" if per_server else "max_concurrency",
         workload=description,
         concurrent_share=share,
         clients=callers,
@@ -266,6 +318,7 @@ async def tune(
         best=best,
         explanation=explanation,
         notes=tuple(notes),
+        processes=processes if fleet is not None else None,
     )
 
 

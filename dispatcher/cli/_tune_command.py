@@ -73,6 +73,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     sweep.add_argument(
         "--per-server", action="store_true", help="sweep the per-server limit instead of the dispatcher-wide one"
     )
+    sweep.add_argument(
+        "--fleet",
+        metavar="REDIS_URL",
+        help="sweep the fleet-wide limit (FleetServer.limit) shared through this Redis by --processes processes, "
+        "each a dispatcher of its own (needs --url and the fleet extra)",
+    )
+    sweep.add_argument("--processes", type=int, default=2, metavar="N", help="processes of a --fleet sweep (default 2)")
     sweep.add_argument("--calls", type=int, default=None, metavar="N", help="measured calls per setting (default 200)")
     sweep.add_argument("--duration", type=float, metavar="S", help="measure each setting for at most S seconds")
     sweep.add_argument("--warmup", type=int, metavar="N", help="calls before measuring (default: twice the setting)")
@@ -120,6 +127,12 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace) -> int:
     target = target_from_args(args)
+    if args.fleet is not None and args.url is None:
+        raise UsageError("--fleet needs --url: every process of the fleet connects to the one server")
+    if args.fleet is not None and args.per_server:
+        raise UsageError("--fleet sweeps the fleet-wide limit: leave out --per-server")
+    if args.fleet is None and args.processes != 2:
+        raise UsageError("--processes applies to a --fleet sweep only")
     settings = _settings(args)
     workload = _workload(args)
     if args.plot is not None:
@@ -151,6 +164,8 @@ def _run(args: argparse.Namespace) -> int:
             connect_timeout=args.timeout if args.timeout > 0 else None,
             seed=args.seed,
             progress=bar,
+            fleet=args.fleet,
+            processes=args.processes,
         )
         try:
             report = anyio.run(run)

@@ -142,6 +142,22 @@ class Round:
             finally:
                 os.kill(pid, signal.SIGCONT)
 
+    async def reachable(self, d: Dispatcher) -> None:
+        """Wait until each server answers a read again (at most a minute, however loaded the machine).
+
+        A fixed pause is not enough: a loaded machine can take seconds to start a process or reconnect, and a
+        batch sent before then fails without the dispatcher being at fault. The probes read a note no call
+        of the round writes, so the ledger checks ignore them.
+        """
+        with anyio.fail_after(60):
+            for name in ("ws", "raw"):
+                for attempt in range(1_000_000):
+                    probe = ToolCall(f"probe-{name}-{attempt}", "read_note", {"name": f"probe-{name}"}, server=name)
+                    [result] = await d.dispatch([probe])
+                    if result.status in (CallStatus.OK, CallStatus.TOOL_ERROR):
+                        break
+                    await anyio.sleep(QUICK_RECONNECTS.wait_max)
+
     async def batch(self, d: Dispatcher, prefix: str, size: int, *, strike: bool) -> list[ToolResult]:
         """Send a batch of mixed calls (striking meanwhile) and check its results; returns them."""
         calls = [make_call(self.rng, f"{prefix}-c{i}", "ws" if self.rng.random() < 0.6 else "raw") for i in range(size)]
@@ -219,7 +235,7 @@ async def play(seed: int, transport: Transport, fault: Fault, tmp: pathlib.Path)
                 if fault == "drop":
                     assert r.proxy is not None
                     r.proxy.drop()
-                await anyio.sleep(QUICK_RECONNECTS.wait_max)  # past any reconnect backoff
+                await r.reachable(d)
                 after = await r.batch(d, "after", 6, strike=False)
                 problems = harness.check_idle(d)
             assert not problems, problems

@@ -3,7 +3,8 @@
 In "calls" mode it runs `agents` concurrent agents, each dispatching `rounds` batches of a read, a write and a
 read to one MCP server over streamable HTTP, through a dispatcher coordinated by Redis (or not, when
 ``redis`` is null), and writes every result to ``out`` as JSON. In "hold" mode it takes one exclusive fleet
-hold, prints ``HELD`` and waits to be killed.
+hold, prints ``HELD`` and waits to be killed. In "keyed" mode each agent writes its note (``k0`` or ``k1``,
+by the parity of its number) `rounds` times, on a server whose writes are keyed by the note's name.
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ async def _agent(dispatcher: Dispatcher, config: dict[str, Any], agent: int, out
         out.extend({"id": result.call_id, "status": result.status.value, "error": result.error} for result in results)
 
 
+async def _keyed(dispatcher: Dispatcher, config: dict[str, Any], agent: int, out: list[dict[str, Any]]) -> None:
+    tag = f"{config['name']}-{agent}"
+    for round_ in range(config["rounds"]):
+        call = ToolCall(f"{tag}-{round_}-w", "set_note", {"name": f"k{agent % 2}", "text": tag})
+        results = await dispatcher.dispatch([call])
+        out.extend({"id": result.call_id, "status": result.status.value, "error": result.error} for result in results)
+
+
 async def _calls(config: dict[str, Any]) -> None:
     coordinator = _coordinator(config)
     results: list[dict[str, Any]] = []
@@ -56,11 +65,19 @@ async def _calls(config: dict[str, Any]) -> None:
         dispatcher = await stack.enter_async_context(
             Dispatcher(max_concurrency=config.get("local_limit", 16), coordinator=coordinator)
         )
-        await dispatcher.connect(SERVER, config["mcp"], trusted=True, max_concurrency=config.get("limit"))
+        keyed = config.get("mode") == "keyed"
+        await dispatcher.connect(
+            SERVER,
+            config["mcp"],
+            trusted=True,
+            max_concurrency=config.get("limit"),
+            domain=SERVER if keyed else None,
+            keys={"set_note": lambda arguments: arguments["name"]} if keyed else None,
+        )
         print("READY", flush=True)
         async with anyio.create_task_group() as tg:
             for agent in range(config["agents"]):
-                tg.start_soon(_agent, dispatcher, config, agent, results)
+                tg.start_soon(_keyed if keyed else _agent, dispatcher, config, agent, results)
     await anyio.Path(config["out"]).write_text(json.dumps(results))
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 from typing import TYPE_CHECKING
 
@@ -12,6 +15,8 @@ from benchmarks._redis import RedisServer, redis_server_binary, skip_or_fail
 if TYPE_CHECKING:
     import pathlib
     from collections.abc import Iterator
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture
@@ -33,3 +38,29 @@ def redis_server(tmp_path: pathlib.Path) -> Iterator[RedisServer]:
 def namespace() -> str:
     """A fleet name of its own for each test."""
     return f"test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
+    """The example workspace over HTTP with a ledger; yields its URL and the ledger's path."""
+    ledger = tmp_path / "ledger.jsonl"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dispatcher.examples.workspace", "--http", "--port", "0", "--latency", "0.03",
+         "--ledger", str(ledger)],
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline().decode()
+        assert line.startswith("MCP_URL="), f"the workspace did not start: {line!r}"
+        yield line.strip().split("=", 1)[1], ledger
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        assert process.stdout is not None
+        process.stdout.close()

@@ -7,6 +7,8 @@ Each test runs on asyncio (redis.asyncio) and trio (redis-py's blocking client i
 from __future__ import annotations
 
 import signal
+import subprocess
+import time
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -15,12 +17,14 @@ import pytest
 import redis
 from mcp.types import ToolAnnotations
 
-from dispatcher import CallStatus, ConfigurationError, Dispatcher, RetryPolicy, ToolCall
+from benchmarks._redis import _free_port
+from dispatcher import CallStatus, ConfigurationError, Dispatcher, RetryPolicy, ToolCall, _fleet_lua
 from dispatcher.examples import FaultConfig, Workspace
 from dispatcher.fleet import CoordinationError, FleetServer, LocalCoordinator, RedisCoordinator
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Collection, Hashable
+    import pathlib
+    from collections.abc import AsyncIterator, Callable, Collection, Hashable, Iterator
 
     from benchmarks._redis import RedisServer
 
@@ -401,3 +405,137 @@ async def test_a_lost_hold_settles_its_call_once_and_frees_its_turn() -> None:
     assert [second.status, read.status, later.status] == [CallStatus.OK] * 3
     assert coordinator.holds == coordinator.released == 4
     assert workspace.in_flight == 0, "the abandoned call was not cancelled"
+
+
+async def test_a_fresh_namespace_on_a_running_redis_grants_at_once(redis_server: RedisServer, namespace: str) -> None:
+    """A namespace Redis has never seen: its very first request is granted (no quiet period), also end to end."""
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        with anyio.fail_after(10):
+            # The quiet period covers a Redis younger than one lease_ttl (here 1 s): wait until it is older.
+            while (await anyio.to_thread.run_sync(client.info, "server"))["uptime_in_seconds"] < 1:  # noqa: ASYNC110  # Redis' own uptime
+                await anyio.sleep(0.1)
+        coordinator = fleet(redis_server, namespace, servers={"ws": FleetServer(shared_state=True)})
+        keys = coordinator._keys("ws")
+        args: list[str | int] = [1000, 0, f"{namespace}:wake:", "t:1", '["",3]']
+        first = await anyio.to_thread.run_sync(lambda: client.register_script(_fleet_lua.ACQUIRE)(keys=keys, args=args))
+        assert first == 1, "the first request on a fresh namespace waited for a quiet period"
+    finally:
+        client.close()
+    other = RedisCoordinator(redis_server.url, namespace=namespace + "-2", servers=SERVERS, lease_ttl=1.0, recheck=0.2)
+    async with other:
+        with anyio.fail_after(30):
+            async with other.hold(server="ws", exclusive=True, on_lost=never_lost):
+                pass
+
+
+async def test_a_redis_younger_than_lease_ttl_grants_nothing_until_it_is_that_old(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """Redis started (or restarted empty) less than a ttl ago: no grant before its uptime reaches the ttl."""
+    redis_server.restart()
+    coordinator = RedisCoordinator(
+        redis_server.url, namespace=namespace, servers=SERVERS, lease_ttl=60.0, wait_timeout=1.5
+    )
+    async with coordinator:
+        with pytest.raises(CoordinationError, match="within wait_timeout"):
+            async with coordinator.hold(server="ws", exclusive=False, on_lost=never_lost):
+                raise AssertionError("granted while holds from before the restart could still be running")
+
+
+async def test_call_timeout_bounds_the_wait_for_a_fleet_hold(redis_server: RedisServer, namespace: str) -> None:
+    """No wait_timeout: a call held off the server by another process fails at call_timeout, never run, queue left."""
+    workspace = Workspace()
+    other, coordinator = fleet(redis_server, namespace), fleet(redis_server, namespace)
+    async with other, coordinator, Dispatcher(coordinator=coordinator, call_timeout=0.5) as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+        async with other.hold(server="ws", exclusive=True, on_lost=never_lost):
+            with anyio.fail_after(20):
+                [result] = await dispatcher.dispatch([ToolCall("1", "set_note", {"name": "n", "text": "t"})])
+            assert await queued(redis_server, namespace) == 0
+    assert result.status is CallStatus.FAILED
+    assert result.error == "no fleet hold on server 'ws' within call_timeout=0.5s; the call did not run"
+    assert result.attempts == 0
+    assert workspace.ledger == ()
+
+
+async def test_a_call_that_waited_for_its_hold_still_gets_its_whole_call_timeout_to_run(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """Wait 1.5 s for the hold, run 1.5 s, call_timeout 2.5 s: OK (each is bounded alone, not their sum)."""
+    workspace = Workspace(latency=1.5)
+    other, coordinator = fleet(redis_server, namespace), fleet(redis_server, namespace)
+    async with other, coordinator, Dispatcher(coordinator=coordinator, call_timeout=2.5) as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+        async with anyio.create_task_group() as tg:
+            held = anyio.Event()
+
+            async def hold_for_a_while() -> None:
+                async with other.hold(server="ws", exclusive=True, on_lost=never_lost):
+                    held.set()
+                    await anyio.sleep(1.5)
+
+            tg.start_soon(hold_for_a_while)
+            await held.wait()
+            with anyio.fail_after(30):
+                [result] = await dispatcher.dispatch([ToolCall("1", "set_note", {"name": "n", "text": "t"})])
+    assert result.status is CallStatus.OK, result.error
+    assert len(workspace.ledger) == 1
+
+
+def _start_cluster_node(binary: str, directory: pathlib.Path) -> tuple[subprocess.Popen[bytes], int] | None:
+    """A one-node Redis Cluster serving every slot, or None if it did not come up (its port was taken)."""
+    port = _free_port()
+    node = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory), "--save", "",
+         "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    client = redis.Redis(port=port)
+    try:
+        deadline = time.monotonic() + 30
+        while node.poll() is None and time.monotonic() < deadline:
+            try:
+                client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+                return node, port
+            except redis.ConnectionError:
+                time.sleep(0.05)
+    finally:
+        client.close()
+    node.kill()
+    node.wait()
+    return None
+
+
+@pytest.fixture
+def cluster_node(redis_server: RedisServer, tmp_path: pathlib.Path) -> Iterator[str]:
+    """A one-node Redis Cluster serving every slot; yields its URL."""
+    for _ in range(3):
+        started = _start_cluster_node(redis_server.binary, tmp_path)
+        if started is not None:
+            break
+    else:
+        raise AssertionError("no Redis Cluster node could be started")
+    node, port = started
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        node.kill()
+        node.wait()
+
+
+async def test_a_redis_cluster_node_fails_calls_saying_cluster_is_not_supported(
+    cluster_node: str, namespace: str
+) -> None:
+    """Pointed at a Redis Cluster node: the call is FAILED, saying Redis Cluster is not supported, and never runs."""
+    workspace = Workspace()
+    coordinator = fleet(cluster_node, namespace)
+    async with coordinator, Dispatcher(coordinator=coordinator) as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+        with anyio.fail_after(20):
+            [result] = await dispatcher.dispatch([ToolCall("1", "search_notes", {"query": "x"})])
+    assert result.status is CallStatus.FAILED
+    assert result.error is not None
+    assert "is a Redis Cluster node, which RedisCoordinator does not support" in result.error
+    assert workspace.ledger == ()

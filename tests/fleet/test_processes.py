@@ -23,7 +23,6 @@ from dispatcher.fleet import CoordinationError, FleetServer, RedisCoordinator
 
 if TYPE_CHECKING:
     import pathlib
-    from collections.abc import Iterator
 
     from benchmarks._redis import RedisServer
 
@@ -55,32 +54,6 @@ def read_ledger(path: pathlib.Path) -> Overlaps:
         else:
             running.pop(record["seq"], None)
     return Overlaps(peak, overlaps, calls)
-
-
-@pytest.fixture
-def workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
-    """The example workspace over HTTP with a ledger; yields its URL and the ledger's path."""
-    ledger = tmp_path / "ledger.jsonl"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "dispatcher.examples.workspace", "--http", "--port", "0", "--latency", "0.03",
-         "--ledger", str(ledger)],
-        stdout=subprocess.PIPE,
-        cwd=ROOT,
-    )  # fmt: skip
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline().decode()
-        assert line.startswith("MCP_URL="), f"the workspace did not start: {line!r}"
-        yield line.strip().split("=", 1)[1], ledger
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        assert process.stdout is not None
-        process.stdout.close()
 
 
 def spawn(config: dict[str, Any]) -> subprocess.Popen[bytes]:
@@ -168,6 +141,34 @@ def test_without_the_coordinator_the_same_fleet_breaks_both_rules(
     assert len(results_of(configs)) == len(expected_ids(configs))
     seen = read_ledger(ledger)
     assert seen.peak > LIMIT or seen.write_overlaps > 0, "the checks cannot tell a fleet without coordination"
+
+
+def test_a_fleet_overlaps_writes_on_different_keys_and_never_on_the_same_key(
+    tmp_path: pathlib.Path, redis_server: RedisServer, namespace: str, workspace: tuple[str, pathlib.Path]
+) -> None:
+    """Three processes writing notes k0 and k1 (keyed by name): same-note writes never overlap, k0 and k1 do."""
+    mcp, ledger = workspace
+    configs = fleet_configs(tmp_path, mcp, redis_server.url, namespace, processes=3, rounds=4)
+    for config in configs:
+        config.update(mode="keyed", limit=None)
+    wait_all([spawn(config) for config in configs])
+    results = results_of(configs)
+    assert len(results) == 3 * 4 * 4
+    assert [result for result in results if result["status"] != "ok"] == []
+    running: dict[tuple[int, int], str] = {}
+    same = different = 0
+    for line in ledger.read_text().splitlines():
+        record = json.loads(line)
+        key = (record["pid"], record["seq"])
+        if record["event"] == "start":
+            note = record["arguments"]["name"]
+            same += sum(other == note for other in running.values())
+            different += sum(other != note for other in running.values())
+            running[key] = note
+        else:
+            running.pop(key, None)
+    assert same == 0, f"writes of one note overlapped {same} times across the fleet"
+    assert different > 0, "writes of different notes never overlapped: the fleet held the whole server"
 
 
 def test_redis_restarted_mid_run_loses_no_result_and_runs_nothing_unguarded(

@@ -1,0 +1,263 @@
+"""`tune --fleet`: one setting of a fleet-wide limit, measured by a fleet of real processes.
+
+Each process is a dispatcher of its own with a `RedisCoordinator` that gives the server a fleet-wide
+`FleetServer(limit=setting)`, connected to the server over streamable HTTP on its own, and running its
+share of the closed loop (`_measure.closed_loop`): the callers, the warm-up and the measured calls are
+split across the processes. The processes connect, say READY, and start together when told GO; each
+sends back every call's result and its window. The figures are those of the whole fleet: its calls
+merged on the host's monotonic clock (the same clock in every process on one machine), over the span
+when every process was measuring.
+
+A process is `python -m dispatcher.cli._fleet_tune CONFIG_JSON`, run by `fleet_measure`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from dispatcher._calls import CallStatus, ToolCall, settled_result
+from dispatcher._errors import DispatcherError
+
+from ._measure import summarise
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from anyio.abc import Process
+
+    from dispatcher._calls import ToolResult
+
+    from ._measure import SettingResult
+
+__all__ = ["check_redis", "fleet_measure", "shares"]
+
+# Seconds a process may take to start and connect, beyond the connection timeout it is given.
+_START_SLACK = 30.0
+# The longest line a process sends (its results: a few dozen bytes a call).
+_MAX_LINE = 256 * 1024 * 1024
+
+
+class FleetTuneError(DispatcherError):
+    """A process of the fleet failed; the sweep stops."""
+
+
+def shares(total: int, processes: int) -> list[int]:
+    """`total` split into `processes` near-equal whole shares (the first ones get the remainder)."""
+    base, extra = divmod(total, processes)
+    return [base + (1 if index < extra else 0) for index in range(processes)]
+
+
+async def check_redis(url: str, socket_timeout: float) -> None:
+    """Raise `FleetTuneError` unless the Redis at `url` answers PING.
+
+    Raises:
+        ConfigurationError: The `redis` package is not installed.
+    """
+    from dispatcher._fleet import RedisCoordinator, safe_url
+
+    RedisCoordinator(url, servers={})  # checks the URL and the extra
+    import redis
+
+    def ping() -> None:
+        client = redis.Redis.from_url(url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout)
+        try:
+            client.ping()
+        finally:
+            client.close()
+
+    try:
+        await anyio.to_thread.run_sync(ping)
+    except (redis.RedisError, OSError) as exc:
+        raise FleetTuneError(f"cannot reach Redis at {safe_url(url)}: {type(exc).__name__}: {exc}") from None
+
+
+async def fleet_measure(
+    url: str,
+    workload: Sequence[ToolCall],
+    *,
+    redis: str,
+    processes: int,
+    limit: int,
+    clients: int,
+    warmup: int,
+    calls: int | None,
+    duration: float | None,
+    trusted: bool,
+    server: str,
+    mode: str,
+    call_timeout: float | None,
+    connect_timeout: float | None,
+    lease_ttl: float = 10.0,
+) -> SettingResult:
+    """Measure one setting of the fleet-wide limit with `processes` processes sharing it through Redis."""
+    namespace = f"dispatcher-tune-{uuid.uuid4().hex[:12]}"  # a fleet of its own for each setting
+    base = {
+        "url": url,
+        "redis": redis,
+        "namespace": namespace,
+        "server": server,
+        "limit": limit,
+        "trusted": trusted,
+        "mode": mode,
+        "call_timeout": call_timeout,
+        "connect_timeout": connect_timeout,
+        "lease_ttl": lease_ttl,
+        "duration": duration,
+        "workload": [[call.name, call.arguments, call.server] for call in workload],
+    }
+    per_clients = shares(clients, processes)
+    # Every process measures at least one call, so that each has a window of its own.
+    per_calls = [max(1, n) for n in shares(calls, processes)] if calls is not None else [None] * processes
+    per_warmup = [-(-warmup // processes)] * processes
+    configs = [
+        {**base, "clients": c, "calls": n, "warmup": w}
+        for c, n, w in zip(per_clients, per_calls, per_warmup, strict=True)
+        if c > 0
+    ]
+    started = (connect_timeout or 0.0) + _START_SLACK
+    async with contextlib.AsyncExitStack() as stack:
+        running: list[tuple[Process, BufferedByteReceiveStream, Any]] = []
+        stack.push_async_callback(_stop_all, running)
+        for config in configs:
+            log = stack.enter_context(tempfile.TemporaryFile("w+b"))
+            process = await anyio.open_process(
+                [sys.executable, "-m", "dispatcher.cli._fleet_tune", json.dumps(config)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+            )
+            assert process.stdout is not None
+            running.append((process, BufferedByteReceiveStream(process.stdout), log))
+        with anyio.fail_after(started):
+            for process, lines, log in running:
+                await _expect(lines, b"READY", process, log)
+        for process, _, _ in running:
+            assert process.stdin is not None
+            await process.stdin.send(b"GO\n")
+        windows = []
+        for process, lines, log in running:
+            windows.append(json.loads(await _expect(lines, None, process, log)))
+    await _forget(redis, namespace, server)
+    return _merge(limit, windows)
+
+
+async def _forget(url: str, namespace: str, server: str) -> None:
+    """Delete what a setting's fleet left in Redis (its holds are gone; its marker and counter stay)."""
+    import redis
+
+    def delete() -> None:
+        client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        try:
+            client.delete(*(f"{namespace}:server:{server}:{name}" for name in ("meta", "seq")))
+        finally:
+            client.close()
+
+    with contextlib.suppress(redis.RedisError, OSError):
+        await anyio.to_thread.run_sync(delete)
+
+
+async def _expect(lines: BufferedByteReceiveStream, word: bytes | None, process: Process, log: Any) -> bytes:
+    """The next line from a process (which must be `word`, if given); its stderr's tail if it ended instead."""
+    try:
+        line = await lines.receive_until(b"\n", _MAX_LINE)
+    except (anyio.EndOfStream, anyio.IncompleteRead):
+        line = b""
+    if line and (word is None or line.strip() == word):
+        return line
+    await process.wait()
+    log.seek(0)
+    tail = log.read().decode("utf-8", "replace").strip().splitlines()[-5:]
+    said = "; ".join(tail) if tail else f"exited with {process.returncode}"
+    raise FleetTuneError(f"a process of the fleet failed: {said}")
+
+
+async def _stop_all(running: list[tuple[Process, BufferedByteReceiveStream, Any]]) -> None:
+    with anyio.CancelScope(shield=True):
+        for process, _, _ in running:
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+            await process.wait()
+            await process.aclose()
+
+
+def _merge(limit: int, windows: list[dict[str, Any]]) -> SettingResult:
+    """The fleet's figures: every process's calls, over the span when all of them were measuring."""
+    results: list[ToolResult] = []
+    for window in windows:
+        for status, queued, started, finished, error in window["results"]:
+            call = ToolCall(str(len(results)), "fleet", {})
+            results.append(
+                settled_result(
+                    call, CallStatus(status), None, error, 1, None, None, queued, started, finished, (), False
+                )
+            )
+    start = max(window["start"] for window in windows)
+    stop = min(window["stop"] for window in windows)
+    if stop <= start:
+        # The processes' windows did not overlap (very short settings): take the span of them all.
+        start, stop = min(window["start"] for window in windows), max(window["stop"] for window in windows)
+    return summarise(limit, results, start, stop, inclusive=all(window["inclusive"] for window in windows))
+
+
+# The process side ---------------------------------------------------------------------------------
+
+
+async def _process(config: dict[str, Any]) -> None:
+    from dispatcher._dispatcher import Dispatcher
+    from dispatcher._fleet import FleetServer, RedisCoordinator
+
+    from ._connection import connected
+    from ._measure import closed_loop
+
+    server = config["server"]
+    coordinator = RedisCoordinator(
+        config["redis"],
+        namespace=config["namespace"],
+        servers={server: FleetServer(limit=config["limit"], share_retry_budget=False)},
+        lease_ttl=config["lease_ttl"],
+        recheck=min(1.0, config["lease_ttl"] / 2),
+    )
+    workload = [ToolCall(str(index), name, arguments, server=on) for index, (name, arguments, on) in enumerate(
+        config["workload"]
+    )]  # fmt: skip
+    async with (
+        connected(config["url"], mode=config["mode"], connect_timeout=config["connect_timeout"]) as client,
+        coordinator,
+        Dispatcher(max_concurrency=None, call_timeout=config["call_timeout"], retry=None, coordinator=coordinator) as d,
+    ):
+        await d.add_mcp_server(server, client, trusted=config["trusted"])
+        print("READY", flush=True)
+        if (await anyio.to_thread.run_sync(sys.stdin.readline)).strip() != "GO":
+            return  # the sweep ended before this process was needed (its parent stopped, or died)
+        window = await closed_loop(
+            d,
+            workload,
+            clients=config["clients"],
+            warmup=config["warmup"],
+            calls=config["calls"],
+            duration=config["duration"],
+            report=None,
+        )
+    rows = [[r.status.value, r.queued_at, r.started_at, r.finished_at, r.error] for r in window.results]
+    line = {"results": rows, "start": window.start, "stop": window.stop, "inclusive": window.inclusive}
+    sys.stdout.write(json.dumps(line) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: Sequence[str]) -> None:
+    """Run one process of a fleet sweep (asyncio: one monotonic clock with the others)."""
+    anyio.run(_process, json.loads(argv[0]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

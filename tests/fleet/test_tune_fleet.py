@@ -1,0 +1,108 @@
+"""`tune --fleet`: the fleet-wide limit swept by real processes sharing it through a real Redis.
+
+The server is the example workspace over streamable HTTP with its ledger, so the concurrency the server
+saw is checked from its own records. No figure of speed is asserted: only what the limit guarantees
+(never more in flight than the setting) and that the fleet really ran calls together under a setting
+that allows it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import pytest
+import redis
+
+from dispatcher import ConfigurationError
+from dispatcher.cli import main
+from dispatcher.cli._fleet_tune import FleetTuneError, shares
+from dispatcher.tuning import tune
+
+if TYPE_CHECKING:
+    import pathlib
+
+    from benchmarks._redis import RedisServer
+
+
+def ledger_peak(path: pathlib.Path) -> int:
+    """The most calls the server ran at once, from its ledger."""
+    running: set[tuple[int, int]] = set()
+    peak = 0
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        key = (record["pid"], record["seq"])
+        if record["event"] == "start":
+            running.add(key)
+            peak = max(peak, len(running))
+        else:
+            running.discard(key)
+    return peak
+
+
+@pytest.mark.anyio
+async def test_a_fleet_sweep_measures_the_fleet_wide_limit_with_several_processes(
+    redis_server: RedisServer, workspace: tuple[str, pathlib.Path]
+) -> None:
+    """Two processes, six callers, settings 1 and 3: the server never sees more than 3, the fleet reaches past 1."""
+    url, ledger = workspace
+    report = await tune(url, "reads", [1, 3], trusted=True, calls=24, clients=6, fleet=redis_server.url, processes=2)
+    assert report.knob == "fleet" and report.processes == 2
+    assert report.to_json()["processes"] == 2
+    assert "FleetServer(limit=" in report.how_to_apply
+    one, three = report.settings
+    assert (one.limit, three.limit) == (1, 3)
+    assert one.errors == three.errors == 0
+    assert one.calls >= 20 and three.calls >= 20, "each setting measured the calls of both processes"
+    assert one.in_flight <= 1.05, f"{one.in_flight} in flight on average under a fleet-wide limit of 1"
+    assert three.in_flight <= 3.05
+    assert three.in_flight > 1.2, "the fleet never ran calls together under a limit of 3"
+    assert ledger_peak(ledger) <= 3, "the server ran more calls at once than the largest fleet-wide setting"
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        assert client.keys("dispatcher-tune-*") == [], "a setting's fleet left keys in Redis"
+    finally:
+        client.close()
+
+
+def test_the_fleet_sweep_from_the_command_line(
+    redis_server: RedisServer, workspace: tuple[str, pathlib.Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dispatcher tune --fleet URL --processes 2` prints the fleet-wide table and a FleetServer recommendation."""
+    url, ledger = workspace
+    argv = ["tune", "--url", url, "--trusted", "--synthetic", "reads", "--range", "2", "--calls", "12", "--quiet"]
+    assert main([*argv, "--fleet", redis_server.url, "--processes", "2", "--clients", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "tuning the fleet-wide limit (2 processes sharing it through Redis)" in out
+    assert "recommended: RedisCoordinator(..., servers={...: FleetServer(limit=2)})" in out
+    assert ledger_peak(ledger) <= 2
+
+
+def test_fleet_options_that_cannot_work_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """--fleet without --url, with --per-server, and --processes without --fleet: usage errors (exit 2)."""
+    stdio = ["tune", "--stdio", "python -m x", "--synthetic", "reads", "--fleet", "redis://127.0.0.1:1/0"]
+    assert main(stdio) == 2
+    assert "--fleet needs --url" in capsys.readouterr().err
+    url = ["tune", "--url", "http://127.0.0.1:9/mcp", "--synthetic", "reads"]
+    assert main([*url, "--fleet", "redis://127.0.0.1:1/0", "--per-server"]) == 2
+    assert "leave out --per-server" in capsys.readouterr().err
+    assert main([*url, "--processes", "3"]) == 2
+    assert "--processes applies to a --fleet sweep only" in capsys.readouterr().err
+
+
+@pytest.mark.anyio
+async def test_a_fleet_sweep_without_redis_fails_before_starting_processes() -> None:
+    """An unreachable Redis: the sweep fails at once, saying so; a non-HTTP target or bad count is refused."""
+    with pytest.raises(FleetTuneError, match=r"cannot reach Redis at redis://127\.0\.0\.1:1/0"):
+        await tune("http://127.0.0.1:9/mcp", "reads", [1], fleet="redis://127.0.0.1:1/0")
+    with pytest.raises(ConfigurationError, match="streamable HTTP URL"):
+        await tune(object(), "reads", [1], fleet="redis://127.0.0.1:1/0")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="processes must be"):
+        await tune("http://127.0.0.1:9/mcp", "reads", [1], fleet="redis://127.0.0.1:1/0", processes=0)
+
+
+def test_the_load_is_split_across_the_processes() -> None:
+    """Callers and calls are split in near-equal whole shares that add up to the total."""
+    assert shares(7, 3) == [3, 2, 2]
+    assert shares(2, 4) == [1, 1, 0, 0]
+    assert sum(shares(200, 6)) == 200

@@ -1,0 +1,164 @@
+"""The package's layering, read from its source with `ast` (scripts/architecture.py holds the layers)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from scripts.architecture import DOC, LAYERS, Import, imports, layer_of, modules
+
+if TYPE_CHECKING:
+    import pathlib
+    from collections.abc import Callable, Iterable
+
+# Known exceptions, each in a file this change leaves alone, each to be removed when its file is fixed.
+# An edge (importer, imported) listed here is left out of the cycle check.
+KNOWN_RUNTIME_CYCLE_EDGES = frozenset(
+    {
+        # `_coordination.admitted_runner` imports `_execution.settle` inside a function, while `_execution`
+        # imports `_coordination` at the top: the two modules depend on each other.
+        ("dispatcher._coordination", "dispatcher._execution"),
+    }
+)
+
+
+def _all_imports(known: dict[str, pathlib.Path]) -> list[Import]:
+    return [found for module in known for found in imports(module, known)]
+
+
+def private_name_imports(found: Iterable[Import]) -> list[str]:
+    """Imports of another package module's underscore-prefixed names (its private modules may be imported)."""
+    return [
+        f"{i.module}:{i.line} imports {name} from {i.source}"
+        for i in found
+        if i.target is not None and i.target != i.module
+        for name in i.names
+        if name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+    ]
+
+
+def sdk_private_imports(found: Iterable[Import]) -> list[str]:
+    """Imports of the `mcp` SDK's private modules or names."""
+    problems = []
+    for i in found:
+        top = i.source.split(".")[0]
+        if top not in {"mcp", "mcp_types"}:
+            continue
+        private = [part for part in (*i.source.split("."), *i.names) if part.startswith("_")]
+        if private:
+            problems.append(f"{i.module}:{i.line} imports the SDK's private {private} ({i.source})")
+    return problems
+
+
+def upward_imports(found: Iterable[Import], layer: Callable[[str], int]) -> list[str]:
+    """Run-time imports from a module of a higher layer."""
+    return [
+        f"{i.module}:{i.line} (layer {layer(i.module) + 1}) imports {i.target} (layer {layer(i.target) + 1})"
+        for i in found
+        if i.target is not None and not i.type_checking and layer(i.target) > layer(i.module)
+    ]
+
+
+def runtime_cycles(found: Iterable[Import], ignored: frozenset[tuple[str, str]]) -> list[str]:
+    """Pairs of modules that import each other at run time, directly or through others."""
+    graph: dict[str, set[str]] = {}
+    for i in found:
+        if i.target is not None and i.target != i.module and not i.type_checking:
+            if (i.module, i.target) not in ignored:
+                graph.setdefault(i.module, set()).add(i.target)
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, stack = set(), [start]
+        while stack:
+            node = stack.pop()
+            if node == goal:
+                return True
+            if node not in seen:
+                seen.add(node)
+                stack.extend(graph.get(node, ()))
+        return False
+
+    return sorted(f"{a} -> {b} -> ... -> {a}" for a, targets in graph.items() for b in targets if reaches(b, a))
+
+
+def test_every_module_is_in_exactly_one_layer() -> None:
+    """A new module must be placed in a layer; a layer names only modules that exist."""
+    listed = [module for _, _, members in LAYERS for module in members]
+    assert len(listed) == len(set(listed)), "a module is listed in two layers"
+    unplaced = sorted(set(modules()) - set(listed))
+    assert unplaced == [], "place these modules in a layer of LAYERS in scripts/architecture.py, then make architecture"
+    assert sorted(set(listed) - set(modules())) == [], "LAYERS in scripts/architecture.py names modules that are gone"
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """Modules use each other's public names only (private modules are fine, their private names are not)."""
+    assert private_name_imports(_all_imports(modules())) == []
+
+
+def test_no_sdk_private_names_are_imported() -> None:
+    """Nothing of the `mcp` SDK that starts with an underscore is imported: it may change in any release."""
+    assert sdk_private_imports(_all_imports(modules())) == []
+
+
+def test_no_module_imports_a_higher_layer_at_run_time() -> None:
+    """Calls and results -> catalogue -> admission -> execution -> hooks -> adapters -> facade -> applications.
+
+    Imports under `if TYPE_CHECKING:` may point up: with postponed annotations they never run, and let a lower
+    layer name the type of what a higher one hands it (execution is given its hooks; a batch its observer).
+    """
+    assert upward_imports(_all_imports(modules()), layer_of) == []
+
+
+def test_no_two_modules_import_each_other_at_run_time() -> None:
+    """The run-time import graph has no cycle, apart from the known exceptions listed above."""
+    assert runtime_cycles(_all_imports(modules()), KNOWN_RUNTIME_CYCLE_EDGES) == []
+
+
+def test_the_known_exceptions_are_still_needed() -> None:
+    """An exception that the code no longer needs is removed from the list (it would hide a regression)."""
+    assert runtime_cycles(_all_imports(modules()), frozenset()) != []
+    for edge in KNOWN_RUNTIME_CYCLE_EDGES:
+        assert runtime_cycles(_all_imports(modules()), KNOWN_RUNTIME_CYCLE_EDGES - {edge}) != [], edge
+
+
+def test_the_checks_catch_what_they_are_for(tmp_path: pathlib.Path) -> None:
+    """Each check fails on a small package that breaks its rule (the checks are not vacuous)."""
+    package = tmp_path / "dispatcher"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "_low.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from mcp.client._memory import InMemoryTransport\n"
+        "from ._high import _secret\n"
+        "if TYPE_CHECKING:\n"
+        "    from ._high import Public\n"
+    )
+    (package / "_high.py").write_text("from . import _low\n")
+    known = {"dispatcher": package / "__init__.py", "dispatcher._low": package / "_low.py"}
+    known["dispatcher._high"] = package / "_high.py"
+    found = _all_imports(known)
+    layers = {"dispatcher._low": 0, "dispatcher._high": 1, "dispatcher": 2}
+
+    assert private_name_imports(found) == ["dispatcher._low:3 imports _secret from dispatcher._high"]
+    assert sdk_private_imports(found) == [
+        "dispatcher._low:2 imports the SDK's private ['_memory'] (mcp.client._memory)"
+    ]
+    # The type-only import of `Public` is not reported; the run-time one of `_secret` is.
+    assert upward_imports(found, layers.__getitem__) == [
+        "dispatcher._low:3 (layer 1) imports dispatcher._high (layer 2)"
+    ]
+    assert runtime_cycles(found, frozenset()) == [
+        "dispatcher._high -> dispatcher._low -> ... -> dispatcher._high",
+        "dispatcher._low -> dispatcher._high -> ... -> dispatcher._low",
+    ]
+    assert runtime_cycles(found, frozenset({("dispatcher._high", "dispatcher._low")})) == []
+
+
+def test_the_architecture_doc_lists_every_module() -> None:
+    """docs/architecture.md names every module of the package (regenerate it with make architecture)."""
+    text = DOC.read_text(encoding="utf-8")
+    missing = [
+        module
+        for module in modules()
+        if f"`{module.removeprefix('dispatcher.') if module != 'dispatcher' else module}`" not in text
+    ]
+    assert missing == [], "docs/architecture.md is out of date: run make architecture"
