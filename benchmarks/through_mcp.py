@@ -15,7 +15,10 @@ what a ratio shows is the dispatcher's cost and never the effect of a different 
 - overhead: 1,000 zero-latency reads. The dispatcher with its default limit (16 in flight) against 16
   direct `call_tool` workers taking the calls in turn (the cheapest way to keep 16 in flight), and the
   dispatcher with `max_concurrency=None` against one task per direct `call_tool` (all in flight).
-  Target 6: each ratio <= 1.05 (median of the paired ratios), on every transport and both backends;
+  Target 6: each ratio <= 1.05 (median of the paired ratios), on every transport and both backends.
+  For information, the 16 direct workers again with the SDK's `read_timeout_seconds=60` (the
+  dispatcher bounds every call by its default `call_timeout=60`; a deadline on every call has a cost
+  of its own, which this reference pays too);
 - the default limit: 64 reads of 20 ms. The dispatcher with its default limit and with
   `max_concurrency=None`, against direct calls all 64 in flight (what a peer that runs every call at
   once does) and 16 in flight. This shows what the deliberate default costs a wide turn; no target;
@@ -62,11 +65,14 @@ TRANSPORTS = ("in-process", "stdio", "http")
 # The dispatcher's default limit, which the references at the same concurrency copy.
 DEFAULT_LIMIT = 16
 THRESHOLD = 1.05
+# The dispatcher's default call timeout, which one informational reference copies.
+CALL_TIMEOUT = 60.0
 
 DISPATCHER = "dispatcher, default (16)"
 DISPATCHER_UNLIMITED = "dispatcher, max_concurrency=None"
 DIRECT = "direct call_tool, all in flight"
 DIRECT_LIMITED = "direct call_tool, 16 in flight"
+DIRECT_LIMITED_TIMEOUT = "direct call_tool, 16 in flight, 60 s timeout"
 DIRECT_BARRIERS = "direct call_tool, barriers"
 IDEAL = "ideal (ordered barriers)"
 
@@ -177,9 +183,12 @@ async def _http_server(latency: float) -> AsyncIterator[str]:
             await process.aclose()
 
 
-def _direct(client: Client, arguments: list[dict[str, Any]], limit: int | None) -> Callable[[], Awaitable[float]]:
+def _direct(
+    client: Client, arguments: list[dict[str, Any]], limit: int | None, timeout: float | None = None
+) -> Callable[[], Awaitable[float]]:
     """A variant making the reads directly on `client`: `limit` workers taking the calls in turn, or one
-    task per call (all in flight) when `limit` is None. It returns the seconds the calls took."""
+    task per call (all in flight) when `limit` is None; each call bounded by `timeout` seconds (the SDK's
+    `read_timeout_seconds`) if given. It returns the seconds the calls took."""
     n = len(arguments)
 
     async def run_direct() -> float:
@@ -198,7 +207,7 @@ def _direct(client: Client, arguments: list[dict[str, Any]], limit: int | None) 
 
                 async def worker() -> None:
                     for i in indices:
-                        results[i] = await client.call_tool(READ, arguments[i])
+                        results[i] = await client.call_tool(READ, arguments[i], timeout)
 
                 for _ in range(min(limit, n)):
                     tg.start_soon(worker)
@@ -231,6 +240,8 @@ async def _measure_overhead(config: Config, transport: str, backend: str, progre
                 DIRECT_LIMITED: _direct(client, arguments, DEFAULT_LIMIT),
                 DISPATCHER_UNLIMITED: dispatch_once(unlimited, calls),
                 DIRECT: _direct(client, arguments, None),
+                # Information: the same 16 workers with the dispatcher's default call timeout (60 s).
+                DIRECT_LIMITED_TIMEOUT: _direct(client, arguments, DEFAULT_LIMIT, CALL_TIMEOUT),
             },
             config.repeat,
             progress,
@@ -387,7 +398,14 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
                 )
                 # Not a target: it mixes the dispatcher's cost with the effect of its limit.
                 cap = Comparison.paired(case, (DISPATCHER, us[DISPATCHER]), (DIRECT, us[DIRECT]), better="lower")
-                result.comparisons.extend((same_default, same_unlimited, cap))
+                # Not a target: the reference also pays for a deadline on every call, as the dispatcher does.
+                timed = Comparison.paired(
+                    case,
+                    (DISPATCHER, us[DISPATCHER]),
+                    (DIRECT_LIMITED_TIMEOUT, us[DIRECT_LIMITED_TIMEOUT]),
+                    better="lower",
+                )
+                result.comparisons.extend((same_default, same_unlimited, cap, timed))
                 result.targets.append(_target(f"{where}, {n:,} calls, 16 in flight", same_default, "default settings"))
                 result.targets.append(
                     _target(f"{where}, {n:,} calls, all in flight", same_unlimited, "max_concurrency=None")

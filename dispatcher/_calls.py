@@ -114,9 +114,34 @@ class ToolResult:
 
 
 _new = object.__new__
-_SETTERS = tuple(ToolResult.__dict__[name].__set__ for name in ToolResult.__slots__ if not name.startswith("_"))
-# `settled_result` relies on the slots being the fields, in order, and on nothing to run after __init__.
-assert tuple(field.name for field in dataclasses.fields(ToolResult)) == ToolResult.__slots__
+_slot = ToolResult.__dict__
+_set_call = _slot["call"].__set__
+_set_status = _slot["status"].__set__
+_set_result = _slot["result"].__set__
+_set_error = _slot["error"].__set__
+_set_attempts = _slot["attempts"].__set__
+_set_tool = _slot["tool"].__set__
+_set_server = _slot["server"].__set__
+_set_queued_at = _slot["queued_at"].__set__
+_set_started_at = _slot["started_at"].__set__
+_set_finished_at = _slot["finished_at"].__set__
+_set_attempt_errors = _slot["attempt_errors"].__set__
+_set_untrusted_content = _slot["untrusted_content"].__set__
+# `settled_result` sets every field (each by its name) and relies on nothing to run after __init__.
+assert [field.name for field in dataclasses.fields(ToolResult)] == [
+    "call",
+    "status",
+    "result",
+    "error",
+    "attempts",
+    "tool",
+    "server",
+    "queued_at",
+    "started_at",
+    "finished_at",
+    "attempt_errors",
+    "untrusted_content",
+]
 assert not hasattr(ToolResult, "__post_init__")
 
 
@@ -134,26 +159,23 @@ def settled_result(
     attempt_errors: tuple[str, ...],
     untrusted_content: bool,
 ) -> ToolResult:
-    """A `ToolResult` equal to the one its constructor builds, at a third of the cost.
+    """A `ToolResult` equal to the one its constructor builds, at less than half the cost.
 
     A frozen dataclass sets each field through `object.__setattr__`; the executor builds one result
-    per call, so it sets the slots directly (the class has no `__post_init__` to skip).
+    per call, so it sets the slots directly (the class has no `__post_init__` to skip), one slot
+    descriptor per field, unrolled (a loop over them costs as much again).
     """
     new = _new(ToolResult)
-    values = (
-        call,
-        status,
-        result,
-        error,
-        attempts,
-        tool,
-        server,
-        queued_at,
-        started_at,
-        finished_at,
-        attempt_errors,
-        untrusted_content,
-    )
-    for set_slot, value in zip(_SETTERS, values, strict=True):
-        set_slot(new, value)
+    _set_call(new, call)
+    _set_status(new, status)
+    _set_result(new, result)
+    _set_error(new, error)
+    _set_attempts(new, attempts)
+    _set_tool(new, tool)
+    _set_server(new, server)
+    _set_queued_at(new, queued_at)
+    _set_started_at(new, started_at)
+    _set_finished_at(new, finished_at)
+    _set_attempt_errors(new, attempt_errors)
+    _set_untrusted_content(new, untrusted_content)
     return new

@@ -162,6 +162,10 @@ class Catalog:
         self._names: dict[tuple[str | None, str], str] = {}
         # The next counter to try per prefixed base name, so that many clashing names cost linear time.
         self._counters: dict[str, int] = {}
+        # (name, server) -> the resolution of a call that found its tool, until the tools change: a
+        # model calls the same few tools over and over. Failures are not kept (a model can send any
+        # number of names that resolve to nothing), so this holds at most a few entries per tool.
+        self._resolved: dict[tuple[str, str | None], Resolution] = {}
 
     @property
     def servers(self) -> frozenset[str]:
@@ -269,6 +273,7 @@ class Catalog:
             by_name[name] = registered
         self._by_name = by_name
         self._by_tool = by_tool
+        self._resolved = {}
 
     def resolve(self, name: str, server: str | None = None) -> Resolution:
         """Find the one tool a call means, or explain why there is none.
@@ -277,6 +282,18 @@ class Catalog:
         one listed tool has it and it has no ``__`` (a name of that form is only ever a catalogue name,
         so that ``bank__transfer`` never reaches a tool that another server named so).
         """
+        # Only exact strings are looked up or kept: a str subclass may hash and compare as it likes.
+        exact = type(name) is str and (server is None or type(server) is str)
+        if exact:
+            found = self._resolved.get((name, server))
+            if found is not None:
+                return found
+        resolution = self._resolve(name, server)
+        if exact and resolution.entry is not None:
+            self._resolved[(name, server)] = resolution
+        return resolution
+
+    def _resolve(self, name: str, server: str | None) -> Resolution:
         # Calls come from a model: a name that is not a string is that call's error, not the batch's.
         if not isinstance(name, str):
             return Resolution(None, None, f"invalid tool name: expected a string, got {type(name).__name__}")

@@ -397,7 +397,9 @@ class Connection:
         if self._verdict is not None:
             # A call on this client was given up on: first learn whether the client still answers.
             await self._verdict.wait()
-        client = await self.client()
+        client = self._client
+        if client is None:
+            client = await self.client()
         # Checked again now: connecting lists the tools anew, which may have blocked or removed this one.
         reason = self._unavailable(name)
         if reason is not None:

@@ -139,12 +139,14 @@ class FunctionTool:
         data = dict(arguments)
         json_keys = self._json_keys
         try:
-            if any(isinstance(value, str) and key in json_keys for key, value in data.items()):
+            if json_keys and any(isinstance(value, str) and key in json_keys for key, value in data.items()):
                 return self.metadata.validate_arguments(data)
             model = self._arg_model.model_validate(data)
         except ValidationError as exc:
             raise ArgumentError(describe_validation_error(exc)) from exc
-        return {key: getattr(model, name) for name, key in self._fields}
+        # A model's field values are its __dict__ (what getattr reads, after looking through the class).
+        values = model.__dict__
+        return {key: values[name] for name, key in self._fields}
 
     async def invoke(self, prepared: dict[str, Any]) -> CallToolResult:
         try:

@@ -30,6 +30,7 @@ __all__ = [
     "check_arguments",
     "encode_arguments",
     "list_all_tools",
+    "required_arguments",
 ]
 
 _MAX_PAGES = 1000
@@ -71,12 +72,20 @@ def encode_arguments(arguments: Mapping[str, Any]) -> bytes:
         raise ArgumentError(f"invalid arguments: they cannot be encoded as JSON: {exc}") from None
     # pydantic writes NaN and infinities as bare constants, which are not JSON and which servers in
     # other languages cannot parse; the strings themselves are rare enough to confirm the slow way.
-    if b"NaN" in data or b"Infinity" in data:
+    if data.find(b"NaN") >= 0 or data.find(b"Infinity") >= 0:
         try:
             json.dumps(arguments, allow_nan=False)
         except ValueError as exc:
             raise ArgumentError(f"invalid arguments: they cannot be encoded as JSON: {exc}") from None
     return data
+
+
+def required_arguments(schema: Mapping[str, Any]) -> tuple[str, ...]:
+    """The names a tool's input schema lists as required (its ``required`` array; only the strings count)."""
+    required = schema.get("required")
+    if not isinstance(required, list):
+        return ()
+    return tuple(key for key in required if isinstance(key, str))
 
 
 def check_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> None:
@@ -92,15 +101,59 @@ def check_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> 
     Raises:
         ArgumentError: What is wrong, in one line.
     """
+    _check(required_arguments(schema), arguments)
+
+
+def _check(required: tuple[str, ...], arguments: Mapping[str, Any]) -> None:
+    """`check_arguments` with the schema's required names read beforehand (once per tool)."""
+    # Plain loops: this runs for every call, and the generator expressions cost more than the checks.
+    for key in arguments:
+        if not isinstance(key, str):
+            break
+    else:
+        for key in required:
+            if key not in arguments:
+                break
+        else:
+            if not _plain(arguments):
+                encode_arguments(arguments)
+            return
     problems = [f"argument names must be strings, got {key!r}" for key in arguments if not isinstance(key, str)]
-    required = schema.get("required")
-    if isinstance(required, list):
-        missing = [key for key in required if isinstance(key, str) and key not in arguments]
-        if missing:
-            problems.append("missing required " + ", ".join(repr(key) for key in missing))
-    if problems:
-        raise ArgumentError("invalid arguments: " + "; ".join(problems))
-    encode_arguments(arguments)
+    missing = [key for key in required if key not in arguments]
+    if missing:
+        problems.append("missing required " + ", ".join(repr(key) for key in missing))
+    raise ArgumentError("invalid arguments: " + "; ".join(problems))
+
+
+_INT_MIN = -(2**63)
+_INT_MAX = 2**64
+
+
+def _plain(arguments: Mapping[str, Any]) -> bool:
+    """Whether any JSON encoder certainly encodes `arguments`, without encoding them.
+
+    True for the common case only: ASCII names, and values that are ASCII strings, bools, None, 64-bit
+    integers or finite floats, of exactly those types. Anything else (a nested value, a non-ASCII string
+    that may hold a lone surrogate, a subclass) is left to `encode_arguments`.
+    """
+    for key, value in arguments.items():
+        if type(key) is not str or not key.isascii():
+            return False
+        kind = type(value)
+        if kind is str:
+            if not value.isascii():
+                return False
+        elif kind is bool or value is None:
+            continue
+        elif kind is int:
+            if not _INT_MIN <= value < _INT_MAX:
+                return False
+        elif kind is float:
+            if value - value != 0.0:  # NaN or an infinity
+                return False
+        else:
+            return False
+    return True
 
 
 async def answers(client: Client, wait: float) -> bool:
@@ -131,7 +184,7 @@ class MCPTool:
     queued before its tool was blocked or removed fails instead of reaching the changed tool.
     """
 
-    __slots__ = ("client", "guard", "input_schema", "name")
+    __slots__ = ("_required", "client", "guard", "input_schema", "name")
 
     def __init__(
         self,
@@ -145,10 +198,14 @@ class MCPTool:
         self.name = name
         self.input_schema = input_schema
         self.guard = guard
+        # Read once: a listed tool's schema does not change (a changed definition is a new MCPTool).
+        self._required = required_arguments(input_schema)
 
     def prepare(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
-        check_arguments(self.input_schema, arguments)
-        return dict(arguments)
+        # The copy is checked: what is sent is what was checked, whatever the caller's mapping does next.
+        prepared = dict(arguments)
+        _check(self._required, prepared)
+        return prepared
 
     async def invoke(self, prepared: dict[str, Any]) -> CallToolResult:
         if self.guard is not None:

@@ -321,7 +321,13 @@ class Retrier:
             retry=retry_if_result(_transient),
             retry_error_callback=_last_outcome,
         )
-        last: Attempt = await retrying(one)
+        try:
+            last: Attempt = await retrying(one)
+        finally:
+            # tenacity keeps its last iteration's actions (bound methods of `retrying`) in its
+            # per-thread state, a cycle through `retrying` and this retrier: break it, so that a
+            # finished call is freed by reference counting instead of waiting for the collector.
+            retrying.iter_state.reset()
         return last
 
     def _wait(self, state: RetryCallState) -> float:

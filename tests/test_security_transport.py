@@ -256,6 +256,33 @@ def test_arguments_are_refused_exactly_when_the_transport_cannot_encode_them(val
     assert accepted == sendable
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        ANY_TEXT,
+        st.none() | st.booleans() | st.integers() | st.floats() | ANY_TEXT,
+        max_size=4,
+    )
+)
+def test_flat_arguments_are_refused_exactly_when_the_transport_cannot_encode_them(arguments: dict[str, Any]) -> None:
+    """check_arguments's shortcut for flat arguments (any names, NaN, huge integers) agrees with the SDK's encoder."""
+    message = JSONRPCRequest(jsonrpc="2.0", id=1, method="tools/call", params={"name": "t", "arguments": arguments})
+    try:
+        message.model_dump_json(by_alias=True, exclude_unset=True).encode()
+    except ValueError:
+        sendable = False
+    else:
+        # pydantic writes NaN and infinities as bare constants, which are not JSON: never sendable.
+        sendable = all(not isinstance(value, float) or math.isfinite(value) for value in arguments.values())
+    try:
+        check_arguments({"type": "object"}, arguments)
+    except ArgumentError:
+        accepted = False
+    else:
+        accepted = True
+    assert accepted == sendable
+
+
 # 9. Bad arguments fail that call alone ----------------------------------------------------------
 
 # What json.loads makes of a model's "\ud800" and "\udfff" escapes: strings UTF-8 cannot encode.
