@@ -192,11 +192,6 @@ async def test_a_finished_batch_of_mcp_calls_is_freed_by_reference_counting(owne
     assert garbage == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a parked runner keeps the ticket of its last call (`ticket` in `Executor._runner`), "
-    "and with it that call's result, until it is handed another call",
-)
 async def test_results_dropped_while_the_dispatcher_stays_open_are_freed_at_once() -> None:
     """No runner of an open dispatcher keeps a finished call (and its result) alive."""
 
