@@ -545,7 +545,10 @@ class Executor:
                 if current is not None:
                     self._drop(current)
                 raise
-            if current is not None and current.item.started_at is not None:
+            if current is None:
+                # The scope ended after a call (cancelled as it returned), or the gate had nothing.
+                current = gate.take() if self._open else None
+            elif current.item.started_at is not None:
                 # Its scope was cancelled while it ran: by `cancel`, or at its deadline.
                 work = current.item
                 work._scope = None
