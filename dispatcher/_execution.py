@@ -597,6 +597,10 @@ class Executor:
                 result = await impl.invoke(work._prepared)
             except Exception as exc:
                 outcome = _failed(exc)
+            except anyio.get_cancelled_exc_class() as exc:
+                if not _raised_by_tool():
+                    raise
+                outcome = _failed_cancelled(exc)
             else:
                 work._scope = None
                 now = clock()
@@ -725,6 +729,10 @@ class Executor:
             result = await impl.invoke(work._prepared)
         except Exception as exc:
             return _failed(exc)
+        except anyio.get_cancelled_exc_class() as exc:
+            if not _raised_by_tool():
+                raise
+            return _failed_cancelled(exc)
         if result.is_error:
             return Attempt(CallStatus.TOOL_ERROR, result, _error_text(result))
         return Attempt(CallStatus.OK, result)
@@ -763,6 +771,30 @@ def loop_clock() -> Callable[[], float]:
         return trio.lowlevel.current_clock().current_time
     except RuntimeError:  # pragma: no cover
         return anyio.current_time
+
+
+def _raised_by_tool() -> bool:
+    """Whether the cancellation exception being handled came from the tool, not from a cancelled scope.
+
+    No enclosing scope was cancelled (the call's, the dispatcher's): a tool raised the exception
+    itself, or cancelled its own task. On asyncio that task's cancellation request is withdrawn, so
+    the runner carries on with its next call.
+    """
+    if anyio.current_effective_deadline() <= anyio.current_time():  # -inf once a scope is cancelled
+        return False
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # not running on asyncio
+        return True
+    if task is not None:
+        while task.cancelling():
+            task.uncancel()
+    return True
+
+
+def _failed_cancelled(exc: BaseException) -> Attempt:
+    """A call whose tool raised the cancellation exception without being cancelled."""
+    return Attempt(CallStatus.CANCELLED, error=f"the tool raised {type(exc).__name__} without being cancelled")
 
 
 def _failed(exc: Exception) -> Attempt:

@@ -1,0 +1,46 @@
+"""The executor under hostile tools: every call still gets exactly one result, in order, and nothing hangs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import anyio
+import pytest
+from mcp.types import ToolAnnotations
+
+from dispatcher import CallStatus, Dispatcher, ToolCall
+
+pytestmark = pytest.mark.anyio
+
+READ_ONLY = ToolAnnotations(readOnlyHint=True)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("read_only", [True, False])
+async def test_a_tool_raising_the_cancellation_exception_strands_no_call_behind_it(read_only: bool) -> None:
+    """A tool that raises asyncio's CancelledError (or cancels its own task) leaves every other call a result."""
+
+    async def hostile(key: str) -> str:
+        if key == "raise":
+            raise asyncio.CancelledError
+        if key == "self":
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            await asyncio.sleep(0)
+        return key
+
+    annotations = READ_ONLY if read_only else ToolAnnotations(readOnlyHint=False, idempotentHint=False)
+    keys = ["a", "raise", "b", "self", "c"] * 3
+    with anyio.fail_after(10):
+        async with Dispatcher(max_concurrency=1) as dispatcher:
+            dispatcher.add_function(hostile, annotations=annotations)
+            results = await dispatcher.dispatch([ToolCall(f"c{i}", "hostile", {"key": k}) for i, k in enumerate(keys)])
+            again = await dispatcher.dispatch([ToolCall("d", "hostile", {"key": "d"})])
+    assert [result.call_id for result in results] == [f"c{i}" for i in range(len(keys))]
+    for key, result in zip(keys, results, strict=True):
+        if key in ("raise", "self"):
+            assert result.status is CallStatus.CANCELLED
+        else:
+            assert result.status is CallStatus.OK, result
+    assert again[0].status is CallStatus.OK
