@@ -12,7 +12,7 @@ from dispatcher import CallStatus, Dispatcher, ToolCall
 
 pytestmark = pytest.mark.anyio
 
-READ_ONLY = ToolAnnotations(readOnlyHint=True)
+READ_ONLY = ToolAnnotations(read_only_hint=True)
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -30,7 +30,7 @@ async def test_a_tool_raising_the_cancellation_exception_strands_no_call_behind_
             await asyncio.sleep(0)
         return key
 
-    annotations = READ_ONLY if read_only else ToolAnnotations(readOnlyHint=False, idempotentHint=False)
+    annotations = READ_ONLY if read_only else ToolAnnotations(read_only_hint=False, idempotent_hint=False)
     keys = ["a", "raise", "b", "self", "c"] * 3
     with anyio.fail_after(10):
         async with Dispatcher(max_concurrency=1) as dispatcher:
