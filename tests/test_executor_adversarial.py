@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import anyio
+import anyio.lowlevel
 import pytest
 from mcp.types import ToolAnnotations
 
-from dispatcher import CallStatus, Dispatcher, ToolCall
+from dispatcher import CallStatus, Dispatcher, RetryPolicy, ToolCall
 
 pytestmark = pytest.mark.anyio
 
@@ -44,3 +45,39 @@ async def test_a_tool_raising_the_cancellation_exception_strands_no_call_behind_
         else:
             assert result.status is CallStatus.OK, result
     assert again[0].status is CallStatus.OK
+
+
+class Hostile(BaseException):
+    """A BaseException subclass of a tool's own."""
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+@pytest.mark.parametrize("retried", [False, True])
+async def test_a_tool_raising_a_base_exception_fails_its_call_alone(read_only: bool, retried: bool) -> None:
+    """GeneratorExit, a BaseException of the tool's own, or a group of them fail that call; the batch goes on."""
+
+    async def hostile(key: str) -> str:
+        if key == "genexit":
+            raise GeneratorExit
+        if key == "own":
+            raise Hostile
+        if key == "group":
+            raise BaseExceptionGroup("inner", [Hostile(), ValueError()])
+        await anyio.lowlevel.checkpoint()
+        return key
+
+    annotations = READ_ONLY if read_only else ToolAnnotations(read_only_hint=False, idempotent_hint=False)
+    if retried:
+        annotations = ToolAnnotations(read_only_hint=read_only, idempotent_hint=True)
+    keys = ["a", "genexit", "b", "own", "c", "group", "d"] * 2
+    retry = RetryPolicy(attempts=2, wait_initial=0.0, wait_max=0.0) if retried else None
+    with anyio.fail_after(10):
+        async with Dispatcher(max_concurrency=2, call_timeout=5, retry=retry) as dispatcher:
+            dispatcher.add_function(hostile, annotations=annotations)
+            results = await dispatcher.dispatch([ToolCall(f"c{i}", "hostile", {"key": k}) for i, k in enumerate(keys)])
+    assert [result.call_id for result in results] == [f"c{i}" for i in range(len(keys))]
+    for key, result in zip(keys, results, strict=True):
+        if key in ("genexit", "own", "group"):
+            assert result.status is CallStatus.FAILED, result
+        else:
+            assert result.status is CallStatus.OK, result
