@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from mcp.types import ToolAnnotations
 
-from dispatcher import CallStatus, Dispatcher, RetryPolicy, ToolCall
+from dispatcher import CallStatus, Dispatcher, PendingCall, RetryPolicy, ToolCall
 
 pytestmark = pytest.mark.anyio
 
@@ -81,3 +84,106 @@ async def test_a_tool_raising_a_base_exception_fails_its_call_alone(read_only: b
             assert result.status is CallStatus.FAILED, result
         else:
             assert result.status is CallStatus.OK, result
+
+
+adversarial_specs = st.lists(
+    st.tuples(
+        st.sampled_from(["read", "write", "flaky", "cancel_next", "cancel_self", "slow"]),
+        st.sampled_from([0, 0, 0, 1, 2]),  # checkpoints before it returns
+        st.booleans(),  # cancelled from outside right after submission
+        st.sampled_from([0, 0, 1]),  # checkpoints the submitter waits after submitting it
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    specs=adversarial_specs,
+    limit=st.sampled_from([None, 1, 2, 3, 64, 65]),
+    call_timeout=st.sampled_from([None, 0.02, 5.0]),
+    retried=st.booleans(),
+)
+async def test_hostile_interleavings_give_every_call_one_result_in_order(
+    anyio_backend: Any,
+    specs: list[tuple[str, int, bool, int]],
+    limit: int | None,
+    call_timeout: float | None,
+    retried: bool,
+) -> None:
+    """Streamed submission, cancels from inside and outside, timeouts and retries: one result each, limits hold."""
+    active = {"all": 0, "writes": 0, "most": 0}
+    overlaps: list[str] = []
+    pending: list[PendingCall] = []
+
+    async def run(key: str, steps: int, write: bool) -> str:
+        if write and active["all"]:
+            overlaps.append(key)
+        active["all"] += 1
+        active["writes"] += write
+        if active["writes"] and active["all"] > 1:
+            overlaps.append(key)
+        active["most"] = max(active["most"], active["all"])
+        try:
+            for _ in range(steps):
+                await anyio.lowlevel.checkpoint()
+        finally:
+            active["all"] -= 1
+            active["writes"] -= write
+        return key
+
+    async def read(key: str, steps: int = 0) -> str:
+        return await run(key, steps, False)
+
+    async def write(key: str, steps: int = 0) -> str:
+        return await run(key, steps, True)
+
+    async def flaky(key: str, steps: int = 0) -> str:
+        await run(key, steps, False)
+        raise OSError("transient")
+
+    async def slow(key: str, steps: int = 0) -> str:
+        await anyio.sleep(0.05)
+        return await run(key, steps, False)
+
+    async def cancel_next(key: str, steps: int = 0) -> str:
+        index = int(key[1:])
+        if index + 1 < len(pending):
+            pending[index + 1].cancel()
+        return await run(key, steps, False)
+
+    async def cancel_self(key: str, steps: int = 0) -> str:
+        pending[int(key[1:])].cancel()
+        return await run(key, steps + 1, False)
+
+    read_only = ToolAnnotations(read_only_hint=True, idempotent_hint=True)
+    retry = RetryPolicy(attempts=2, wait_initial=0.0, wait_max=0.0, retry_read_only=True) if retried else None
+    with anyio.fail_after(60):
+        async with Dispatcher(max_concurrency=limit, call_timeout=call_timeout, retry=retry) as dispatcher:
+            dispatcher.add_function(read, annotations=read_only)
+            dispatcher.add_function(write, annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=False))
+            for fn in (flaky, slow, cancel_next, cancel_self):
+                dispatcher.add_function(fn, annotations=read_only)
+            async with dispatcher.batch() as batch:
+                for index, (tool, steps, cancel, pause) in enumerate(specs):
+                    work = batch.submit(ToolCall(f"c{index}", tool, {"key": f"c{index}", "steps": steps}))
+                    pending.append(work)
+                    if cancel:
+                        work.cancel()
+                    for _ in range(pause):
+                        await anyio.lowlevel.checkpoint()
+                results = await batch.wait()
+            assert dispatcher.idle
+    assert [result.call_id for result in results] == [f"c{i}" for i in range(len(specs))]
+    assert all(work.done for work in pending)
+    assert overlaps == []
+    assert limit is None or active["most"] <= limit
+    for (tool, _, cancel, _), result in zip(specs, results, strict=True):
+        if cancel or tool == "cancel_self":
+            continue
+        if tool in ("read", "write", "cancel_next"):
+            assert result.status in (CallStatus.OK, CallStatus.CANCELLED), result
+        elif tool == "slow":
+            assert result.status in (CallStatus.OK, CallStatus.CANCELLED, CallStatus.TIMEOUT), result
+        else:
+            assert result.status in (CallStatus.TOOL_ERROR, CallStatus.FAILED, CallStatus.CANCELLED), result
