@@ -602,6 +602,10 @@ class Executor:
                 result = await impl.invoke(work._prepared)
             except Exception as exc:
                 outcome = _failed(exc)
+            except BaseException as exc:
+                if not _tool_failure(exc):
+                    raise
+                outcome = _failed_base(exc)
             else:
                 work._scope = None
                 now = clock()
@@ -730,6 +734,10 @@ class Executor:
             result = await impl.invoke(work._prepared)
         except Exception as exc:
             return _failed(exc)
+        except BaseException as exc:
+            if not _tool_failure(exc):
+                raise
+            return _failed_base(exc)
         if result.is_error:
             return Attempt(CallStatus.TOOL_ERROR, result, _error_text(result))
         return Attempt(CallStatus.OK, result)
@@ -768,6 +776,45 @@ def loop_clock() -> Callable[[], float]:
         return trio.lowlevel.current_clock().current_time
     except RuntimeError:  # pragma: no cover
         return anyio.current_time
+
+
+def _tool_failure(exc: BaseException) -> bool:
+    """Whether `exc`, which is no `Exception`, is the tool's failure rather than a request to stop.
+
+    KeyboardInterrupt and SystemExit stop the program, and a cancellation raised because a scope
+    (the call's, the dispatcher's) was cancelled ends the call as cancelled: those propagate. Any
+    other (GeneratorExit, a BaseException subclass of the tool's own, the cancellation exception
+    raised while nothing was cancelled) ends that call alone, so a hostile tool cannot end the batch.
+    """
+    cancelled = anyio.get_cancelled_exc_class()
+    if isinstance(exc, BaseExceptionGroup):
+        if exc.split((KeyboardInterrupt, SystemExit))[0] is not None:
+            return False
+        if exc.split(cancelled)[0] is None:
+            return True
+    elif isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return False
+    elif not isinstance(exc, cancelled):
+        return True
+    # No enclosing scope was cancelled: the tool raised the exception itself, or cancelled its own
+    # task. On asyncio that task's cancellation request is withdrawn, so the runner carries on.
+    if anyio.current_effective_deadline() <= anyio.current_time():  # -inf once a scope is cancelled
+        return False
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # not running on asyncio
+        return True
+    if task is not None:
+        while task.cancelling():
+            task.uncancel()
+    return True
+
+
+def _failed_base(exc: BaseException) -> Attempt:
+    """How an attempt whose tool raised `exc`, which is no `Exception`, ended."""
+    if isinstance(exc, anyio.get_cancelled_exc_class()):
+        return Attempt(CallStatus.CANCELLED, error=f"the tool raised {type(exc).__name__} without being cancelled")
+    return Attempt(CallStatus.FAILED, error=f"the tool raised {type(exc).__name__}")
 
 
 def _failed(exc: Exception) -> Attempt:

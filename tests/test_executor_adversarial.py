@@ -1,0 +1,189 @@
+"""The executor under hostile tools: every call still gets exactly one result, in order, and nothing hangs."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mcp.types import ToolAnnotations
+
+from dispatcher import CallStatus, Dispatcher, PendingCall, RetryPolicy, ToolCall
+
+pytestmark = pytest.mark.anyio
+
+READ_ONLY = ToolAnnotations(read_only_hint=True)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("read_only", [True, False])
+async def test_a_tool_raising_the_cancellation_exception_strands_no_call_behind_it(read_only: bool) -> None:
+    """A tool that raises asyncio's CancelledError (or cancels its own task) leaves every other call a result."""
+
+    async def hostile(key: str) -> str:
+        if key == "raise":
+            raise asyncio.CancelledError
+        if key == "self":
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            await asyncio.sleep(0)
+        return key
+
+    annotations = READ_ONLY if read_only else ToolAnnotations(read_only_hint=False, idempotent_hint=False)
+    keys = ["a", "raise", "b", "self", "c"] * 3
+    with anyio.fail_after(10):
+        async with Dispatcher(max_concurrency=1) as dispatcher:
+            dispatcher.add_function(hostile, annotations=annotations)
+            results = await dispatcher.dispatch([ToolCall(f"c{i}", "hostile", {"key": k}) for i, k in enumerate(keys)])
+            again = await dispatcher.dispatch([ToolCall("d", "hostile", {"key": "d"})])
+    assert [result.call_id for result in results] == [f"c{i}" for i in range(len(keys))]
+    for key, result in zip(keys, results, strict=True):
+        if key in ("raise", "self"):
+            assert result.status is CallStatus.CANCELLED
+        else:
+            assert result.status is CallStatus.OK, result
+    assert again[0].status is CallStatus.OK
+
+
+class Hostile(BaseException):
+    """A BaseException subclass of a tool's own."""
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+@pytest.mark.parametrize("retried", [False, True])
+async def test_a_tool_raising_a_base_exception_fails_its_call_alone(read_only: bool, retried: bool) -> None:
+    """GeneratorExit, a BaseException of the tool's own, or a group of them fail that call; the batch goes on."""
+
+    async def hostile(key: str) -> str:
+        if key == "genexit":
+            raise GeneratorExit
+        if key == "own":
+            raise Hostile
+        if key == "group":
+            raise BaseExceptionGroup("inner", [Hostile(), ValueError()])
+        await anyio.lowlevel.checkpoint()
+        return key
+
+    annotations = READ_ONLY if read_only else ToolAnnotations(read_only_hint=False, idempotent_hint=False)
+    if retried:
+        annotations = ToolAnnotations(read_only_hint=read_only, idempotent_hint=True)
+    keys = ["a", "genexit", "b", "own", "c", "group", "d"] * 2
+    retry = RetryPolicy(attempts=2, wait_initial=0.0, wait_max=0.0) if retried else None
+    with anyio.fail_after(10):
+        async with Dispatcher(max_concurrency=2, call_timeout=5, retry=retry) as dispatcher:
+            dispatcher.add_function(hostile, annotations=annotations)
+            results = await dispatcher.dispatch([ToolCall(f"c{i}", "hostile", {"key": k}) for i, k in enumerate(keys)])
+    assert [result.call_id for result in results] == [f"c{i}" for i in range(len(keys))]
+    for key, result in zip(keys, results, strict=True):
+        if key in ("genexit", "own", "group"):
+            assert result.status is CallStatus.FAILED, result
+        else:
+            assert result.status is CallStatus.OK, result
+
+
+adversarial_specs = st.lists(
+    st.tuples(
+        st.sampled_from(["read", "write", "flaky", "cancel_next", "cancel_self", "slow"]),
+        st.sampled_from([0, 0, 0, 1, 2]),  # checkpoints before it returns
+        st.booleans(),  # cancelled from outside right after submission
+        st.sampled_from([0, 0, 1]),  # checkpoints the submitter waits after submitting it
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    specs=adversarial_specs,
+    limit=st.sampled_from([None, 1, 2, 3, 64, 65]),
+    call_timeout=st.sampled_from([None, 0.02, 5.0]),
+    retried=st.booleans(),
+)
+async def test_hostile_interleavings_give_every_call_one_result_in_order(
+    anyio_backend: Any,
+    specs: list[tuple[str, int, bool, int]],
+    limit: int | None,
+    call_timeout: float | None,
+    retried: bool,
+) -> None:
+    """Streamed submission, cancels from inside and outside, timeouts and retries: one result each, limits hold."""
+    active = {"all": 0, "writes": 0, "most": 0}
+    overlaps: list[str] = []
+    pending: list[PendingCall] = []
+
+    async def run(key: str, steps: int, write: bool) -> str:
+        if write and active["all"]:
+            overlaps.append(key)
+        active["all"] += 1
+        active["writes"] += write
+        if active["writes"] and active["all"] > 1:
+            overlaps.append(key)
+        active["most"] = max(active["most"], active["all"])
+        try:
+            for _ in range(steps):
+                await anyio.lowlevel.checkpoint()
+        finally:
+            active["all"] -= 1
+            active["writes"] -= write
+        return key
+
+    async def read(key: str, steps: int = 0) -> str:
+        return await run(key, steps, False)
+
+    async def write(key: str, steps: int = 0) -> str:
+        return await run(key, steps, True)
+
+    async def flaky(key: str, steps: int = 0) -> str:
+        await run(key, steps, False)
+        raise OSError("transient")
+
+    async def slow(key: str, steps: int = 0) -> str:
+        await anyio.sleep(0.05)
+        return await run(key, steps, False)
+
+    async def cancel_next(key: str, steps: int = 0) -> str:
+        index = int(key[1:])
+        if index + 1 < len(pending):
+            pending[index + 1].cancel()
+        return await run(key, steps, False)
+
+    async def cancel_self(key: str, steps: int = 0) -> str:
+        pending[int(key[1:])].cancel()
+        return await run(key, steps + 1, False)
+
+    read_only = ToolAnnotations(read_only_hint=True, idempotent_hint=True)
+    retry = RetryPolicy(attempts=2, wait_initial=0.0, wait_max=0.0, retry_read_only=True) if retried else None
+    with anyio.fail_after(60):
+        async with Dispatcher(max_concurrency=limit, call_timeout=call_timeout, retry=retry) as dispatcher:
+            dispatcher.add_function(read, annotations=read_only)
+            dispatcher.add_function(write, annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=False))
+            for fn in (flaky, slow, cancel_next, cancel_self):
+                dispatcher.add_function(fn, annotations=read_only)
+            async with dispatcher.batch() as batch:
+                for index, (tool, steps, cancel, pause) in enumerate(specs):
+                    work = batch.submit(ToolCall(f"c{index}", tool, {"key": f"c{index}", "steps": steps}))
+                    pending.append(work)
+                    if cancel:
+                        work.cancel()
+                    for _ in range(pause):
+                        await anyio.lowlevel.checkpoint()
+                results = await batch.wait()
+            assert dispatcher.idle
+    assert [result.call_id for result in results] == [f"c{i}" for i in range(len(specs))]
+    assert all(work.done for work in pending)
+    assert overlaps == []
+    assert limit is None or active["most"] <= limit
+    for (tool, _, cancel, _), result in zip(specs, results, strict=True):
+        if cancel or tool == "cancel_self":
+            continue
+        if tool in ("read", "write", "cancel_next"):
+            assert result.status in (CallStatus.OK, CallStatus.CANCELLED), result
+        elif tool == "slow":
+            assert result.status in (CallStatus.OK, CallStatus.CANCELLED, CallStatus.TIMEOUT), result
+        else:
+            assert result.status in (CallStatus.TOOL_ERROR, CallStatus.FAILED, CallStatus.CANCELLED), result
