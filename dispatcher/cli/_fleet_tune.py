@@ -8,7 +8,7 @@ sends back every call's result and its window. The figures are those of the whol
 merged on the host's monotonic clock (the same clock in every process on one machine), over the span
 when every process was measuring.
 
-A process is `python -m dispatcher.cli._fleet_tune`, run by `fleet_measure`, which sends its
+A process runs `main()` of this module, started by `fleet_measure`, which sends its
 configuration as the first line of its stdin (never on the command line: the Redis URL may hold a
 password).
 """
@@ -134,7 +134,8 @@ async def fleet_measure(
         for config in configs:
             log = stack.enter_context(tempfile.TemporaryFile("w+b"))
             process = await anyio.open_process(
-                [sys.executable, "-m", "dispatcher.cli._fleet_tune"],
+                # Not `-m dispatcher.cli._fleet_tune`: `dispatcher.cli` imports this module, and runpy warns.
+                [sys.executable, "-c", "from dispatcher.cli._fleet_tune import main; main()"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -184,8 +185,10 @@ async def _expect(lines: BufferedByteReceiveStream, word: bytes | None, process:
     await process.wait()
     log.seek(0)
     tail = log.read().decode("utf-8", "replace").strip().splitlines()[-5:]
-    said = "; ".join(tail) if tail else f"exited with {process.returncode}"
-    raise FleetTuneError(f"a process of the fleet failed: {said}")
+    code = process.returncode
+    how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit status {code}"
+    said = f": {'; '.join(tail)}" if tail else ""
+    raise FleetTuneError(f"a process of the fleet failed ({how}){said}")
 
 
 async def _stop_all(running: list[tuple[Process, BufferedByteReceiveStream, Any]]) -> None:
