@@ -442,18 +442,23 @@ class Executor:
         """Have runners on their way for the calls the gate may admit now: wake parked ones, or start new ones.
 
         Calls admitted together start together: a runner is brought for each call the gate may admit,
-        up to `_FANOUT` runners on their way or running at once. Beyond that, and for a runner that just
-        `arrived` and took a call while no runner is inside a call that waits (`_busy` counts the runners
-        inside a call; when this runs, each of them is waiting in it), one runner on its way is enough:
-        calls that never wait (cached reads, local functions) are then carried out back to back by few
-        runners, without a task switch per call, and a runner that takes a call pumps again, so no
-        admitted call is ever left without one.
+        up to `_FANOUT` runners on their way or running at once. While no runner is inside a call that
+        waits (`_busy` counts the runners inside a call; when this runs, each of them is waiting in it),
+        one runner on its way is enough for a runner that just `arrived` and took a call, and for more
+        than `_FANOUT` admissible calls: calls that never wait (cached reads, local functions) are then
+        carried out back to back by few runners, without a task switch per call. A runner that takes a
+        call pumps again, so while calls may be admitted one runner is always on its way, and once one
+        of them waits in its call, the next runner to arrive brings the others.
         """
         gate = self.gate
         may = gate.may_take
         if not may:
             return
-        want = min(may, 1 if arrived and not self._busy else max(_FANOUT - gate.running, 1)) - self._spare
+        if not self._busy and (arrived or may > _FANOUT):
+            fan = 1  # no call waits: the runners on duty keep up, and more would only take turns
+        else:
+            fan = max(_FANOUT - gate.running, 1)
+        want = min(may, fan) - self._spare
         if want <= 0:
             return
         self._spare += want
