@@ -13,7 +13,7 @@ from dispatcher import CallStatus, Dispatcher, PendingCall, ToolCall
 
 pytestmark = pytest.mark.anyio
 
-READ_ONLY = ToolAnnotations(readOnlyHint=True)
+READ_ONLY = ToolAnnotations(read_only_hint=True)
 
 
 def all_clocks() -> pytest.MarkDecorator:
