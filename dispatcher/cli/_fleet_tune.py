@@ -8,7 +8,9 @@ sends back every call's result and its window. The figures are those of the whol
 merged on the host's monotonic clock (the same clock in every process on one machine), over the span
 when every process was measuring.
 
-A process is `python -m dispatcher.cli._fleet_tune CONFIG_JSON`, run by `fleet_measure`.
+A process runs `main()` of this module, started by `fleet_measure`, which sends its
+configuration as the first line of its stdin (never on the command line: the Redis URL may hold a
+password).
 """
 
 from __future__ import annotations
@@ -125,17 +127,22 @@ async def fleet_measure(
     ]
     started = (connect_timeout or 0.0) + _START_SLACK
     async with contextlib.AsyncExitStack() as stack:
+        # Last out: whatever ended the sweep (a failed process, a cancellation), the setting's keys go.
+        stack.push_async_callback(_forget, redis, namespace, server)
         running: list[tuple[Process, BufferedByteReceiveStream, Any]] = []
         stack.push_async_callback(_stop_all, running)
         for config in configs:
             log = stack.enter_context(tempfile.TemporaryFile("w+b"))
             process = await anyio.open_process(
-                [sys.executable, "-m", "dispatcher.cli._fleet_tune", json.dumps(config)],
+                # Not `-m dispatcher.cli._fleet_tune`: `dispatcher.cli` imports this module, and runpy warns.
+                [sys.executable, "-c", "from dispatcher.cli._fleet_tune import main; main()"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
             )
-            assert process.stdout is not None
+            assert process.stdin is not None and process.stdout is not None
+            # On stdin, not the command line: the Redis URL may hold a password, which `ps` would show.
+            await process.stdin.send(json.dumps(config).encode() + b"\n")
             running.append((process, BufferedByteReceiveStream(process.stdout), log))
         with anyio.fail_after(started):
             for process, lines, log in running:
@@ -146,22 +153,24 @@ async def fleet_measure(
         windows = []
         for process, lines, log in running:
             windows.append(json.loads(await _expect(lines, None, process, log)))
-    await _forget(redis, namespace, server)
     return _merge(limit, windows)
 
 
 async def _forget(url: str, namespace: str, server: str) -> None:
-    """Delete what a setting's fleet left in Redis (its holds are gone; its marker and counter stay)."""
+    """Delete what a setting's fleet left in Redis: its marker and counter, and after a process was killed
+    or the sweep cancelled, its holds and queue too. The namespace is the setting's own."""
     import redis
 
     def delete() -> None:
         client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
         try:
-            client.delete(*(f"{namespace}:server:{server}:{name}" for name in ("meta", "seq")))
+            keys = [*client.scan_iter(match=f"{namespace}:*", count=1000)]
+            keys += [f"{namespace}:server:{server}:{name}" for name in ("meta", "seq")]
+            client.delete(*keys)
         finally:
             client.close()
 
-    with contextlib.suppress(redis.RedisError, OSError):
+    with anyio.CancelScope(shield=True), contextlib.suppress(redis.RedisError, OSError):
         await anyio.to_thread.run_sync(delete)
 
 
@@ -176,8 +185,10 @@ async def _expect(lines: BufferedByteReceiveStream, word: bytes | None, process:
     await process.wait()
     log.seek(0)
     tail = log.read().decode("utf-8", "replace").strip().splitlines()[-5:]
-    said = "; ".join(tail) if tail else f"exited with {process.returncode}"
-    raise FleetTuneError(f"a process of the fleet failed: {said}")
+    code = process.returncode
+    how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit status {code}"
+    said = f": {'; '.join(tail)}" if tail else ""
+    raise FleetTuneError(f"a process of the fleet failed ({how}){said}")
 
 
 async def _stop_all(running: list[tuple[Process, BufferedByteReceiveStream, Any]]) -> None:
@@ -254,10 +265,10 @@ async def _process(config: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def main(argv: Sequence[str]) -> None:
-    """Run one process of a fleet sweep (asyncio: one monotonic clock with the others)."""
-    anyio.run(_process, json.loads(argv[0]))
+def main() -> None:
+    """Run one process of a fleet sweep, configured by stdin's first line (asyncio: one clock with the others)."""
+    anyio.run(_process, json.loads(sys.stdin.readline()))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -9,6 +9,8 @@ that allows it.
 from __future__ import annotations
 
 import json
+import os
+import pathlib
 from typing import TYPE_CHECKING
 
 import pytest
@@ -20,9 +22,19 @@ from dispatcher.cli._fleet_tune import FleetTuneError, shares
 from dispatcher.tuning import tune
 
 if TYPE_CHECKING:
-    import pathlib
-
     from benchmarks._redis import RedisServer
+
+
+def children() -> dict[int, str]:
+    """This process's children, by pid, with their command lines (from /proc)."""
+    found = {}
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                found[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
 
 
 def ledger_peak(path: pathlib.Path) -> int:
@@ -106,3 +118,89 @@ def test_the_load_is_split_across_the_processes() -> None:
     assert shares(7, 3) == [3, 2, 2]
     assert shares(2, 4) == [1, 1, 0, 0]
     assert sum(shares(200, 6)) == 200
+
+
+@pytest.mark.anyio
+async def test_a_sweep_cancelled_mid_setting_stops_its_processes_and_leaves_no_keys(
+    redis_server: RedisServer, workspace: tuple[str, pathlib.Path]
+) -> None:
+    """Cancelled while its processes run (Ctrl-C), a setting kills them and deletes its keys; no password on argv."""
+    import anyio
+
+    from dispatcher import ToolCall
+    from dispatcher.cli._fleet_tune import fleet_measure
+
+    url, _ = workspace
+    client = redis.Redis.from_url(redis_server.url)
+    seen: dict[int, str] = {}
+
+    async def watch(scope: anyio.CancelScope) -> None:
+        with anyio.fail_after(120):
+            while not await anyio.to_thread.run_sync(lambda: client.keys("dispatcher-tune-*")):  # noqa: ASYNC110
+                await anyio.sleep(0.1)  # Redis has no event to wait on
+        seen.update(children())
+        scope.cancel()
+
+    try:
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch, scope)
+                workload = [ToolCall("0", "search_notes", {"query": "a"}, server="server")]
+                await fleet_measure(
+                    url, workload, redis=redis_server.url, processes=2, limit=2, clients=2, warmup=0, calls=None,
+                    duration=600.0, trusted=True, server="server", mode="auto", call_timeout=None, connect_timeout=30.0,
+                )  # fmt: skip
+        assert scope.cancelled_caught
+        fleet = {pid: line for pid, line in seen.items() if "dispatcher.cli._fleet_tune" in line}
+        assert len(fleet) == 2, f"the sweep's processes were not seen: {seen}"
+        assert not [line for line in fleet.values() if redis_server.url in line], "the Redis URL is on a command line"
+        assert not set(fleet) & set(children()), "a process of the cancelled sweep is still running"
+        assert client.keys("dispatcher-tune-*") == [], "a cancelled setting left keys in Redis"
+    finally:
+        client.close()
+
+
+@pytest.mark.anyio
+async def test_a_process_killed_mid_setting_fails_the_sweep_saying_so(
+    redis_server: RedisServer, workspace: tuple[str, pathlib.Path]
+) -> None:
+    """A process of the fleet killed mid-setting: the sweep fails naming the signal, and leaves no keys."""
+    import os
+    import signal
+
+    import anyio
+
+    from dispatcher import ToolCall
+    from dispatcher.cli._fleet_tune import fleet_measure
+
+    url, _ = workspace
+    client = redis.Redis.from_url(redis_server.url)
+
+    async def kill_one() -> None:
+        with anyio.fail_after(120):
+            while not await anyio.to_thread.run_sync(lambda: client.keys("dispatcher-tune-*")):  # noqa: ASYNC110
+                await anyio.sleep(0.1)  # Redis has no event to wait on
+        for pid, line in (await anyio.to_thread.run_sync(children)).items():
+            if "dispatcher.cli._fleet_tune" in line:
+                os.kill(pid, signal.SIGKILL)
+                return
+        raise AssertionError("no process of the sweep was found")
+
+    try:
+        caught: FleetTuneError | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kill_one)
+            workload = [ToolCall("0", "search_notes", {"query": "a"}, server="server")]
+            try:
+                await fleet_measure(
+                    url, workload, redis=redis_server.url, processes=2, limit=2, clients=2, warmup=0, calls=None,
+                    duration=600.0, trusted=True, server="server", mode="auto", call_timeout=None, connect_timeout=30.0,
+                )  # fmt: skip
+            except FleetTuneError as exc:
+                caught = exc
+        assert caught is not None, "the sweep did not fail"
+        assert "a process of the fleet failed (killed by signal 9)" in str(caught)
+        assert "RuntimeWarning" not in str(caught)
+        assert client.keys("dispatcher-tune-*") == [], "a failed setting left keys in Redis"
+    finally:
+        client.close()
