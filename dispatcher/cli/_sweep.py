@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_SETTINGS", "TuneProgress", "TuneReport", "tune"]
 
+# The most processes a fleet sweep starts: each is a Python interpreter of its own on this machine.
+_MAX_PROCESSES = 256
+
 DEFAULT_SETTINGS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 """The settings swept when none are given."""
 
@@ -219,8 +222,10 @@ async def tune(
             )
         if per_server:
             raise ConfigurationError("a fleet sweep tunes the fleet-wide limit; per_server does not apply")
-        if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
-            raise ConfigurationError(f"processes must be an int >= 1, got {processes!r}")
+        if not isinstance(processes, int) or isinstance(processes, bool) or not 1 <= processes <= _MAX_PROCESSES:
+            raise ConfigurationError(
+                f"processes must be an int from 1 to {_MAX_PROCESSES} (one Python process each), got {processes!r}"
+            )
         callers = max(callers, processes)
         await check_redis(fleet, connect_timeout or 30.0)
     notes: list[str] = []

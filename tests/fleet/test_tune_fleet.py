@@ -111,6 +111,8 @@ async def test_a_fleet_sweep_without_redis_fails_before_starting_processes() -> 
         await tune(object(), "reads", [1], fleet="redis://127.0.0.1:1/0")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="processes must be"):
         await tune("http://127.0.0.1:9/mcp", "reads", [1], fleet="redis://127.0.0.1:1/0", processes=0)
+    with pytest.raises(ConfigurationError, match="from 1 to 256"):
+        await tune("http://127.0.0.1:9/mcp", "reads", [1], fleet="redis://127.0.0.1:1/0", processes=100_000)
 
 
 def test_the_load_is_split_across_the_processes() -> None:
