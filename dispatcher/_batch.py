@@ -251,9 +251,11 @@ class Batch:
                 if self._remaining:
                     with anyio.CancelScope(shield=True):
                         self.cancel()
-                        wakeup = self._executor.wakeup()
-                        self._waiters.append(wakeup)
-                        await wakeup.wait()
+                        # Queued calls settle within `cancel`: a wake-up made after the last one would never be set.
+                        if self._remaining:
+                            wakeup = self._executor.wakeup()
+                            self._waiters.append(wakeup)
+                            await wakeup.wait()
         return [work._result for work in self._works]  # type: ignore[misc]
 
     async def __aenter__(self) -> Self:
