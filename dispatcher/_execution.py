@@ -34,7 +34,7 @@ from ._failures import ToolUnavailableError
 from ._failures import describe as describe_failure
 from ._gate import Gate, Ticket, TicketState
 from ._keys import KeyRuleError, call_keys
-from ._loop import Wakeup, loop_clock, wakeups, withdraw_cancellation
+from ._loop import Wakeup, absorb_own_cancellation, loop_clock, own_cancellations, wakeups, withdraw_cancellation
 from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible, is_transient
 
 if TYPE_CHECKING:
@@ -506,11 +506,29 @@ class Executor:
                     ticket = None  # a parked runner holds no finished call
                 if not self._open or len(self._idle) >= self._idle_cap:
                     return
-                wakeup = self.wakeup()
-                self._idle.append(wakeup)
-                await wakeup.wait()
+                await self._park()
         finally:
             self._runners -= 1
+
+    async def _park(self) -> None:
+        """Wait among the parked runners until `_pump` or `close` wakes this one."""
+        idle = self._idle
+        while self._open:
+            wakeup = self.wakeup()
+            idle.append(wakeup)
+            try:
+                await wakeup.wait()
+            except anyio.get_cancelled_exc_class():
+                # On asyncio, a tool may cancel its own task and return: the cancellation, withdrawn
+                # after its call (see `_run_from`) unless it came too late for that, lands here.
+                parked = wakeup in idle
+                if parked:
+                    idle.remove(wakeup)
+                if not await absorb_own_cancellation():
+                    raise
+                if parked:
+                    continue
+            return  # woken: `_pump` counted it as on its way
 
     async def _run_from(self, ticket: Ticket[PendingCall]) -> None:
         """Run `ticket`'s call and every call admitted after it, until the gate admits none.
@@ -523,6 +541,7 @@ class Executor:
         """
         gate = self.gate
         clock = self._clock
+        cancellations = own_cancellations()
         current: Ticket[PendingCall] | None = ticket
         while current is not None:
             if not self._open:
@@ -534,6 +553,10 @@ class Executor:
                         self._busy += 1
                         try:
                             ended = await self._run_one(current.item, scope)
+                            if cancellations is not None and cancellations() and not scope.cancel_called:
+                                # The tool cancelled its own task and returned: that must not land
+                                # on the next call, nor end the runner.
+                                await absorb_own_cancellation()
                         finally:
                             self._busy -= 1
                         readied = gate.readied

@@ -11,9 +11,11 @@ trio. Each wake-up serves one waiting task, once.
 from __future__ import annotations
 
 import asyncio  # noqa: TID251 - only to reach a running asyncio loop and task; trio's are reached too
+import math
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
+import anyio.lowlevel
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -21,7 +23,14 @@ if TYPE_CHECKING:
 # `trio.lowlevel`, once a wake-up has been made on trio (trio is imported only when it runs).
 _trio: Any = None
 
-__all__ = ["Wakeup", "loop_clock", "wakeups", "withdraw_cancellation"]
+__all__ = [
+    "Wakeup",
+    "absorb_own_cancellation",
+    "loop_clock",
+    "own_cancellations",
+    "wakeups",
+    "withdraw_cancellation",
+]
 
 
 def loop_clock() -> Callable[[], float]:
@@ -53,6 +62,36 @@ def withdraw_cancellation() -> None:
     if task is not None:
         while task.cancelling():
             task.uncancel()
+
+
+def own_cancellations() -> Callable[[], int] | None:
+    """How many cancellation requests the current asyncio task has outstanding (`Task.cancelling`), as a
+    callable to read it again cheaply; None on trio, where only a cancel scope cancels a task."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # not running on asyncio
+        return None
+    return task.cancelling if task is not None else None
+
+
+async def absorb_own_cancellation() -> bool:
+    """Withdraw a cancellation the current asyncio task requested of itself, unless a cancel scope around it
+    was cancelled; let it land first, so that it does not land on whatever the task waits for next.
+
+    For a runner after a call whose tool cancelled its own task (`asyncio.current_task().cancel()`) and
+    returned before the cancellation could reach it.
+
+    Returns:
+        Whether it was withdrawn (False: a cancel scope around the task was cancelled).
+    """
+    if anyio.current_effective_deadline() == -math.inf:
+        return False
+    try:
+        await anyio.lowlevel.cancel_shielded_checkpoint()
+    except anyio.get_cancelled_exc_class():
+        pass  # no cancel scope reaches a shielded wait: this is the task's own cancellation
+    withdraw_cancellation()
+    return True
 
 
 class Wakeup(Protocol):

@@ -187,3 +187,79 @@ async def test_hostile_interleavings_give_every_call_one_result_in_order(
             assert result.status in (CallStatus.OK, CallStatus.CANCELLED, CallStatus.TIMEOUT), result
         else:
             assert result.status in (CallStatus.TOOL_ERROR, CallStatus.FAILED, CallStatus.CANCELLED), result
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("read_only", [True, False])
+@pytest.mark.parametrize("limit", [1, 2, None])
+@pytest.mark.parametrize(
+    "keys", [["a", "self"], ["a", "self", "b"], ["self", "nap", "b"], ["a", "nap", "self", "nap", "b"]]
+)
+async def test_a_tool_that_cancels_its_own_task_and_returns_strands_no_later_call(
+    read_only: bool, limit: int | None, keys: list[str]
+) -> None:
+    """A tool that cancels its own task and returns at once leaves no runner dead: later calls and batches run.
+
+    The cancellation is still pending when the tool returns, so it lands wherever its runner next waits:
+    letting the loop run at the end of a time slice (after a call that napped past it), or parked
+    between batches.
+    """
+
+    async def hostile(key: str) -> str:
+        if key == "self":
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+        elif key == "nap":
+            await anyio.sleep(0.003)  # past the runners' time slice: the next call follows a yield
+        return key
+
+    annotations = READ_ONLY if read_only else ToolAnnotations(read_only_hint=False, idempotent_hint=False)
+    rounds: list[int] = []
+    with anyio.fail_after(10):
+        async with Dispatcher(max_concurrency=limit) as dispatcher:
+            dispatcher.add_function(hostile, annotations=annotations)
+            for round_, round_keys in enumerate([keys, ["a", "b", "c"], keys, ["a", "nap", "b"]]):
+                calls = [ToolCall(f"{round_}-{i}", "hostile", {"key": key}) for i, key in enumerate(round_keys)]
+                results = await dispatcher.dispatch(calls)
+                assert [result.call_id for result in results] == [call.id for call in calls]
+                assert all(result.status is CallStatus.OK for result in results), [
+                    (r.status.value, r.error) for r in results
+                ]
+                await anyio.wait_all_tasks_blocked()  # runners park between batches
+                rounds.append(round_)
+            assert dispatcher.idle
+    # A runner ended by the cancellation would cancel the dispatcher's task group, and with it this block.
+    assert rounds == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("limit", [1, None])
+async def test_a_tool_cancelling_its_own_task_as_its_call_is_cancelled_leaves_the_runner_parked(
+    limit: int | None,
+) -> None:
+    """A call cancelled while its tool cancels its own task and returns: the runner parks and serves the next batch."""
+    handles: dict[str, PendingCall] = {}
+    rounds: list[int] = []
+
+    async def hostile(key: str) -> str:
+        if key == "both":
+            handles[key].cancel()  # cancels the runner's scope: the runner leaves the cancellation be
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()  # still pending when the runner parks
+        return key
+
+    with anyio.fail_after(10):
+        async with Dispatcher(max_concurrency=limit) as dispatcher:
+            dispatcher.add_function(hostile, annotations=READ_ONLY)
+            for round_ in range(3):
+                async with dispatcher.batch() as batch:
+                    handles["both"] = batch.submit(ToolCall(f"{round_}-both", "hostile", {"key": "both"}))
+                await anyio.wait_all_tasks_blocked()  # the runner parks
+                results = await dispatcher.dispatch(
+                    [ToolCall(f"{round_}-{key}", "hostile", {"key": key}) for key in "ab"]
+                )
+                assert [result.status for result in results] == [CallStatus.OK] * 2, results
+                rounds.append(round_)
+    assert rounds == [0, 1, 2]
