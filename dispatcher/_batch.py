@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ._execution import Executor
     from ._gate import Ticket
     from ._hooks import CallHooks
+    from ._loop import Wakeup
     from ._observe import CallState
 
 _BUILD_HINT = (
@@ -41,7 +42,6 @@ class PendingCall:
         "_batch",
         "_cancel_requested",
         "_entry",
-        "_event",
         "_hooks",
         "_impl",
         "_prepared",
@@ -49,6 +49,7 @@ class PendingCall:
         "_scope",
         "_state",
         "_ticket",
+        "_waiters",
         "call",
         "queued_at",
         "started_at",
@@ -68,7 +69,8 @@ class PendingCall:
         self._scope: anyio.CancelScope | None = None
         self._cancel_requested = False
         self._result: ToolResult | None = None
-        self._event: anyio.Event | None = None
+        # One wake-up per task waiting for this call alone (`wait`), set when it settles.
+        self._waiters: list[Wakeup] | None = None
         # Only calls of a batch with hooks (approvals, a guard, events, tracing) have a state.
         self._state: CallState | None = None
 
@@ -99,9 +101,14 @@ class PendingCall:
     async def wait(self) -> ToolResult:
         """Wait for the call to end and return its result."""
         if self._result is None:
-            if self._event is None:
-                self._event = anyio.Event()
-            await self._event.wait()
+            batch = self._batch
+            assert batch is not None, "a call keeps its batch until it settles"
+            wakeup = batch._executor.wakeup()
+            if self._waiters is None:
+                self._waiters = [wakeup]
+            else:
+                self._waiters.append(wakeup)
+            await wakeup.wait()
         assert self._result is not None
         return self._result
 
@@ -125,7 +132,7 @@ class Batch:
         results = batch.results()
     """
 
-    __slots__ = ("_event", "_executor", "_hooks", "_ids", "_in_order", "_remaining", "_works")
+    __slots__ = ("_executor", "_hooks", "_ids", "_in_order", "_remaining", "_waiters", "_works")
 
     def __init__(self, executor: Executor, hooks: CallHooks | None = None) -> None:
         self._executor = executor
@@ -134,7 +141,8 @@ class Batch:
         self._works: list[PendingCall] = []
         self._ids: set[str] = set()
         self._remaining = 0
-        self._event: anyio.Event | None = None
+        # One wake-up per waiting task, set when the last call settles.
+        self._waiters: list[Wakeup] = []
 
     def __len__(self) -> int:
         return len(self._works)
@@ -235,16 +243,17 @@ class Batch:
         the cancellation propagates.
         """
         if self._remaining:
-            if self._event is None:
-                self._event = anyio.Event()
-            event = self._event
+            wakeup = self._executor.wakeup()
+            self._waiters.append(wakeup)
             try:
-                await event.wait()
+                await wakeup.wait()
             finally:
                 if self._remaining:
                     with anyio.CancelScope(shield=True):
                         self.cancel()
-                        await event.wait()
+                        wakeup = self._executor.wakeup()
+                        self._waiters.append(wakeup)
+                        await wakeup.wait()
         return [work._result for work in self._works]  # type: ignore[misc]
 
     async def __aenter__(self) -> Self:
@@ -263,12 +272,14 @@ class Batch:
     def _added(self) -> None:
         self._remaining += 1
         if self._remaining == 1:
-            self._event = None
             self._executor.live.add(self)
 
     def _settled(self) -> None:
         self._remaining -= 1
         if self._remaining == 0:
             self._executor.live.discard(self)
-            if self._event is not None:
-                self._event.set()
+            waiters = self._waiters
+            if waiters:
+                self._waiters = []
+                for wakeup in waiters:
+                    wakeup.set()

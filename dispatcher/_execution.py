@@ -15,7 +15,6 @@ and then lets the cancellation propagate.
 
 from __future__ import annotations
 
-import asyncio  # noqa: TID251 - only to read a running asyncio loop's clock; trio's is read as well
 import functools
 import json
 import math
@@ -35,6 +34,7 @@ from ._failures import ToolUnavailableError
 from ._failures import describe as describe_failure
 from ._gate import Gate, Ticket, TicketState
 from ._keys import KeyRuleError, call_keys
+from ._loop import Wakeup, loop_clock, wakeups, withdraw_cancellation
 from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible, is_transient
 
 if TYPE_CHECKING:
@@ -116,8 +116,11 @@ def settle(
         hooks = work._hooks
         assert hooks is not None
         hooks.settled(work._state, settled)
-    if work._event is not None:
-        work._event.set()
+    waiters = work._waiters
+    if waiters is not None:
+        work._waiters = None
+        for wakeup in waiters:
+            wakeup.set()
     assert batch is not None, "a call settles once"
     batch._settled()
 
@@ -158,7 +161,9 @@ class Executor:
         self._open = False
         self._clock = anyio.current_time
         # Parked runners, each waiting on its event; `_spare`: whether a runner is on its way.
-        self._idle: list[anyio.Event] = []
+        self._idle: list[Wakeup] = []
+        self.wakeup: Callable[[], Wakeup] = anyio.Event
+        """Makes one-shot wake-ups for tasks of the dispatcher's event loop."""
         self._spare = 0
         # How many runners are inside a call.
         self._busy = 0
@@ -183,6 +188,7 @@ class Executor:
         self._tg = tg
         self._open = True
         self._clock = loop_clock()
+        self.wakeup = wakeups()
 
     def close(self) -> None:
         """Take no more calls; the outstanding ones end as CANCELLED."""
@@ -190,8 +196,8 @@ class Executor:
         # Waiters get their results instead of hanging.
         for batch in list(self.live):
             batch.cancel()
-        for event in self._idle:
-            event.set()
+        for wakeup in self._idle:
+            wakeup.set()
         self._idle.clear()
 
     def check_open(self) -> None:
@@ -498,9 +504,9 @@ class Executor:
                     ticket = None  # a parked runner holds no finished call
                 if not self._open or len(self._idle) >= self._idle_cap:
                     return
-                event = anyio.Event()
-                self._idle.append(event)
-                await event.wait()
+                wakeup = self.wakeup()
+                self._idle.append(wakeup)
+                await wakeup.wait()
         finally:
             self._runners -= 1
 
@@ -761,23 +767,6 @@ class Executor:
         return Attempt(CallStatus.TIMEOUT, error=f"no result within call_timeout={call_timeout}s", transient=True)
 
 
-def loop_clock() -> Callable[[], float]:
-    """The running event loop's clock, read directly: `anyio.current_time` looks up the backend each time."""
-    try:
-        return asyncio.get_running_loop().time
-    except RuntimeError:
-        pass
-    try:
-        import trio
-    except ImportError:  # pragma: no cover - anyio runs on asyncio or trio
-        return anyio.current_time
-    try:
-        # The run's clock itself (a `trio.testing.MockClock` in tests): `trio.current_time` looks it up.
-        return trio.lowlevel.current_clock().current_time
-    except RuntimeError:  # pragma: no cover
-        return anyio.current_time
-
-
 def _tool_failure(exc: BaseException) -> bool:
     """Whether `exc`, which is no `Exception`, is the tool's failure rather than a request to stop.
 
@@ -800,13 +789,7 @@ def _tool_failure(exc: BaseException) -> bool:
     # task. On asyncio that task's cancellation request is withdrawn, so the runner carries on.
     if anyio.current_effective_deadline() <= anyio.current_time():  # -inf once a scope is cancelled
         return False
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # not running on asyncio
-        return True
-    if task is not None:
-        while task.cancelling():
-            task.uncancel()
+    withdraw_cancellation()
     return True
 
 

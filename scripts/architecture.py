@@ -68,6 +68,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "execution",
         "one call: admitted, run attempt by attempt as the retry policy allows, settled into its handle",
         (
+            "dispatcher._loop",
             "dispatcher._turns",
             "dispatcher._batch",
             "dispatcher._retry",
