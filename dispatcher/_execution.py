@@ -165,8 +165,9 @@ class Executor:
         self.wakeup: Callable[[], Wakeup] = anyio.Event
         """Makes one-shot wake-ups for tasks of the dispatcher's event loop."""
         self._spare = 0
-        # How many runners are inside a call.
+        # How many runners are inside a call, and how many let the loop run between two calls.
         self._busy = 0
+        self._yielding = 0
         # Parked runners kept for reuse: as many as may run at once, or 64 without a limit.
         self._idle_cap = max_concurrency if max_concurrency is not None else 64
         self._runners = 0
@@ -461,10 +462,11 @@ class Executor:
         if not may:
             return
         if not self._busy and (arrived or may > _FANOUT):
-            fan = 1  # no call waits: the runners on duty keep up, and more would only take turns
+            # No call waits: the runners on duty keep up, and more would only take turns. A runner
+            # letting the loop run at the end of a time slice is one of them: it comes back.
+            want = 1 - self._spare - self._yielding
         else:
-            fan = max(_FANOUT - gate.running, 1)
-        want = min(may, fan) - self._spare
+            want = min(may, max(_FANOUT - gate.running, 1)) - self._spare
         if want <= 0:
             return
         self._spare += want
@@ -547,11 +549,16 @@ class Executor:
                         now = ended if ended is not None else clock()
                         if now >= self._yield_at:
                             # Yield holding the next call: its place stays taken.
-                            await anyio.lowlevel.cancel_shielded_checkpoint()
+                            self._yielding += 1
+                            try:
+                                await anyio.lowlevel.cancel_shielded_checkpoint()
+                            finally:
+                                self._yielding -= 1
                             if self._yield_at <= now:
                                 self._yield_at = clock() + _SLICE
                             if not self._open or scope.cancel_called:
                                 break  # the scope's deadline (the last call's) may have passed meanwhile
+                            self._pump(arrived=True)  # back like a runner that just arrived
             except BaseException:
                 if current is not None:
                     self._drop(current)

@@ -155,3 +155,29 @@ async def test_a_call_times_out_at_its_timeout_and_not_before(anyio_backend: Any
     assert hung.status is CallStatus.TIMEOUT
     assert hung.started_at is not None
     assert 5.0 <= hung.finished_at - hung.started_at <= 5.01
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_calls_that_never_wait_take_few_runners_without_a_limit(anyio_backend: Any) -> None:
+    """With max_concurrency=None, a long batch of calls that never wait is carried out by a few runners.
+
+    Runners let the loop run at the end of each time slice; a runner doing so comes back for the next
+    calls, so a batch spanning many slices does not start a new runner at each one.
+    """
+    counts: list[int] = []
+
+    async def count(n: int) -> int:
+        if n % 250 == 0:
+            counts.append(sum("_runner" in task.name for task in anyio.get_running_tasks()))
+        return n
+
+    dispatcher = Dispatcher(max_concurrency=None)
+    dispatcher.add_function(count, annotations=READ_ONLY)
+    calls = [ToolCall(id=str(n), name="count", arguments={"n": n}) for n in range(5000)]
+    async with dispatcher:
+        start = anyio.current_time()
+        results = await dispatcher.dispatch(calls)
+        elapsed = anyio.current_time() - start
+    assert all(result.ok for result in results)
+    assert elapsed > 0.01, "the batch should span several time slices of 2 ms"
+    assert max(counts) <= 4, counts
