@@ -168,7 +168,7 @@ async def test_calls_that_never_wait_take_few_runners_without_a_limit(anyio_back
 
     async def count(n: int) -> int:
         if n % 250 == 0:
-            counts.append(sum("_runner" in task.name for task in anyio.get_running_tasks()))
+            counts.append(sum("_runner" in (task.name or "") for task in anyio.get_running_tasks()))
         return n
 
     dispatcher = Dispatcher(max_concurrency=None)
