@@ -234,13 +234,17 @@ class Executor:
         now = clock()
         until = now + _SLICE
         names: dict[object, Resolution] = {}
+        # Runners are brought for the batch as `submit_all` would bring them for all of it at once,
+        # however the loop's speed cuts it into slices: each a runner of its own when it is small enough
+        # to start together, else one runner on its way until a call waits (see `_pump`).
+        big = len(calls) > _FANOUT
         for position, call in enumerate(calls, start=1):
             queue(batch, call, names, now)
             if position % _SLICE_CHECK:
                 continue
             now = clock()
             if now >= until:
-                self._pump()
+                self._pump(arrived=big)
                 try:
                     await anyio.lowlevel.checkpoint()
                 except BaseException:
@@ -251,7 +255,7 @@ class Executor:
                 now = clock()
                 until = now + _SLICE
                 names.clear()  # the catalogue may have changed while the loop ran
-        self._pump()
+        self._pump(arrived=big)
 
     def submit(self, batch: Batch, call: ToolCall) -> PendingCall:
         """Queue one checked call of `batch`; a call that cannot run settles at once as FAILED."""
@@ -451,11 +455,12 @@ class Executor:
         Calls admitted together start together: a runner is brought for each call the gate may admit,
         up to `_FANOUT` runners on their way or running at once. While no runner is inside a call that
         waits (`_busy` counts the runners inside a call; when this runs, each of them is waiting in it),
-        one runner on its way is enough for a runner that just `arrived` and took a call, and for more
-        than `_FANOUT` admissible calls: calls that never wait (cached reads, local functions) are then
-        carried out back to back by few runners, without a task switch per call. A runner that takes a
-        call pumps again, so while calls may be admitted one runner is always on its way, and once one
-        of them waits in its call, the next runner to arrive brings the others.
+        one runner on its way is enough for a runner that just `arrived` and took a call (or a slice of
+        a batch too big to start together), and for more than `_FANOUT` admissible calls: calls that
+        never wait (cached reads, local functions) are then carried out back to back by few runners,
+        without a task switch per call. A runner that takes a call pumps again, so while calls may be
+        admitted one runner is always on its way, and once one of them waits in its call, the next
+        runner to arrive brings the others.
         """
         gate = self.gate
         may = gate.may_take

@@ -104,7 +104,7 @@ async def test_a_call_cancelled_as_it_ends_leaves_the_next_call_on_its_runner_al
 
 
 @all_clocks()
-async def test_a_timed_out_call_leaves_the_next_calls_on_its_runner_their_whole_timeout() -> None:
+async def test_a_timed_out_call_leaves_the_next_calls_on_its_runner_their_whole_timeout(virtual_clock: bool) -> None:
     """After a call times out on a runner, the next calls run under a fresh deadline of their own."""
 
     async def hang() -> str:
@@ -115,11 +115,19 @@ async def test_a_timed_out_call_leaves_the_next_calls_on_its_runner_their_whole_
         await anyio.sleep(seconds)
         return "rested"
 
-    async with Dispatcher(max_concurrency=1, call_timeout=1.0) as dispatcher:
+    # Naps of 0.6 of the timeout: the second would outlast what is left of the first's deadline. On a
+    # real clock the naps are short, so that a loaded machine's stalls fit in what they leave: a stale
+    # deadline has passed already there. The whole-timeout bound is checked exactly on the virtual clock.
+    timeout, seconds = (1.0, 0.6) if virtual_clock else (2.0, 0.1)
+    async with Dispatcher(max_concurrency=1, call_timeout=timeout) as dispatcher:
         dispatcher.add_function(hang, annotations=READ_ONLY)
         dispatcher.add_function(nap, annotations=READ_ONLY)
         results = await dispatcher.dispatch(
-            [ToolCall("h", "hang"), ToolCall("a", "nap", {"seconds": 0.6}), ToolCall("b", "nap", {"seconds": 0.6})]
+            [
+                ToolCall("h", "hang"),
+                ToolCall("a", "nap", {"seconds": seconds}),
+                ToolCall("b", "nap", {"seconds": seconds}),
+            ]
         )
     hung, first, second = results
     assert hung.status is CallStatus.TIMEOUT and hung.attempts == 1

@@ -144,7 +144,7 @@ async def test_a_finished_batch_of_local_calls_is_freed_by_reference_counting() 
         ToolCall("slow", "slow", {"key": "k"}),
     ]
     with ExitStack() as stack:
-        async with Dispatcher(call_timeout=0.05, retry=retry) as dispatcher:
+        async with Dispatcher(call_timeout=0.5, retry=retry) as dispatcher:
             _local_tools(dispatcher)
             await _dispatch(dispatcher, calls)  # builds what the first call of each tool builds once
             stack.enter_context(collector_off())
@@ -173,7 +173,7 @@ async def test_a_finished_batch_of_mcp_calls_is_freed_by_reference_counting(owne
     ]
     async with Client(_server()) as client:
         with ExitStack() as stack:
-            async with Dispatcher(call_timeout=0.05) as dispatcher:
+            async with Dispatcher(call_timeout=0.5) as dispatcher:
                 if owned:
                     await dispatcher.connect("s", _server(), trusted=True)
                 else:

@@ -284,13 +284,14 @@ async def test_eligible_call_that_fails_twice_then_succeeds_is_ok_after_three_at
 
 
 @pytest.mark.anyio
-async def test_timed_out_attempt_is_retried() -> None:
+async def test_timed_out_attempt_is_retried(virtual_clock: bool) -> None:
     """An attempt that exceeds call_timeout is abandoned and the idempotent call tried again."""
-    async with connected(call_timeout=0.2) as (dispatcher, faults):
+    timeout = 0.2 if virtual_clock else 2.0  # the second attempt must answer in time on a loaded machine too
+    async with connected(call_timeout=timeout) as (dispatcher, faults):
         faults.fail_next("put", "hang")
         (result,) = await dispatcher.dispatch([call("p", "put")])
     assert result.ok and result.attempts == 2
-    assert result.attempt_errors == ("no result within call_timeout=0.2s",)
+    assert result.attempt_errors == (f"no result within call_timeout={timeout}s",)
     hung, done = faults.ledger
     assert hung.outcome == "cancelled" and done.outcome == "ok"
 
@@ -726,11 +727,14 @@ async def test_no_ineligible_call_ever_runs_twice(
     assert [result.call_id for result in results] == [c.id for c in calls]
     for (s, tool), c, result in zip(picks, calls, results, strict=True):
         runs = injectors[s].executions(tool, {"key": c.id})
-        assert result.attempts == len(runs), (c, result)
+        # Every run is one of the call's attempts. On a stalled loop an attempt can time out before the
+        # server starts it (or the server starts it after the batch ended), so it may count without a run.
+        assert len(runs) <= result.attempts, (c, result)
         if expected_eligible(tool, trust[s], user_overrides[s].get(tool), retry_read_only):
-            assert 1 <= len(runs) <= policy.attempts
+            assert len(runs) <= policy.attempts
         else:
-            assert len(runs) == 1, f"ineligible call {c} ran {len(runs)} times: {result}"
+            assert len(runs) <= 1, f"ineligible call {c} ran {len(runs)} times: {result}"
+            assert result.attempts == 1, f"ineligible call {c} was attempted {result.attempts} times: {result}"
         if result.status in (CallStatus.OK, CallStatus.TOOL_ERROR):
             assert runs[-1].outcome == ("ok" if result.ok else "tool_error")
         assert len(result.attempt_errors) == result.attempts - 1

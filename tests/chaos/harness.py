@@ -197,6 +197,34 @@ def check_idle(d: Dispatcher) -> list[str]:
     return problems
 
 
+async def dispatch_until_answered(
+    d: Dispatcher, calls: Sequence[ToolCall], *, rounds: int, trace: list[str] | None = None
+) -> tuple[list[ToolResult], list[str]]:
+    """Dispatch `calls`, then again those that ended TIMEOUT, up to `rounds` dispatches in all.
+
+    For checks that a dispatcher serves calls again after faults, on a real clock: a loaded machine can
+    stall the event loop past a short ``call_timeout``, while a dispatcher that does not recover times
+    out (or fails) in every round. With ``rounds=1`` (a virtual clock) this is one plain `dispatch`.
+
+    Returns:
+        Each call's last result, in call order, and the `check_results` violations of every round.
+        Each round after the first is noted in `trace`, when given.
+    """
+    last: dict[str, ToolResult] = {}
+    problems: list[str] = []
+    pending = list(calls)
+    for round_ in range(1, rounds + 1):
+        if round_ > 1 and trace is not None:
+            trace.append(f"round {round_}: {' '.join(call.id for call in pending)} again after a timeout")
+        results = await d.dispatch(pending)
+        problems += check_results(pending, results)
+        last.update((result.call_id, result) for result in results)
+        pending = [result.call for result in results if result.status is CallStatus.TIMEOUT]
+        if not pending:
+            break
+    return [last[call.id] for call in calls if call.id in last], problems
+
+
 def replay_hint(test: str, seed: int) -> str:
     """How to run one seed of a test again, for failure messages."""
     return (

@@ -29,7 +29,8 @@ def test_seeded_chaos_keeps_every_invariant(seed: int) -> None:
 async def test_chaos_on_a_real_clock(anyio_backend: Any, seed: int) -> None:
     """The same scenarios on real event loops (times scaled down): the invariants do not depend on a virtual clock."""
     reconnect = ReconnectPolicy(wait_initial=0.02, wait_max=0.3)
-    report = await run_scenario(seed, batches=scale(2, 4), time_scale=0.02, reconnect=reconnect)
+    # A loaded machine can stall the loop past the short call timeout: the probe may send a timed-out call again.
+    report = await run_scenario(seed, batches=scale(2, 4), time_scale=0.02, reconnect=reconnect, probe_rounds=10)
     assert not report.violations, describe(report, f"{_HERE}::test_chaos_on_a_real_clock")
 
 

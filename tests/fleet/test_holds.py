@@ -331,8 +331,9 @@ async def test_a_hold_that_cannot_be_renewed_is_given_up_before_its_lease_ends(
 ) -> None:
     """Redis frozen under a hold: the hold is given up before the end of its lease, late renewals or not."""
     # With these values the renewal loop alone notices the second failed renewal after the lease ended.
+    # The watch gives the hold up 1 to 2 s before the lease ends: room for a loaded machine to stall it.
     coordinator = RedisCoordinator(
-        redis_server.url, namespace=namespace, servers=SERVERS, lease_ttl=2.0, recheck=1.0, timeout=0.6
+        redis_server.url, namespace=namespace, servers=SERVERS, lease_ttl=4.0, recheck=2.0, timeout=1.2
     )
     lost_at: list[float] = []
     process = redis_server.process
@@ -462,10 +463,11 @@ async def test_call_timeout_bounds_the_wait_for_a_fleet_hold(redis_server: Redis
 async def test_a_call_that_waited_for_its_hold_still_gets_its_whole_call_timeout_to_run(
     redis_server: RedisServer, namespace: str
 ) -> None:
-    """Wait 1.5 s for the hold, run 1.5 s, call_timeout 2.5 s: OK (each is bounded alone, not their sum)."""
-    workspace = Workspace(latency=1.5)
+    """Wait 3 s for the hold, run 3 s, call_timeout 5 s: OK (each is bounded alone, not their sum)."""
+    # Each part leaves 2 s of its timeout to spare, room for a loaded machine; their sum is 1 s over it.
+    workspace = Workspace(latency=3.0)
     other, coordinator = fleet(redis_server, namespace), fleet(redis_server, namespace)
-    async with other, coordinator, Dispatcher(coordinator=coordinator, call_timeout=2.5) as dispatcher:
+    async with other, coordinator, Dispatcher(coordinator=coordinator, call_timeout=5.0) as dispatcher:
         await dispatcher.connect("ws", workspace.server, trusted=True)
         async with anyio.create_task_group() as tg:
             held = anyio.Event()
@@ -473,7 +475,7 @@ async def test_a_call_that_waited_for_its_hold_still_gets_its_whole_call_timeout
             async def hold_for_a_while() -> None:
                 async with other.hold(server="ws", exclusive=True, on_lost=never_lost):
                     held.set()
-                    await anyio.sleep(1.5)
+                    await anyio.sleep(3.0)
 
             tg.start_soon(hold_for_a_while)
             await held.wait()
