@@ -108,7 +108,13 @@ class PendingCall:
                 self._waiters = [wakeup]
             else:
                 self._waiters.append(wakeup)
-            await wakeup.wait()
+            try:
+                await wakeup.wait()
+            except BaseException:
+                # A waiter that gives up (a timeout around it) leaves nothing behind on the call.
+                if self._waiters is not None and wakeup in self._waiters:
+                    self._waiters.remove(wakeup)
+                raise
         assert self._result is not None
         return self._result
 

@@ -584,9 +584,11 @@ class Executor:
                                 self._yielding -= 1
                             if self._yield_at <= now:
                                 self._yield_at = clock() + _SLICE
-                            if not self._open or scope.cancel_called:
-                                break  # the scope's deadline (the last call's) may have passed meanwhile
+                            if not self._open:
+                                break
                             self._pump(arrived=True)  # back like a runner that just arrived
+                            if scope.cancel_called:
+                                break  # the scope's deadline (the last call's) may have passed meanwhile
             except BaseException:
                 if current is not None:
                     self._drop(current)

@@ -115,3 +115,25 @@ async def test_several_tasks_wait_for_one_batch_and_one_call(anyio_backend: Any)
                 await anyio.wait_all_tasks_blocked()
                 release.set()
     assert sorted(seen) == ["batch1:2", "batch2:2", "call1:ok", "call2:ok"]
+
+
+async def test_a_caller_polling_a_long_call_leaves_nothing_behind(anyio_backend: Any) -> None:
+    """Waiting for one call under a timeout, again and again, keeps no wake-up per attempt on the call."""
+    dispatcher = Dispatcher()
+    release = anyio.Event()
+
+    async def slow() -> str:
+        await release.wait()
+        return "done"
+
+    dispatcher.add_function(slow, annotations=READ_ONLY)
+    async with dispatcher:
+        async with dispatcher.batch() as batch:
+            pending = batch.submit(ToolCall(id="a", name="slow", arguments={}))
+            for _ in range(100):
+                with anyio.move_on_after(0.001):
+                    await pending.wait()
+            assert not pending._waiters  # no public view of this: the wake-ups the call would set when it ends
+            release.set()
+            result = await pending.wait()
+    assert result.ok
