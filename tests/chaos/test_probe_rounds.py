@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -19,6 +20,17 @@ pytestmark = [
 ]
 
 READ_ONLY = ToolAnnotations(read_only_hint=True)
+
+
+def stuck_counting(tries: list[None]) -> Callable[[], Awaitable[str]]:
+    """A tool that never answers and notes each time it is called in `tries`."""
+
+    async def stuck() -> str:
+        tries.append(None)
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    return stuck
 
 
 async def test_a_call_that_timed_out_once_is_answered_in_the_next_round(anyio_backend: Any) -> None:
@@ -43,34 +55,20 @@ async def test_a_call_that_timed_out_once_is_answered_in_the_next_round(anyio_ba
 
 async def test_a_dispatcher_that_never_answers_still_fails_the_probe(anyio_backend: Any) -> None:
     """A call that times out in every round ends TIMEOUT after the last one (the rounds have teeth)."""
-    tries = 0
-
-    async def stuck() -> str:
-        nonlocal tries
-        tries += 1
-        await anyio.sleep_forever()
-        raise AssertionError("unreachable")
-
+    tries: list[None] = []
     async with Dispatcher(call_timeout=0.25, retry=None) as d:
-        d.add_function(stuck, annotations=READ_ONLY)
+        d.add_function(stuck_counting(tries), name="stuck", annotations=READ_ONLY)
         [result], problems = await dispatch_until_answered(d, [ToolCall("s", "stuck")], rounds=3)
     assert problems == []
     assert result.status is CallStatus.TIMEOUT
-    assert tries == 3
+    assert len(tries) == 3
 
 
 async def test_one_round_is_one_plain_dispatch(anyio_backend: Any) -> None:
     """With rounds=1 (the virtual clock's probe) a timeout is final and nothing is sent again."""
-    tries = 0
-
-    async def stuck() -> str:
-        nonlocal tries
-        tries += 1
-        await anyio.sleep_forever()
-        raise AssertionError("unreachable")
-
+    tries: list[None] = []
     trace: list[str] = []
     async with Dispatcher(call_timeout=0.25, retry=None) as d:
-        d.add_function(stuck, annotations=READ_ONLY)
+        d.add_function(stuck_counting(tries), name="stuck", annotations=READ_ONLY)
         [result], _ = await dispatch_until_answered(d, [ToolCall("s", "stuck")], rounds=1, trace=trace)
-    assert result.status is CallStatus.TIMEOUT and tries == 1 and trace == []
+    assert result.status is CallStatus.TIMEOUT and len(tries) == 1 and trace == []

@@ -37,6 +37,27 @@ def children() -> dict[int, str]:
     return found
 
 
+async def setting_started(client: redis.Redis) -> None:
+    """Return once a fleet setting has written its keys to Redis (within 120 s)."""
+    import anyio
+
+    with anyio.fail_after(120):
+        while not await anyio.to_thread.run_sync(lambda: client.keys("dispatcher-tune-*")):  # noqa: ASYNC110
+            await anyio.sleep(0.1)  # Redis has no event to wait on
+
+
+async def endless_setting(url: str, redis_url: str) -> None:
+    """One fleet setting of two processes that measures for 600 s, long past any test: it must be stopped."""
+    from dispatcher import ToolCall
+    from dispatcher.cli._fleet_tune import fleet_measure
+
+    workload = [ToolCall("0", "search_notes", {"query": "a"}, server="server")]
+    await fleet_measure(
+        url, workload, redis=redis_url, processes=2, limit=2, clients=2, warmup=0, calls=None,
+        duration=600.0, trusted=True, server="server", mode="auto", call_timeout=None, connect_timeout=30.0,
+    )  # fmt: skip
+
+
 def ledger_peak(path: pathlib.Path) -> int:
     """The most calls the server ran at once, from its ledger."""
     running: set[tuple[int, int]] = set()
@@ -129,17 +150,12 @@ async def test_a_sweep_cancelled_mid_setting_stops_its_processes_and_leaves_no_k
     """Cancelled while its processes run (Ctrl-C), a setting kills them and deletes its keys; no password on argv."""
     import anyio
 
-    from dispatcher import ToolCall
-    from dispatcher.cli._fleet_tune import fleet_measure
-
     url, _ = workspace
     client = redis.Redis.from_url(redis_server.url)
     seen: dict[int, str] = {}
 
     async def watch(scope: anyio.CancelScope) -> None:
-        with anyio.fail_after(120):
-            while not await anyio.to_thread.run_sync(lambda: client.keys("dispatcher-tune-*")):  # noqa: ASYNC110
-                await anyio.sleep(0.1)  # Redis has no event to wait on
+        await setting_started(client)
         seen.update(children())
         scope.cancel()
 
@@ -147,11 +163,7 @@ async def test_a_sweep_cancelled_mid_setting_stops_its_processes_and_leaves_no_k
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch, scope)
-                workload = [ToolCall("0", "search_notes", {"query": "a"}, server="server")]
-                await fleet_measure(
-                    url, workload, redis=redis_server.url, processes=2, limit=2, clients=2, warmup=0, calls=None,
-                    duration=600.0, trusted=True, server="server", mode="auto", call_timeout=None, connect_timeout=30.0,
-                )  # fmt: skip
+                await endless_setting(url, redis_server.url)
         assert scope.cancelled_caught
         fleet = {pid: line for pid, line in seen.items() if "dispatcher.cli._fleet_tune" in line}
         assert len(fleet) == 2, f"the sweep's processes were not seen: {seen}"
@@ -172,16 +184,11 @@ async def test_a_process_killed_mid_setting_fails_the_sweep_saying_so(
 
     import anyio
 
-    from dispatcher import ToolCall
-    from dispatcher.cli._fleet_tune import fleet_measure
-
     url, _ = workspace
     client = redis.Redis.from_url(redis_server.url)
 
     async def kill_one() -> None:
-        with anyio.fail_after(120):
-            while not await anyio.to_thread.run_sync(lambda: client.keys("dispatcher-tune-*")):  # noqa: ASYNC110
-                await anyio.sleep(0.1)  # Redis has no event to wait on
+        await setting_started(client)
         for pid, line in (await anyio.to_thread.run_sync(children)).items():
             if "dispatcher.cli._fleet_tune" in line:
                 os.kill(pid, signal.SIGKILL)
@@ -192,12 +199,8 @@ async def test_a_process_killed_mid_setting_fails_the_sweep_saying_so(
         caught: FleetTuneError | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(kill_one)
-            workload = [ToolCall("0", "search_notes", {"query": "a"}, server="server")]
             try:
-                await fleet_measure(
-                    url, workload, redis=redis_server.url, processes=2, limit=2, clients=2, warmup=0, calls=None,
-                    duration=600.0, trusted=True, server="server", mode="auto", call_timeout=None, connect_timeout=30.0,
-                )  # fmt: skip
+                await endless_setting(url, redis_server.url)
             except FleetTuneError as exc:
                 caught = exc
         assert caught is not None, "the sweep did not fail"
