@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -13,6 +12,9 @@ from trio.testing import MockClock
 from dispatcher import CallStatus, Dispatcher, ToolCall
 
 from .harness import dispatch_until_answered
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 pytestmark = [
     pytest.mark.anyio,
