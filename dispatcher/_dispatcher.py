@@ -58,7 +58,7 @@ class Dispatcher:
         max_concurrency: The most calls in flight at once across the dispatcher, or None for no limit.
         call_timeout: Seconds each call may take before it is abandoned as TIMEOUT (its server-side
             handler is cancelled), or None for no timeout. For a call that is retried, the limit of
-            each attempt.
+            each attempt. A call is cut off no sooner, and at most 0.1% of it (at least 2 ms) later.
         retry: When to try a failed call again, or None to never retry. Only calls of tools declared
             idempotent by a trusted source are retried, and only after failures that may be transient.
         approve: An async callable asked to confirm the calls that `approval` selects; it gets an

@@ -64,9 +64,10 @@ _SLICE_CHECK = 32
 # The policy of a call that may not be retried: one attempt, bounded by the call timeout alone.
 _ONE_ATTEMPT = RetryPolicy(attempts=1, timeout=None, jitter=False, budget=None)
 
-# How much later than its call timeout a call may be cut off, so that a run of short calls seldom
-# moves the deadline of the runner's cancel scope (each move reschedules a timer).
+# How much later than its call timeout a call may be cut off (the larger of these), so that a run of
+# short calls seldom moves the deadline of the runner's cancel scope (each move reschedules a timer).
 _DEADLINE_SLACK = 0.002
+_DEADLINE_SLACK_SHARE = 0.001
 
 # The most runners woken or started at once for calls the gate may admit (see `Executor._pump`).
 _FANOUT = 64
@@ -146,6 +147,7 @@ class Executor:
     ) -> None:
         self._catalog = catalog
         self._call_timeout = call_timeout
+        self._slack = max(_DEADLINE_SLACK, call_timeout * _DEADLINE_SLACK_SHARE) if call_timeout is not None else 0.0
         self._retry = retry
         self._budgets: dict[str | None, RetryBudget] = {}
         # A fleet coordinator wraps each admitted call in its fleet-wide hold; without one, nothing is added.
@@ -539,7 +541,8 @@ class Executor:
         """Run `ticket`'s call and every call admitted after it, until the gate admits none.
 
         Calls of one attempt run directly under one cancel scope of the runner, whose deadline moves
-        with each call (by at least `_DEADLINE_SLACK`, so a run of short calls seldom moves it):
+        with each call (by a slack of 0.1% of the call timeout, at least 2 ms, so that a run of short
+        calls seldom moves it):
         cancelling the call or reaching its deadline cancels that scope, which ends that call alone;
         the next call gets a new scope. Other calls (retried, fleet-held, rechecked by the session
         guard) run through `_run_admitted`, with a scope of their own.
@@ -569,26 +572,19 @@ class Executor:
                         current = None
                         if gate.readied != readied:
                             self._pump()  # its end let other calls start
-                        if scope.cancel_called:
+                        if scope.cancel_called or not self._open:
                             break  # cancelled as it ended: the next call gets a fresh scope
-                        current = gate.take()
-                        if current is None or not self._open:
-                            break
                         now = ended if ended is not None else clock()
-                        if now >= self._yield_at:
-                            # Yield holding the next call: its place stays taken.
-                            self._yielding += 1
-                            try:
-                                await anyio.lowlevel.cancel_shielded_checkpoint()
-                            finally:
-                                self._yielding -= 1
-                            if self._yield_at <= now:
-                                self._yield_at = clock() + _SLICE
-                            if not self._open:
-                                break
-                            self._pump(arrived=True)  # back like a runner that just arrived
-                            if scope.cancel_called:
+                        if now < self._yield_at or not gate.may_take:
+                            current = gate.take()
+                        elif await self._end_slice(now):
+                            if scope.cancel_called or not self._open:
                                 break  # the scope's deadline (the last call's) may have passed meanwhile
+                            current = self._take()  # back like a runner that just arrived
+                        else:
+                            return  # another runner carries the calls on: this one parks
+                        if current is None:
+                            break
             except BaseException:
                 if current is not None:
                     self._drop(current)
@@ -609,6 +605,25 @@ class Executor:
                 gate.finish(current)
                 self._pump()
                 current = gate.take()
+
+    async def _end_slice(self, since: float) -> bool:
+        """Let the event loop run, the time slice having passed at `since`; whether to go on taking calls.
+
+        The first runner back after the slice passed starts the next one and goes on. A runner back
+        after another has started it goes on while it lasts; once it has passed too, that runner is
+        one more than the calls need while another is on its way back, and it parks: otherwise every
+        runner that holds a call would run one more in each turn of the loop, however many there are.
+        """
+        self._yielding += 1
+        try:
+            await anyio.lowlevel.cancel_shielded_checkpoint()
+        finally:
+            self._yielding -= 1
+        ends = self._yield_at
+        if ends <= since:
+            self._yield_at = self._clock() + _SLICE
+            return True
+        return not self._yielding or self._clock() < ends
 
     async def _run_one(self, work: PendingCall, scope: anyio.CancelScope) -> float | None:
         """Run one admitted call to its result; a call of one attempt runs under the runner's `scope`.
@@ -634,7 +649,7 @@ class Executor:
         if timeout is not None:
             deadline = scope.deadline
             if deadline < started + timeout or deadline == math.inf:
-                scope.deadline = started + timeout + _DEADLINE_SLACK
+                scope.deadline = started + timeout + self._slack
         elif scope.deadline != math.inf:
             scope.deadline = math.inf
         work._scope = scope

@@ -157,6 +157,30 @@ async def test_a_call_times_out_at_its_timeout_and_not_before(anyio_backend: Any
     assert 5.0 <= hung.finished_at - hung.started_at <= 5.01
 
 
+@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+@pytest.mark.parametrize("call_timeout", [0.5, 600.0])
+async def test_a_call_is_cut_off_within_a_thousandth_of_its_timeout(anyio_backend: Any, call_timeout: float) -> None:
+    """A call that never answers ends no sooner than call_timeout and no later than 0.1% (at least 2 ms)
+    after it, after naps that kept the runner's deadline where the first call set it."""
+
+    async def nap() -> str:
+        await anyio.sleep(call_timeout / 5000)
+        return "rested"
+
+    async def hang() -> str:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async with Dispatcher(max_concurrency=1, call_timeout=call_timeout) as dispatcher:
+        dispatcher.add_function(nap, annotations=READ_ONLY)
+        dispatcher.add_function(hang, annotations=READ_ONLY)
+        results = await dispatcher.dispatch([ToolCall(f"n{i}", "nap") for i in range(20)] + [ToolCall("h", "hang")])
+    hung = results[-1]
+    assert all(result.ok for result in results[:-1])
+    assert hung.status is CallStatus.TIMEOUT and hung.started_at is not None
+    assert call_timeout <= hung.finished_at - hung.started_at <= call_timeout + max(0.002, call_timeout / 1000) + 1e-9
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_calls_that_never_wait_take_few_runners_without_a_limit(anyio_backend: Any) -> None:
     """With max_concurrency=None, a long batch of calls that never wait is carried out by a few runners.
@@ -181,3 +205,53 @@ async def test_calls_that_never_wait_take_few_runners_without_a_limit(anyio_back
     assert all(result.ok for result in results)
     assert elapsed > 0.01, "the batch should span several time slices of 2 ms"
     assert max(counts) <= 4, counts
+
+
+@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+@pytest.mark.parametrize("limit", [1, 4, 16, None])
+async def test_calls_that_compute_hold_the_loop_for_a_slice_once_the_runners_have_started(
+    anyio_backend: Any, limit: int | None
+) -> None:
+    """On a virtual clock where a call's computing is a jump of the clock (0.3 ms, no checkpoint), a task
+    in the same loop waits at most about two time slices (2 ms each) and a call, once the runners
+    brought by a call that waits have started theirs.
+
+    The first call waits, so more runners come, each with a call: together they hold one turn of the
+    loop, as one task per call would. After that, one of them goes on computing calls in each slice
+    and the others park until a call waits again: they do not each run a call in every turn.
+    """
+    import trio
+
+    clock = trio.lowlevel.current_clock()
+    assert isinstance(clock, MockClock)
+    work = 0.0003
+
+    async def compute(n: int) -> int:
+        if n == 0:
+            await anyio.sleep(0.0001)
+        clock.jump(work)  # computing: time passes and nothing else runs
+        return n
+
+    late: list[tuple[float, float]] = []
+
+    async def ticker(done: anyio.Event) -> None:
+        while not done.is_set():
+            due = anyio.current_time() + 0.0002
+            await anyio.sleep(0.0002)
+            late.append((due, anyio.current_time() - due))
+
+    async with Dispatcher(max_concurrency=limit) as dispatcher:
+        dispatcher.add_function(compute, annotations=READ_ONLY)
+        done = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker, done)
+            start = anyio.current_time()
+            results = await dispatcher.dispatch([ToolCall(str(n), "compute", {"n": n}) for n in range(2000)])
+            done.set()
+    assert all(result.ok for result in results)
+    brought = 64 if limit is None else limit  # runners brought at once for calls admitted together
+    assert max(lateness for _, lateness in late) <= 2 * 0.002 + brought * work + 1e-9
+    # The calls compute for 0.6 s in all: the ticker ran between slices all along.
+    assert len(late) > 100, len(late)
+    steady = [lateness for due, lateness in late if due >= start + 0.1]
+    assert max(steady) <= 2 * 0.002 + 2 * work + 1e-9, max(steady)
