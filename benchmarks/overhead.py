@@ -14,7 +14,8 @@ The floor is the same per-call work done by hand, one call after the other, with
 `MCPServer` does for a tool call). It creates no task and schedules nothing, so it is what a caller pays
 without any dispatcher; the dispatcher must cost at most 0.9x of it (target 1). A second dispatcher with
 ``max_concurrency=None`` runs the same batch: its cost per call and its peak memory per call (measured
-apart, with `tracemalloc`) must stay within 1.1x and 1.0x those of the default settings (target 2).
+apart, with `tracemalloc`, median of 5 passes) must stay within 1.1x and 1.0x those of the default
+settings (target 2; for memory, within the 0.5% that passes can tell apart).
 
 Every variant stores each call's result in call order. The batch's calls (ToolCalls for the
 dispatcher, argument dicts for the references) are built before the clock starts.
@@ -23,6 +24,7 @@ dispatcher, argument dicts for the references) are built before the clock starts
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 import tracemalloc
 from dataclasses import dataclass
@@ -51,6 +53,11 @@ TASKS_BARE = "anyio task per call (bare)"
 TASKS_ADAPTER = "anyio task per call (same adapter)"
 GATHER_BARE = "asyncio.gather (bare)"
 GATHER_ADAPTER = "asyncio.gather (same adapter)"
+# Peak memory of a run varies by a few bytes per call from pass to pass (when the collector runs, how
+# dicts grow; up to 0.2% of about 1.6 kB per call on the reference machine): target 2 compares the
+# medians of this many passes of each, and "no higher" is met within 0.5%, what passes can resolve.
+MEMORY_PASSES = 5
+MEMORY_THRESHOLD = 1.005
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,9 +126,10 @@ async def _measure(config: Config, backend: str, progress: Progress) -> dict[str
             variants[GATHER_BARE] = gather_per_call(lookup, arguments)
             variants[GATHER_ADAPTER] = gather_per_call(adapter, arguments)
         samples = await interleave(variants, config.repeat, progress, label=backend)
-        progress.update(f"{backend}: memory pass")
-        for name in (DISPATCHER, UNLIMITED):
-            samples[f"{name}: peak bytes"] = [await peak_bytes(variants[name])]
+        progress.update(f"{backend}: memory passes")
+        for _ in range(MEMORY_PASSES):
+            for name in (DISPATCHER, UNLIMITED):
+                samples.setdefault(f"{name}: peak bytes", []).append(await peak_bytes(variants[name]))
         return samples
 
 
@@ -141,7 +149,8 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
     n = config.calls
     for backend in config.backends:
         samples = anyio.run(_measure, config, backend, progress, backend=backend)
-        memory = {name: samples.pop(f"{name}: peak bytes")[0] / n for name in (DISPATCHER, UNLIMITED)}
+        passes = {name: [b / n for b in samples.pop(f"{name}: peak bytes")] for name in (DISPATCHER, UNLIMITED)}
+        memory = {name: statistics.median(values) for name, values in passes.items()}
         per_call = {name: [s / n * 1e6 for s in values] for name, values in samples.items()}
         for name, values in per_call.items():
             median = Stat.of(values).median
@@ -181,8 +190,12 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
                 name=f"{backend}: 2. max_concurrency=None / default, peak memory per call",
                 value=memory[UNLIMITED] / memory[DISPATCHER],
                 op="<=",
-                threshold=1.0,
-                detail=f"one tracemalloc pass each: {memory[UNLIMITED]:,.0f} / {memory[DISPATCHER]:,.0f} B/call",
+                threshold=MEMORY_THRESHOLD,
+                detail=(
+                    f"median of {MEMORY_PASSES} tracemalloc passes each: {memory[UNLIMITED]:,.0f} "
+                    f"({min(passes[UNLIMITED]):,.0f}-{max(passes[UNLIMITED]):,.0f}) / {memory[DISPATCHER]:,.0f} "
+                    f"({min(passes[DISPATCHER]):,.0f}-{max(passes[DISPATCHER]):,.0f}) B/call"
+                ),
             )
         )
     return result
