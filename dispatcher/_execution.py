@@ -468,12 +468,13 @@ class Executor:
         may = gate.may_take
         if not may:
             return
+        # A runner letting the loop run at the end of a time slice holds no call and comes back for one:
+        # it is on its way, like the spares.
         if not self._busy and (arrived or may > _FANOUT):
-            # No call waits: the runners on duty keep up, and more would only take turns. A runner
-            # letting the loop run at the end of a time slice is one of them: it comes back.
+            # No call waits: the runners on duty keep up, and more would only take turns.
             want = 1 - self._spare - self._yielding
         else:
-            want = min(may, max(_FANOUT - gate.running, 1)) - self._spare
+            want = min(may, max(_FANOUT - gate.running, 1)) - self._spare - self._yielding
         if want <= 0:
             return
         self._spare += want
@@ -507,10 +508,7 @@ class Executor:
                 self._spare -= 1
                 if not self._open:
                     return
-                ticket = self._take()
-                if ticket is not None:
-                    await self._run_from(ticket)
-                    ticket = None  # a parked runner holds no finished call
+                await self._run_from()
                 if not self._open or len(self._idle) >= self._idle_cap:
                     return
                 await self._park()
@@ -537,8 +535,8 @@ class Executor:
                     continue
             return  # woken: `_pump` counted it as on its way
 
-    async def _run_from(self, ticket: Ticket[PendingCall]) -> None:
-        """Run `ticket`'s call and every call admitted after it, until the gate admits none.
+    async def _run_from(self) -> None:
+        """Run the next admitted call and every call admitted after it, until the gate admits none.
 
         Calls of one attempt run directly under one cancel scope of the runner, whose deadline moves
         with each call (by a slack of 0.1% of the call timeout, at least 2 ms, so that a run of short
@@ -550,7 +548,8 @@ class Executor:
         gate = self.gate
         clock = self._clock
         cancellations = own_cancellations()
-        current: Ticket[PendingCall] | None = ticket
+        # Only `current` refers to a call: a runner letting the loop run, or parked, holds no finished one.
+        current = self._take()
         while current is not None:
             if not self._open:
                 self._drop(current)
@@ -617,6 +616,10 @@ class Executor:
         self._yielding += 1
         try:
             await anyio.lowlevel.cancel_shielded_checkpoint()
+        except anyio.get_cancelled_exc_class():
+            # No cancel scope reaches a shielded wait: a tool cancelled its own task (as in `_park`).
+            if not await absorb_own_cancellation():
+                raise  # pragma: no cover - a shielded wait
         finally:
             self._yielding -= 1
         ends = self._yield_at

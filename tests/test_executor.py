@@ -255,3 +255,54 @@ async def test_calls_that_compute_hold_the_loop_for_a_slice_once_the_runners_hav
     assert len(late) > 100, len(late)
     steady = [lateness for due, lateness in late if due >= start + 0.1]
     assert max(steady) <= 2 * 0.002 + 2 * work + 1e-9, max(steady)
+
+
+@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+@pytest.mark.parametrize("limit", [16, 64, None])
+async def test_runners_letting_the_loop_run_count_as_on_their_way(anyio_backend: Any, limit: int | None) -> None:
+    """Calls that wait a turn and then compute: runners letting the loop run between slices hold no call,
+    and count as on their way, so runners and calls in flight stay within the limit.
+
+    (Not counting them brought up to 64 more runners at every slice: 290 runner tasks without a limit,
+    and a 91 ms stall.)
+    """
+    import trio
+
+    clock = trio.lowlevel.current_clock()
+    assert isinstance(clock, MockClock)
+    work = 0.0003
+    peak = {"running": 0, "runners": 0}
+
+    async with Dispatcher(max_concurrency=limit) as dispatcher:
+
+        async def compute(n: int) -> int:
+            await anyio.lowlevel.checkpoint()
+            clock.jump(work)  # computing: time passes and nothing else runs
+            runners = sum("_runner" in (task.name or "") for task in anyio.get_running_tasks())
+            peak["running"] = max(peak["running"], dispatcher.running)
+            peak["runners"] = max(peak["runners"], runners)
+            return n
+
+        late: list[float] = []
+
+        async def ticker(done: anyio.Event) -> None:
+            while not done.is_set():
+                due = anyio.current_time() + 0.0002
+                await anyio.sleep(0.0002)
+                late.append(anyio.current_time() - due)
+
+        dispatcher.add_function(compute, annotations=READ_ONLY)
+        done = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker, done)
+            results = await dispatcher.dispatch([ToolCall(str(n), "compute", {"n": n}) for n in range(3000)])
+            done.set()
+    assert all(result.ok for result in results)
+    if limit is not None:
+        assert peak["running"] <= limit, peak
+        assert peak["runners"] <= limit + 2, peak
+        assert max(late) <= 2 * 0.002 + limit * work + 1e-9, max(late)
+    else:
+        # Calls that wait keep bringing runners, one at a time past the 64 brought at once.
+        assert peak["runners"] <= 2 * 64, peak
+        assert max(late) <= 2 * 0.002 + 2 * 64 * work + 1e-9, max(late)

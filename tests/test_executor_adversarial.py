@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import anyio
@@ -231,6 +232,46 @@ async def test_a_tool_that_cancels_its_own_task_and_returns_strands_no_later_cal
             assert dispatcher.idle
     # A runner ended by the cancellation would cancel the dispatcher's task group, and with it this block.
     assert rounds == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("limit", [1, 2, 16, None])
+@pytest.mark.parametrize("how", ["soon", "uncancel"])
+async def test_a_tool_that_has_its_own_task_cancelled_later_leaves_no_runner_dead(limit: int | None, how: str) -> None:
+    """A tool that schedules its own task's cancellation (`call_soon(task.cancel)`), or cancels and uncancels
+    it (the request count is back to 0, the cancellation still lands), among calls that take the runners
+    past their time slices: the cancellation lands where a runner lets the loop run, and no runner dies.
+
+    A call it lands in may end CANCELLED; the batch and the next ones run, and the caller's block goes on.
+    """
+
+    async def hostile(i: int) -> int:
+        clock_until = time.perf_counter() + 0.0003
+        while time.perf_counter() < clock_until:
+            pass  # computing: takes the runners past their 2 ms slices
+        if i % 13 == 5:
+            task = asyncio.current_task()
+            assert task is not None
+            if how == "soon":
+                asyncio.get_running_loop().call_soon(task.cancel)
+            else:
+                task.cancel()
+                task.uncancel()
+        return i
+
+    calls = [ToolCall(f"c{i}", "hostile", {"i": i}) for i in range(400)]
+    rounds: list[int] = []
+    with anyio.fail_after(20):
+        async with Dispatcher(max_concurrency=limit, call_timeout=5) as dispatcher:
+            dispatcher.add_function(hostile, annotations=READ_ONLY)
+            results = await dispatcher.dispatch(calls)
+            rounds.append(1)
+            again = await dispatcher.dispatch([ToolCall(f"a{i}", "hostile", {"i": 0}) for i in range(50)])
+            rounds.append(2)
+    assert rounds == [1, 2], "a runner ended by the cancellation cancelled the dispatcher's task group"
+    assert [result.call_id for result in results] == [call.id for call in calls]
+    assert all(result.status in (CallStatus.OK, CallStatus.CANCELLED) for result in results)
+    assert all(result.ok for result in again)
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])

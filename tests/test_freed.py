@@ -26,6 +26,7 @@ import pytest
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from trio.testing import MockClock
 
 import dispatcher as package
 from dispatcher import CallStatus, Dispatcher, RetryPolicy, ToolCall, ToolResult
@@ -204,3 +205,26 @@ async def test_results_dropped_while_the_dispatcher_stays_open_are_freed_at_once
         with collector_off():
             _, answers = await _dispatch(dispatcher, calls)
             assert _alive(answers) == 0
+
+
+@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+@pytest.mark.parametrize("calls", [20, 100, 1000])
+async def test_a_runner_letting_the_loop_run_holds_no_finished_call(anyio_backend: Any, calls: int) -> None:
+    """Calls that compute (a jump of the virtual clock) span several time slices, so runners let the loop
+    run between them while the others finish the batch: none of them keeps a finished call alive."""
+    import trio
+
+    clock = trio.lowlevel.current_clock()
+    assert isinstance(clock, MockClock)
+
+    async def compute(key: str) -> str:
+        clock.jump(0.0003)
+        return key
+
+    async with Dispatcher() as dispatcher:
+        dispatcher.add_function(compute, annotations=READ_ONLY)
+        batch = [ToolCall(f"a{i}", "compute", {"key": f"k{i}"}) for i in range(calls)]
+        for _ in range(5):
+            with collector_off():
+                _, answers = await _dispatch(dispatcher, batch)
+                assert _alive(answers) == 0
