@@ -326,3 +326,4 @@ def test_the_cli_package_surface() -> None:
     assert dispatcher.cli.__all__ == ["Report", "inspect_server", "machine_info", "main"]
     info = dispatcher.cli.machine_info()
     assert info["cpu_count"] == os.cpu_count() and info["packages"]["mcp"] is not None
+    assert info["packages"]["mcp-dispatcher"] is not None  # this package, by its distribution name

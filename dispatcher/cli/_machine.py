@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["PACKAGES", "machine_info"]
 
 PACKAGES: tuple[str, ...] = (
-    "dispatcher",
+    "mcp-dispatcher",
     "anyio",
     "mcp",
     "pydantic",
