@@ -560,17 +560,18 @@ class Executor:
                         self._busy += 1
                         try:
                             ended = await self._run_one(current.item, scope)
-                            if cancellations is not None and cancellations() and not scope.cancel_called:
-                                # The tool cancelled its own task and returned: that must not land
-                                # on the next call, nor end the runner.
-                                await absorb_own_cancellation()
                         finally:
                             self._busy -= 1
+                        # The tool cancelled its own task and returned: that must not land on the
+                        # next call, nor end the runner (withdrawn once the call is let go of).
+                        stray = cancellations is not None and cancellations() and not scope.cancel_called
                         readied = gate.readied
                         gate.finish(current)
                         current = None
                         if gate.readied != readied:
                             self._pump()  # its end let other calls start
+                        if stray:
+                            await absorb_own_cancellation()
                         if scope.cancel_called or not self._open:
                             break  # cancelled as it ended: the next call gets a fresh scope
                         now = ended if ended is not None else clock()
@@ -590,7 +591,7 @@ class Executor:
                 raise
             if current is None:
                 # The scope ended after a call (cancelled as it returned), or the gate had nothing.
-                current = gate.take() if self._open else None
+                current = self._take() if self._open else None  # runners come for the calls after it
             elif current.item.started_at is not None:
                 # Its scope was cancelled while it ran: by `cancel`, or at its deadline.
                 work = current.item
@@ -745,16 +746,21 @@ class Executor:
                     untrusted=last.untrusted,
                 )
                 return
-        except BaseException:
+        except BaseException as exc:
+            # On asyncio, a tool may leave a cancellation on its task (cancelled, or scheduled to be, as
+            # it returned) that lands between attempts, while no cancel scope around the runner is
+            # cancelled: the call ends, the runner goes on.
+            stray = isinstance(exc, anyio.get_cancelled_exc_class()) and await absorb_own_cancellation()
             if work._result is None:
                 settle(
                     work,
                     CallStatus.CANCELLED,
-                    error="the dispatcher closed",
+                    error="the tool's task was cancelled by itself" if stray else "the dispatcher closed",
                     attempts=retrier.attempts,
                     attempt_errors=tuple(retrier.errors),
                 )
-            raise
+            if not stray:
+                raise
         finally:
             work._scope = None
         # The call's scope was cancelled: by `cancel`, or at the deadline of its only attempt.
@@ -778,12 +784,17 @@ class Executor:
         """One attempt of a call, reported to its hooks; `scoped`: under a deadline scope of its own."""
         state = work._state
         if state is None:
-            return await (self._attempt_scoped(work, start, limit) if scoped else self._invoke(work))
-        hooks = work._hooks
-        assert hooks is not None
-        hooks.attempt_started(work.call, state, start)
-        outcome = await (self._attempt_scoped(work, start, limit) if scoped else self._invoke(work))
-        hooks.attempt_finished(state, outcome.status, outcome.error)
+            outcome = await (self._attempt_scoped(work, start, limit) if scoped else self._invoke(work))
+        else:
+            hooks = work._hooks
+            assert hooks is not None
+            hooks.attempt_started(work.call, state, start)
+            outcome = await (self._attempt_scoped(work, start, limit) if scoped else self._invoke(work))
+            hooks.attempt_finished(state, outcome.status, outcome.error)
+        cancellations = own_cancellations()
+        if cancellations is not None and cancellations():
+            # The tool cancelled its own task and returned: not into the wait before the next attempt.
+            await absorb_own_cancellation()
         return outcome
 
     @staticmethod

@@ -64,14 +64,19 @@ def withdraw_cancellation() -> None:
             task.uncancel()
 
 
-def own_cancellations() -> Callable[[], int] | None:
-    """How many cancellation requests the current asyncio task has outstanding (`Task.cancelling`), as a
-    callable to read it again cheaply; None on trio, where only a cancel scope cancels a task."""
+def own_cancellations() -> Callable[[], bool] | None:
+    """Whether the current asyncio task has a cancellation on its way (requests outstanding, or one still
+    to be delivered after `Task.uncancel` took the count back to 0), as a callable to ask again cheaply;
+    None on trio, where only a cancel scope cancels a task."""
     try:
         task = asyncio.current_task()
     except RuntimeError:  # not running on asyncio
         return None
-    return task.cancelling if task is not None else None
+    if task is None:
+        return None
+    cancelling = task.cancelling
+    # `_must_cancel`: the flag asyncio delivers a cancellation by at the task's next wait (anyio reads it too).
+    return lambda: bool(cancelling() or task._must_cancel)  # type: ignore[attr-defined]
 
 
 async def absorb_own_cancellation() -> bool:

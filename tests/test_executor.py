@@ -9,7 +9,7 @@ import pytest
 from mcp.types import ToolAnnotations
 from trio.testing import MockClock
 
-from dispatcher import CallStatus, Dispatcher, PendingCall, ToolCall
+from dispatcher import CallStatus, Dispatcher, PendingCall, ToolCall, ToolResult
 
 pytestmark = pytest.mark.anyio
 
@@ -306,3 +306,42 @@ async def test_runners_letting_the_loop_run_count_as_on_their_way(anyio_backend:
         # Calls that wait keep bringing runners, one at a time past the 64 brought at once.
         assert peak["runners"] <= 2 * 64, peak
         assert max(late) <= 2 * 0.002 + 2 * 64 * work + 1e-9, max(late)
+
+
+@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+async def test_reads_released_by_a_write_ending_at_its_deadline_all_start_together(anyio_backend: Any) -> None:
+    """A write ends just before its deadline, long past the time slice, and releases 100 reads that can only
+    end once all of them have started: however the runners' turns fall (twelve rounds), the runner whose
+    scope's deadline passed while it let the loop run brings runners for the reads it leaves."""
+    import trio
+
+    clock = trio.lowlevel.current_clock()
+    assert isinstance(clock, MockClock)
+    timeout, meets = 1.0, 100  # more reads than are brought at once: one runner comes when the write ends
+
+    async def one_round() -> list[ToolResult]:
+        arrived = 0
+        everyone = anyio.Event()
+
+        async def write() -> str:  # no annotations: may mutate, runs alone
+            await anyio.sleep(timeout - 0.001)
+            return "w"
+
+        async def meet(k: int) -> int:
+            nonlocal arrived
+            clock.jump(0.004)  # computing: takes the clock past the write's runner's deadline
+            arrived += 1
+            if arrived == meets:
+                everyone.set()
+            await everyone.wait()
+            return k
+
+        async with Dispatcher(max_concurrency=None, call_timeout=timeout) as dispatcher:
+            dispatcher.add_function(write)
+            dispatcher.add_function(meet, annotations=READ_ONLY)
+            calls = [ToolCall("w", "write")] + [ToolCall(f"m{k}", "meet", {"k": k}) for k in range(meets)]
+            return await dispatcher.dispatch(calls)
+
+    for _ in range(12):
+        results = await one_round()
+        assert [(result.call_id, result.status) for result in results if not result.ok] == []

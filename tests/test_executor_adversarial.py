@@ -11,7 +11,8 @@ import anyio.lowlevel
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mcp.types import ToolAnnotations
+from mcp.shared.exceptions import MCPError
+from mcp.types import INTERNAL_ERROR, ErrorData, ToolAnnotations
 
 from dispatcher import CallStatus, Dispatcher, PendingCall, RetryPolicy, ToolCall
 
@@ -304,3 +305,92 @@ async def test_a_tool_cancelling_its_own_task_as_its_call_is_cancelled_leaves_th
                 assert [result.status for result in results] == [CallStatus.OK] * 2, results
                 rounds.append(round_)
     assert rounds == [0, 1, 2]
+
+
+def _cancel_own_task(how: str) -> None:
+    """Cancel the current asyncio task now, later (`call_soon`), or now and uncancel it (still delivered)."""
+    task = asyncio.current_task()
+    assert task is not None
+    if how == "soon":
+        asyncio.get_running_loop().call_soon(task.cancel)
+    elif how == "uncancel":
+        task.cancel()
+        task.uncancel()
+    else:
+        task.cancel()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("limit", [1, 2, None])
+@pytest.mark.parametrize("how", ["now", "soon", "uncancel"])
+@pytest.mark.parametrize("wait", [0.0, 0.01])
+async def test_a_retried_tool_leaving_a_cancellation_on_its_task_leaves_no_runner_dead(
+    limit: int | None, how: str, wait: float
+) -> None:
+    """An idempotent tool fails transiently and leaves a cancellation on its task: it is withdrawn before the
+    wait for the next attempt, which succeeds; one scheduled to land later (`call_soon`) ends the call it
+    lands in as CANCELLED, saying so. The runner lives on and the next batch runs."""
+    tries: dict[int, int] = {}
+
+    async def flaky(i: int) -> int:
+        tries[i] = tries.get(i, 0) + 1
+        if i % 3 == 1 and tries[i] == 1:
+            _cancel_own_task(how)
+            raise MCPError.from_error_data(ErrorData(code=INTERNAL_ERROR, message="transient"))
+        return i
+
+    idempotent = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True)
+    rounds: list[int] = []
+    retry = RetryPolicy(attempts=3, wait_initial=wait, wait_max=wait, jitter=False)
+    with anyio.fail_after(20):
+        async with Dispatcher(max_concurrency=limit, call_timeout=5, retry=retry) as dispatcher:
+            dispatcher.add_function(flaky, annotations=idempotent)
+            results = await dispatcher.dispatch([ToolCall(f"c{i}", "flaky", {"i": i}) for i in range(12)])
+            rounds.append(1)
+            tries.clear()
+            again = await dispatcher.dispatch([ToolCall(f"d{i}", "flaky", {"i": 0}) for i in range(4)])
+            rounds.append(2)
+    assert rounds == [1, 2], "a runner ended by the cancellation cancelled the dispatcher's task group"
+    assert [result.call_id for result in results] == [f"c{i}" for i in range(12)]
+    failed = [(r.call_id, r.status, r.error) for r in results if not r.ok]
+    if how == "soon":
+        assert all(status is CallStatus.CANCELLED for _, status, _ in failed), failed
+        assert all(error == "the tool's task was cancelled by itself" for _, _, error in failed), failed
+    else:
+        assert failed == []
+    assert all(result.ok for result in again)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_cancellation_a_write_leaves_past_its_deadline_strands_no_read() -> None:
+    """A write schedules its own task's cancellation and returns past its deadline: letting it land lets
+    the deadline's timer fire too, and the runner still brings runners for the reads it releases."""
+    timeout, meets = 0.3, 100
+    arrived = 0
+    everyone = anyio.Event()
+
+    async def write() -> str:
+        await anyio.sleep(timeout - 0.003)
+        _cancel_own_task("soon")
+        time.sleep(0.006)  # noqa: ASYNC251 - past the deadline and its slack without a checkpoint
+        return "w"
+
+    async def meet(k: int) -> int:
+        nonlocal arrived
+        arrived += 1
+        if arrived == meets:
+            everyone.set()
+        await everyone.wait()
+        return k
+
+    rounds: list[int] = []
+    with anyio.fail_after(20):
+        async with Dispatcher(max_concurrency=None, call_timeout=timeout) as dispatcher:
+            dispatcher.add_function(write)
+            dispatcher.add_function(meet, annotations=READ_ONLY)
+            calls = [ToolCall("w", "write")] + [ToolCall(f"m{k}", "meet", {"k": k}) for k in range(meets)]
+            results = await dispatcher.dispatch(calls)
+            rounds.append(1)
+    assert rounds == [1]
+    assert [result.call_id for result in results] == [call.id for call in calls]
+    assert [(result.call_id, result.status) for result in results if not result.ok] == []

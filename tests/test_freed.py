@@ -14,6 +14,7 @@ left out of the check.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import types
 import weakref
@@ -228,3 +229,21 @@ async def test_a_runner_letting_the_loop_run_holds_no_finished_call(anyio_backen
             with collector_off():
                 _, answers = await _dispatch(dispatcher, batch)
                 assert _alive(answers) == 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_runner_withdrawing_a_tools_own_cancellation_holds_no_finished_call() -> None:
+    """A tool cancels its own task and returns: the runner withdraws that after letting go of the call, so
+    the result is freed as soon as the caller drops it."""
+
+    async def hostile(key: str) -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        return key * 1000
+
+    async with Dispatcher() as dispatcher:
+        dispatcher.add_function(hostile, annotations=READ_ONLY)
+        with collector_off():
+            _, answers = await _dispatch(dispatcher, [ToolCall("a", "hostile", {"key": "k"})])
+            assert _alive(answers) == 0
