@@ -34,7 +34,15 @@ from ._failures import ToolUnavailableError
 from ._failures import describe as describe_failure
 from ._gate import Gate, Ticket, TicketState
 from ._keys import KeyRuleError, call_keys
-from ._loop import Wakeup, absorb_own_cancellation, loop_clock, own_cancellations, wakeups, withdraw_cancellation
+from ._loop import (
+    Wakeup,
+    absorb_own_cancellation,
+    loop_clock,
+    own_cancellation_pending,
+    own_cancellations,
+    wakeups,
+    withdraw_cancellation,
+)
 from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible, is_transient
 
 if TYPE_CHECKING:
@@ -470,11 +478,12 @@ class Executor:
             return
         # A runner letting the loop run at the end of a time slice holds no call and comes back for one:
         # it is on its way, like the spares.
+        on_its_way = self._spare + self._yielding
         if not self._busy and (arrived or may > _FANOUT):
             # No call waits: the runners on duty keep up, and more would only take turns.
-            want = 1 - self._spare - self._yielding
+            want = 1 - on_its_way
         else:
-            want = min(may, max(_FANOUT - gate.running, 1)) - self._spare - self._yielding
+            want = min(may, max(_FANOUT - gate.running, 1)) - on_its_way
         if want <= 0:
             return
         self._spare += want
@@ -791,8 +800,7 @@ class Executor:
             hooks.attempt_started(work.call, state, start)
             outcome = await (self._attempt_scoped(work, start, limit) if scoped else self._invoke(work))
             hooks.attempt_finished(state, outcome.status, outcome.error)
-        cancellations = own_cancellations()
-        if cancellations is not None and cancellations():
+        if own_cancellation_pending():
             # The tool cancelled its own task and returned: not into the wait before the next attempt.
             await absorb_own_cancellation()
         return outcome

@@ -27,6 +27,7 @@ __all__ = [
     "Wakeup",
     "absorb_own_cancellation",
     "loop_clock",
+    "own_cancellation_pending",
     "own_cancellations",
     "wakeups",
     "withdraw_cancellation",
@@ -74,9 +75,21 @@ def own_cancellations() -> Callable[[], bool] | None:
         return None
     if task is None:
         return None
-    cancelling = task.cancelling
+    return lambda: _cancellation_on_its_way(task)
+
+
+def own_cancellation_pending() -> bool:
+    """Whether the current asyncio task has a cancellation on its way (see `own_cancellations`); False on trio."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # not running on asyncio
+        return False
+    return task is not None and _cancellation_on_its_way(task)
+
+
+def _cancellation_on_its_way(task: asyncio.Task[Any]) -> bool:
     # `_must_cancel`: the flag asyncio delivers a cancellation by at the task's next wait (anyio reads it too).
-    return lambda: bool(cancelling() or task._must_cancel)  # type: ignore[attr-defined]
+    return bool(task.cancelling() or task._must_cancel)  # type: ignore[attr-defined]
 
 
 async def absorb_own_cancellation() -> bool:
