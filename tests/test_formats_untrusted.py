@@ -232,8 +232,8 @@ async def test_an_oversized_description_is_cut_and_the_cut_is_said() -> None:
     assert tool["function"]["description"] == tool_description(entry, description_limit=100)
 
 
-def test_schema_texts_are_cut_too_and_escapes_count_against_the_cap() -> None:
-    """A long schema description is cut with the cut said; invisible characters, written out, stay bounded."""
+def test_schema_texts_are_cut_too_and_written_out_characters_stay_bounded() -> None:
+    """A long schema description is cut with the cut said; a text of invisible characters shows at most 10x."""
     entry = _untrusted(
         description="\U000e0041" * 10_000,
         input_schema={"type": "object", "properties": {"q": {"type": "string", "description": "y" * 5_000}}},
@@ -245,8 +245,8 @@ def test_schema_texts_are_cut_too_and_escapes_count_against_the_cap() -> None:
     description = tool_description(entry, description_limit=50)
     assert description is not None
     [(_, inside)] = marked(description)
-    assert inside == "\n" + "\\U000e0041" * 5 + "\n"
-    assert "cut after 5 of its 10000 characters" in description
+    assert inside == "\n" + "\\U000e0041" * 50 + "\n"
+    assert "cut after 50 of its 10000 characters" in description
 
 
 def test_the_boundary_is_stable_for_one_definition_and_differs_between_tools() -> None:
