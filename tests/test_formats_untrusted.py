@@ -357,6 +357,22 @@ async def test_the_media_oracle_catches_a_user_message_and_media_outside() -> No
         _inside_one_wrapper(block["content"], "text")
 
 
+def test_in_a_mixed_turn_only_trusted_media_reach_the_user_message() -> None:
+    """Chat: a trusted closed-world chart is attached in the user message, the untrusted one's media are not."""
+    untrusted = _media_result()
+    trusted = ToolResult(
+        ToolCall("call_2", "plot", {}),
+        CallStatus.OK,
+        result=CallToolResult(content=[ImageContent(data=base64.b64encode(PNG).decode(), mime_type="image/png")]),
+        tool="plot",
+    )
+    messages = openai_chat_results([untrusted, trusted])
+    assert [message["role"] for message in messages] == ["tool", "tool", "user"]
+    note, *parts = messages[2]["content"]
+    assert "call_2" in note["text"] and "call_1" not in note["text"] and len(parts) == 1
+    assert "were not sent" in messages[0]["content"] and "were not sent" not in messages[1]["content"]
+
+
 def test_media_of_an_error_and_of_a_users_own_marking() -> None:
     """An untrusted error keeps its media inside; with your own marking function they are described, not sent."""
     result = _media_result(ok=False)
