@@ -148,6 +148,16 @@ async def test_untrusted_descriptions_reach_every_format_only_marked(
 
 
 @pytest.mark.anyio
+async def test_the_langgraph_node_hands_the_model_the_marked_definitions() -> None:
+    """DispatcherToolNode.tool_schemas goes through openai_chat_tools: the same marked texts."""
+    langgraph = pytest.importorskip("dispatcher.integrations.langgraph")
+    async with poisoned() as dispatcher:
+        schemas = langgraph.DispatcherToolNode(dispatcher).tool_schemas()
+        assert schemas == openai_chat_tools(dispatcher.tools())
+    assert steering(schemas) == []
+
+
+@pytest.mark.anyio
 async def test_the_marking_cannot_be_closed_or_forged_by_the_description() -> None:
     """The description sits whole inside one span; forged ends, look-alikes and new lines stay inside it."""
     async with poisoned() as dispatcher:
