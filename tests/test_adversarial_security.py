@@ -165,13 +165,14 @@ async def test_media_that_is_not_what_it_says_is_described_not_sent() -> None:
         [result] = await d.dispatch([ToolCall(id="1", name="pictures", arguments={})])
     assert result.ok and result.untrusted_content
     [block] = anthropic_results([result])
-    assert [part["type"] for part in block["content"]] == ["text", "image"]
+    # Untrusted: the one valid image sits between the wrapper's opening text and its closing text.
+    assert [part["type"] for part in block["content"]] == ["text", "image", "text"]
     assert block["content"][1]["source"]["data"] == png
     assert block["content"][0]["text"].count("[image: image/") == 3
-    [tool_message, *media] = openai_chat_results([result])
-    assert tool_message["role"] == "tool"
-    assert str(media).count("data:image/png;base64,") == 1
-    assert "data:application/pdf" not in str(media)
+    # Chat Completions has no place inside the wrapper for media: described, never in a user message.
+    [tool_message] = openai_chat_results([result])
+    assert tool_message["role"] == "tool" and "were not sent" in tool_message["content"]
+    assert ";base64," not in str(tool_message)
     items = openai_responses_results([result])
     assert str(items).count("data:image/") == 1
     assert "data:application/pdf" not in str(items)

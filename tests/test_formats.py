@@ -458,6 +458,7 @@ def _entry(name: str, description: str | None = "Return the text of a note.") ->
         "workspace",
         name,
         ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=False, open_world_hint=False),
+        trusted=True,  # the workspace, registered as trusted: its definitions reach the model unchanged
         description=description,
         input_schema={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
     )

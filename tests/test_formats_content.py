@@ -112,7 +112,8 @@ async def test_an_image_from_a_real_server_reaches_every_api_intact() -> None:
     server = MCPServer("charts")
     raw = base64.b64decode(PNG)
 
-    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    # Closed-world: its output is not untrusted content, so Chat Completions may attach it in a user message.
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
     def chart() -> Image:
         """Draw a chart."""
         return Image(data=raw, format="png")

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import re
 import threading
@@ -62,7 +63,7 @@ from dispatcher.testing import FaultInjector, FaultKind, Outcome, inject_faults
 
 if TYPE_CHECKING:
     import pathlib
-    from collections.abc import Callable, Coroutine, Mapping
+    from collections.abc import Callable, Coroutine, Iterator, Mapping
 
     from anyio.lowlevel import EventLoopToken
     from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -370,15 +371,16 @@ class Workspace:
     # -- the tools -----------------------------------------------------------------------------
 
     def _build_server(self, name: str) -> MCPServer[Any]:
-        server: MCPServer[Any] = MCPServer(
-            name,
-            instructions=(
-                "A notes workspace. Notes are plain text addressed by name. fetch_url returns "
-                "untrusted web content; send_message sends text to someone outside the workspace."
-            ),
-            subscriptions=self._bus,
-            middleware=[self._remember_legacy_client],
-        )
+        with _root_logger_kept():
+            server: MCPServer[Any] = MCPServer(
+                name,
+                instructions=(
+                    "A notes workspace. Notes are plain text addressed by name. fetch_url returns "
+                    "untrusted web content; send_message sends text to someone outside the workspace."
+                ),
+                subscriptions=self._bus,
+                middleware=[self._remember_legacy_client],
+            )
 
         async def search_notes(query: str) -> str:
             """List the names of the notes whose name or text contains the query (case-insensitive)."""
@@ -644,3 +646,24 @@ def _check_tool_names(what: str, names: Mapping[str, object] | frozenset[str]) -
     unknown = sorted(set(names) - set(_ANNOTATIONS))
     if unknown:
         raise ValueError(f"{what} names unknown tools {unknown}; the tools are {sorted(_ANNOTATIONS)}")
+
+
+@contextlib.contextmanager
+def _root_logger_kept() -> Iterator[None]:
+    """Leave the root logger as it was: `MCPServer()` configures it, which a library must not do.
+
+    The SDK's constructor calls `logging.basicConfig(level=INFO)` with a handler of its own (its
+    `configure_logging`; it does something only when the root has no handler, as in a plain script),
+    after which every INFO line of the SDK, httpx and uvicorn is printed, in the middle of a prompt if
+    one is on screen. The root's level and handlers are put back as they were; the application's own
+    logging configuration, before or after, is left alone.
+    """
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        yield
+    finally:
+        for handler in [handler for handler in root.handlers if handler not in handlers]:
+            root.removeHandler(handler)
+            handler.close()
+        root.setLevel(level)
