@@ -149,6 +149,16 @@ class Dispatcher:
         return self._retry
 
     @property
+    def approval(self) -> ApprovalPolicy:
+        """The approval policy of batches that set none of their own (`ApprovalPolicy()` unless given)."""
+        return self._approval
+
+    @property
+    def approver(self) -> Approver | None:
+        """The approver of batches that set none of their own (None: nothing is asked)."""
+        return self._approve
+
+    @property
     def abandoned_threads(self) -> int:
         """Worker threads of sync functions still running after their call ended TIMEOUT or CANCELLED.
 
