@@ -356,7 +356,7 @@ async def _claude_setup(**options: Any) -> AsyncIterator[tuple[Dispatcher, Any, 
 async def _permissions(can_use: Any, *tools: str) -> list[str]:
     from claude_agent_sdk import PermissionResultAllow, PermissionResultDeny, ToolPermissionContext
 
-    behaviours = []
+    behaviours: list[str] = []
     for index, tool in enumerate(tools):
         answer = await can_use(f"mcp__dispatcher__{tool}", {"key": "k"}, ToolPermissionContext(tool_use_id=str(index)))
         assert isinstance(answer, PermissionResultAllow | PermissionResultDeny)  # the SDK's own types
