@@ -215,11 +215,13 @@ class SessionGuard:
             each untrusted server whose tools the model was shown.
     """
 
-    __slots__ = ("private_data", "untrusted_content")
+    __slots__ = ("_servers", "private_data", "untrusted_content")
 
     def __init__(self) -> None:
         self.private_data: list[str] = []
         self.untrusted_content: list[str] = []
+        # The untrusted servers whose definitions were noted: a batch's check costs a lookup per tool.
+        self._servers: set[str] = set()
 
     @property
     def tripped(self) -> bool:
@@ -243,15 +245,21 @@ class SessionGuard:
         yourself with the tools a loop shows the model by other means. Local functions and trusted
         servers' tools add nothing.
         """
-        # One line per server, in catalogue order (a set would make the reason's wording vary by run).
-        untrusted = dict.fromkeys(entry.server for entry in tools if entry.server is not None and not entry.trusted)
-        for server in untrusted:
+        # Once per batch over the whole catalogue: one set lookup per tool, one line per server, in
+        # catalogue order (a set of names would make the reason's wording vary by run).
+        noted = self._servers
+        for entry in tools:
+            server = entry.server
+            if entry.trusted or server is None or server in noted:
+                continue
+            noted.add(server)
             self.note_untrusted_content(f"tool definitions of untrusted server {server!r}")
 
     def reset(self) -> None:
         """Forget what the session has seen, for example when its context is cleared."""
         self.private_data.clear()
         self.untrusted_content.clear()
+        self._servers.clear()
 
     def reason(self, tool: ToolEntry) -> str:
         """Why a call of this tool needs approval under this guard (meaningful once it is tripped)."""
