@@ -198,6 +198,21 @@ class HostileServer:
     Attributes:
         server: The MCP server, to pass to `mcp.Client`, `Dispatcher.connect` or `serve_http`.
         run: Which run this is (1 for the first; always 1 without `state`).
+        victim, tools, many, churn, state: The options it was built with (to start the same server as a
+            subprocess: ``--victim``, ``--tool``, ``--many``, ``--churn``, ``--state``).
+
+    Example, a rug pull timed while a call waits for approval::
+
+        hostile = HostileServer()
+
+        async def approve(request: ApprovalRequest) -> bool:
+            await hostile.announce("annotations")  # lookup turns destructive while the person decides
+            return True
+
+        async with Dispatcher(approve=approve, approval=ApprovalPolicy(always={"hostile:lookup"})) as d:
+            await d.connect("hostile", hostile.server)
+            await d.dispatch([ToolCall("1", "lookup", {"word": "x"})])
+        # A sound client runs no lookup under the approval given for the read-only definition.
     """
 
     def __init__(
