@@ -149,6 +149,16 @@ class Dispatcher:
         return self._retry
 
     @property
+    def approval(self) -> ApprovalPolicy:
+        """The approval policy of batches that set none of their own (`ApprovalPolicy()` unless given)."""
+        return self._approval
+
+    @property
+    def approver(self) -> Approver | None:
+        """The approver of batches that set none of their own (None: nothing is asked)."""
+        return self._approve
+
+    @property
     def abandoned_threads(self) -> int:
         """Worker threads of sync functions still running after their call ended TIMEOUT or CANCELLED.
 
@@ -578,15 +588,18 @@ class Dispatcher:
         self, approve: Approver | None, approval: ApprovalPolicy | None, guard: SessionGuard | None
     ) -> CallHooks | None:
         (approval if isinstance(approval, ApprovalPolicy) else self._approval).check(self._catalog)
-        if approve is None and approval is None and guard is None:
-            return self._hooks
-        _check_approvals(approve, approval, guard)
-        return CallHooks(
-            approver=approve if approve is not None else self._approve,
-            policy=approval if approval is not None else self._approval,
-            guard=guard if guard is not None else self._guard,
-            observer=self._observer,
-        )
+        hooks = self._hooks
+        if approve is not None or approval is not None or guard is not None:
+            _check_approvals(approve, approval, guard)
+            hooks = CallHooks(
+                approver=approve if approve is not None else self._approve,
+                policy=approval if approval is not None else self._approval,
+                guard=guard if guard is not None else self._guard,
+                observer=self._observer,
+            )
+        if hooks is not None and hooks.guard is not None:
+            hooks.submitted(self._catalog.entries())
+        return hooks
 
     def _check_open(self) -> None:
         self._executor.check_open()

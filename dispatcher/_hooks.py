@@ -3,7 +3,9 @@
 A batch has a `CallHooks` only when something is configured (an approver, a guard, an event hook or a
 tracer); otherwise the scheduler's only cost is one ``None`` check at each hook point.
 
-The scheduler calls, for each call of a hooked batch:
+The dispatcher calls `submitted` with its catalogue when a batch is created, so the session guard counts
+the definitions of every untrusted server's tools the model has been shown (see `_approval`). The
+scheduler calls, for each call of a hooked batch:
 
 - `queued` when the call is submitted (before it is checked, so every call is seen, failed ones too);
 - `approval` just before it enters the gate: a request means "submit it held and ask now". All the
@@ -22,6 +24,8 @@ from ._approval import ApprovalPolicy, ApprovalRequest, Approver, SessionGuard, 
 from ._observe import CallState, Observer
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from ._calls import CallStatus, ToolCall, ToolResult
     from ._catalog import ToolEntry
 
@@ -45,6 +49,11 @@ class CallHooks:
         self.policy = policy
         self.guard = guard
         self.observer = observer
+
+    def submitted(self, catalogue: Iterable[ToolEntry]) -> None:
+        """A batch is submitted against this catalogue: the model has read its tools' definitions."""
+        if self.guard is not None:
+            self.guard.note_catalogue(catalogue)
 
     def queued(self, call: ToolCall, entry: ToolEntry | None, time: float) -> CallState:
         state = CallState(entry)

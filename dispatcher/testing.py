@@ -18,9 +18,15 @@ The injector is a server middleware (`MCPServer.middleware`), so it works over a
 process through `Client(server)`, or served over stdio or HTTP.
 
 `HostileServer` is a whole server that attacks its client the way an untrusted server can: tools that
-shadow another server's names (``transfer``, ``bank__transfer``), a rug pull that changes a tool's
-title, description and annotations mid-session and announces it, a prompt injection that tries every
-closing tag, a -32000 error storm, undecodable and enormous output. Try your loop against it::
+shadow another server's names (``transfer``, ``bank__transfer``) and a hook (``on_list``) to win or lose
+the race for a bare name, a rug pull that changes a tool's title, description and annotations
+mid-session and announces it (``mutate``, or ``announce`` at the moment a test chooses: during an
+approval, between review and accept), a description poisoned at first sight (``weather``), a new
+poisoned tool mid-session (``mutate(change="new")``) or between runs (``state=``), valid media carrying
+an injection (``media``: a PNG and a PDF), a ``tools/list_changed`` storm (``flood``), a huge tool list
+(``many=``), tool names that churn at every listing (``churn=``), a prompt injection that tries every
+closing tag, a -32000 error storm, undecodable and enormous output. Each attack is described in
+`HostileServer`'s module, `dispatcher._hostile`. Try your loop against it::
 
     from dispatcher.testing import HostileServer
 
@@ -31,7 +37,9 @@ closing tag, a -32000 error storm, undecodable and enormous output. Try your loo
         ...  # a call to "transfer" or "bank__transfer" must reach the bank, never the hostile server
     assert hostile.ran("transfer") == hostile.ran("bank__transfer") == 0
 
-``python -m dispatcher.testing`` serves it over stdio (``--http`` for streamable HTTP; ``--help``).
+``python -m dispatcher.testing`` serves it over stdio (``--many N``, ``--churn``, ``--state FILE``, ``--late``;
+``--http`` for streamable HTTP; ``--help``). Over stdio, time a change by calling its ``mutate`` tool from
+your approver or your ``on_definition_change`` hook, through the client the dispatcher uses.
 """
 
 from __future__ import annotations

@@ -331,6 +331,115 @@ async def test_claude_permission_callback_applies_the_policy() -> None:
     assert asked == ["t1 write: write may make destructive changes"]
 
 
+@asynccontextmanager
+async def _claude_setup(**options: Any) -> AsyncIterator[tuple[Dispatcher, Any, list[str]]]:
+    """A dispatcher with its own approver and the given settings, and the SDK's ``can_use_tool`` from it."""
+    pytest.importorskip("claude_agent_sdk")
+    from dispatcher.integrations.claude_agent_sdk import claude_options
+
+    asked: list[str] = []
+
+    async def approve(request: ApprovalRequest) -> bool:
+        asked.append(request.call.name)
+        return True
+
+    async with (
+        Client(recording_server(Recorder())) as rec,
+        Client(_untrusted_server()) as web,
+        Dispatcher(approve=approve, **options) as dispatcher,
+    ):
+        await dispatcher.add_mcp_server("rec", rec, trusted=True)
+        await dispatcher.add_mcp_server("web", web, trusted=False)
+        yield dispatcher, claude_options(dispatcher)["can_use_tool"], asked
+
+
+async def _permissions(can_use: Any, *tools: str) -> list[str]:
+    from claude_agent_sdk import PermissionResultAllow, PermissionResultDeny, ToolPermissionContext
+
+    behaviours: list[str] = []
+    for index, tool in enumerate(tools):
+        answer = await can_use(f"mcp__dispatcher__{tool}", {"key": "k"}, ToolPermissionContext(tool_use_id=str(index)))
+        assert isinstance(answer, PermissionResultAllow | PermissionResultDeny)  # the SDK's own types
+        behaviours.append(answer.behavior)
+    return behaviours
+
+
+async def test_claude_options_apply_the_dispatchers_own_policy_and_approver() -> None:
+    """Without approve/approval, the callback uses the dispatcher's: `always` asks a read, `never` spares a write."""
+    from dispatcher import ApprovalPolicy
+
+    policy = ApprovalPolicy(always={"rec:read"}, never={"rec:write"})
+    async with _claude_setup(approval=policy) as (_, can_use, asked):
+        assert await _permissions(can_use, "read", "write", "lookup") == ["allow", "allow", "allow"]
+    # read: listed in always; write: in never, though destructive; lookup: untrusted, so destructive.
+    assert asked == ["read", "lookup"]
+
+
+async def test_claude_options_deny_what_the_dispatchers_approver_denies() -> None:
+    """The dispatcher's approver decides (here: it denies all); a policy given to claude_options overrides."""
+    pytest.importorskip("claude_agent_sdk")
+    from dispatcher import ApprovalPolicy
+    from dispatcher.integrations.claude_agent_sdk import claude_options
+
+    async def deny(request: ApprovalRequest) -> bool:
+        return False
+
+    async with _dispatcher(Recorder(), approve=deny) as dispatcher:
+        own = claude_options(dispatcher)["can_use_tool"]
+        assert await _permissions(own, "read", "write") == ["allow", "deny"]
+        given = claude_options(dispatcher, approval=ApprovalPolicy(destructive=False))["can_use_tool"]
+        assert await _permissions(given, "read", "write") == ["allow", "allow"]
+        nobody = claude_options(dispatcher, approve=None)["can_use_tool"]
+        assert await _permissions(nobody, "write") == ["deny"]
+
+
+async def test_claude_permission_callback_keeps_the_policy_timeout(virtual_clock: bool) -> None:
+    """An approver that never answers denies the call after the dispatcher's policy timeout, as in a batch."""
+    pytest.importorskip("claude_agent_sdk")
+    from claude_agent_sdk import ToolPermissionContext
+
+    from dispatcher import ApprovalPolicy
+    from dispatcher.integrations.claude_agent_sdk import claude_options
+
+    async def never(request: ApprovalRequest) -> bool:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async with (
+        Client(recording_server(Recorder())) as rec,
+        Dispatcher(approve=never, approval=ApprovalPolicy(timeout=0.05)) as dispatcher,
+    ):
+        await dispatcher.add_mcp_server("rec", rec, trusted=True)
+        can_use = claude_options(dispatcher)["can_use_tool"]
+        with anyio.fail_after(30):
+            answer = await can_use("mcp__dispatcher__write", {"key": "k"}, ToolPermissionContext(tool_use_id="t"))
+    assert answer.behavior == "deny"
+    assert "no approval within 0.05s" in answer.message
+
+
+async def test_claude_server_puts_the_guard_approvals_to_the_same_approver() -> None:
+    """The session guard still applies to calls the CLI runs, and asks the approver given to claude_options."""
+    pytest.importorskip("claude_agent_sdk")
+    from dispatcher import SessionGuard
+    from dispatcher.integrations.claude_agent_sdk import claude_options
+
+    asked: list[str] = []
+
+    async def approve(request: ApprovalRequest) -> bool:
+        asked.append(request.reason)
+        return False
+
+    guard = SessionGuard()
+    guard.note_private_data("the user's files")
+    async with _dispatcher(Recorder()) as dispatcher:  # the dispatcher has no approver of its own
+        options = claude_options(dispatcher, approve=approve, guard=guard)
+        async with Client(options["mcp_servers"]["dispatcher"]["instance"]) as cli:
+            result = await cli.call_tool("lookup", {"word": "w"})
+    assert result.is_error
+    [reason] = asked
+    assert "tool definitions of untrusted server 'web'" in reason
+
+
 async def test_langgraph_node_answers_repeated_and_missing_ids() -> None:
     """A model that repeats a call id or gives none still gets one answer per call, under its own id."""
     pytest.importorskip("langgraph")

@@ -6,19 +6,28 @@ point at hints that contradict each other, names that model APIs reject, tools s
 the server is untrusted, and a toolset that combines the three legs of the lethal trifecta (judged as
 `SessionGuard` judges a session, see `dispatcher._trifecta`).
 
-The analysis (`analyze`) is a pure function of catalogue entries; `inspect_server` registers the server
-with a `Dispatcher`, so names and trust are exactly what a dispatcher would use.
+It also shows what the model will read: each tool's title, description and input schema as the
+catalogue holds them (what `dispatcher.formats` sends), and each definition's pin, the hash
+`Dispatcher.export_pins` saves. Given earlier pins (`compare`), it says which tools changed, which are
+new and which are gone: against an `export_pins` file it can only tell that a definition differs;
+against an earlier ``inspect --json`` report it also says which parts (title, description, schemas,
+each annotation).
+
+The analysis (`analyze`, `compare`) is a pure function of catalogue entries; `inspect_server` registers
+the server with a `Dispatcher`, so names, trust and pins are exactly what a dispatcher would use.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from dispatcher._annotations import HINTS, effective_annotations
 from dispatcher._catalog import NAME_PATTERN
 from dispatcher._dispatcher import Dispatcher
-from dispatcher._errors import DispatcherError
+from dispatcher._errors import ConfigurationError, DispatcherError
 from dispatcher._keys import rule as key_rule
 from dispatcher._trifecta import communicates_externally, ingests_untrusted_content, reads_private_data
 
@@ -33,9 +42,17 @@ if TYPE_CHECKING:
 
     from ._connection import Target
 
-__all__ = ["Finding", "Report", "ToolReport", "analyze", "inspect_server"]
+__all__ = ["Finding", "Pinned", "Report", "ToolReport", "analyze", "compare", "inspect_server", "load_pins"]
 
 Code = Literal["contradictory_hints", "invalid_name", "untrusted_serialized", "lethal_trifecta"]
+PinStatus = Literal["unchanged", "changed", "new"]
+# The parts of a definition an earlier report holds, compared one by one (annotations hint by hint).
+_PARTS = (
+    ("title", "title"),
+    ("description", "description"),
+    ("input_schema", "input schema"),
+    ("output_schema", "output schema"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +76,33 @@ class ToolReport:
     warnings: tuple[Finding, ...]
     # How its calls are keyed for conflicts (docs/conflicts.md): "root", a domain, or domain/<fn(arguments)>.
     keys: str = "root"
+    # What the model reads, as the server wrote it (untrusted text: escape it before printing).
+    title: str | None = None
+    description: str | None = None
+    input_schema: Mapping[str, Any] = field(default_factory=dict)
+    output_schema: Mapping[str, Any] | None = None
+    # The definition's pin ("sha256:..."), as `Dispatcher.export_pins` saves it.
+    pin: str | None = None
+    # Against earlier pins (`compare`): unchanged, changed or new, and what changed when it is known.
+    pinned: PinStatus | None = None
+    changes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Pinned:
+    """Earlier pins of one server: a hash per tool, and the definition when the source has it.
+
+    Attributes:
+        source: Where they come from, for people (a file name).
+        pins: Tool name (the server's) -> pinned hash.
+        definitions: Tool name -> the parts of its definition an earlier ``inspect --json`` showed
+            (``title``, ``description``, ``input_schema``, ``output_schema``, ``declared``); empty for an
+            `export_pins` file, which holds hashes only.
+    """
+
+    source: str
+    pins: Mapping[str, str]
+    definitions: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +120,8 @@ class Report:
         server_version: The version it gives itself, if any.
         domain: The conflict-key domain the server was registered with (docs/conflicts.md), or None for
             the root key (its calls that may mutate run alone).
+        pins: Where the pins compared against came from, or None when none were given.
+        removed: Tools the pins hold that the server no longer lists.
     """
 
     server: str
@@ -87,9 +133,23 @@ class Report:
     server_name: str | None = None
     server_version: str | None = None
     domain: str | None = None
+    pins: str | None = None
+    removed: tuple[str, ...] = ()
+
+    @property
+    def differs(self) -> bool:
+        """Whether the tools differ from the pins compared against (changed, new or removed)."""
+        return bool(self.removed) or any(tool.pinned in ("changed", "new") for tool in self.tools)
 
     def to_json(self) -> dict[str, Any]:
-        """The report as JSON data (what `--json` prints)."""
+        """The report as JSON data (what `--json` prints): texts whole, JSON escaping their characters."""
+        pins = None
+        if self.pins is not None:
+            pins = {
+                "source": self.pins,
+                "differs": self.differs,
+                "removed": list(self.removed),
+            }
         return {
             "server": self.server,
             "target": self.target,
@@ -107,10 +167,17 @@ class Report:
                     "retryable": tool.retryable,
                     "keys": tool.keys,
                     "warnings": [{"code": w.code, "message": w.message} for w in tool.warnings],
+                    "title": tool.title,
+                    "description": tool.description,
+                    "input_schema": dict(tool.input_schema),
+                    "output_schema": dict(tool.output_schema) if tool.output_schema is not None else None,
+                    "pin": tool.pin,
+                    **({"pinned": tool.pinned, "changes": list(tool.changes)} if self.pins is not None else {}),
                 }
                 for tool in self.tools
             ],
             "warnings": [{"code": w.code, "message": w.message} for w in self.warnings],
+            "pins": pins,
         }
 
 
@@ -186,8 +253,16 @@ def _trifecta(entries: Sequence[ToolEntry]) -> Finding | None:
     )
 
 
-def analyze(entries: Sequence[ToolEntry]) -> tuple[tuple[ToolReport, ...], tuple[Finding, ...]]:
-    """Report on catalogue entries: each tool, then the warnings about the toolset."""
+def analyze(
+    entries: Sequence[ToolEntry], pins: Mapping[str, str] | None = None
+) -> tuple[tuple[ToolReport, ...], tuple[Finding, ...]]:
+    """Report on catalogue entries: each tool, then the warnings about the toolset.
+
+    Args:
+        entries: The catalogue entries of one server.
+        pins: Their pins (tool name on the server -> hash), from `Dispatcher.export_pins`.
+    """
+    pins = pins or {}
     tools = tuple(
         ToolReport(
             tool=entry.tool,
@@ -199,11 +274,96 @@ def analyze(entries: Sequence[ToolEntry]) -> tuple[tuple[ToolReport, ...], tuple
             retryable=entry.idempotent,
             warnings=tuple(_tool_findings(entry)),
             keys=key_rule(entry),
+            title=entry.title,
+            description=entry.description,
+            input_schema=dict(entry.input_schema),
+            output_schema=dict(entry.output_schema) if entry.output_schema is not None else None,
+            pin=pins.get(entry.tool),
         )
         for entry in entries
     )
     trifecta = _trifecta(entries)
     return tools, (trifecta,) if trifecta is not None else ()
+
+
+def _show(value: object) -> str:
+    return "unset" if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def _differences(old: Mapping[str, Any], tool: ToolReport) -> tuple[str, ...]:
+    """What differs between a definition an earlier report showed and this tool's, part by part."""
+    changes = [f"{label} changed" for key, label in _PARTS if old.get(key) != getattr(tool, key)]
+    declared = old.get("declared")
+    if isinstance(declared, Mapping) and declared != tool.declared:
+        details = [
+            f"{hint} {_show(declared.get(hint))} -> {_show(value)}"
+            for hint, value in tool.declared.items()
+            if declared.get(hint) != value
+        ]
+        changes.append("annotations changed: " + ", ".join(details))
+    return tuple(changes)
+
+
+def compare(tools: Sequence[ToolReport], pinned: Pinned) -> tuple[tuple[ToolReport, ...], tuple[str, ...]]:
+    """Compare tools with earlier pins: each tool unchanged, changed or new, and the pinned tools gone.
+
+    A changed tool says which parts changed when the pins come with definitions (an earlier
+    ``inspect --json``); against hashes alone, only that its definition differs.
+    """
+    compared = []
+    for tool in tools:
+        approved = pinned.pins.get(tool.tool)
+        if approved is None:
+            compared.append(replace(tool, pinned="new", changes=("not in the pins: a tool the server added",)))
+        elif approved == tool.pin:
+            compared.append(replace(tool, pinned="unchanged"))
+        else:
+            old = pinned.definitions.get(tool.tool)
+            changes = _differences(old, tool) if old is not None else ()
+            if not changes:
+                # Hashes alone, or a part an earlier report does not show (such as an annotation's title).
+                changes = (f"definition differs from the pinned one ({approved[:15]}...)",)
+            compared.append(replace(tool, pinned="changed", changes=changes))
+    listed = {tool.tool for tool in tools}
+    return tuple(compared), tuple(name for name in pinned.pins if name not in listed)
+
+
+def load_pins(data: object, *, server: str, source: str) -> Pinned:
+    """Earlier pins of `server` from parsed JSON: an `export_pins` file or an earlier ``inspect --json``.
+
+    Raises:
+        ConfigurationError: The data is neither, or holds no pins for `server`.
+    """
+    if isinstance(data, Mapping) and isinstance(data.get("tools"), list):
+        if data.get("server") != server:
+            raise ConfigurationError(
+                f"{source} is an inspect report of server {data.get('server')!r}, not {server!r}; "
+                f"use --name {data.get('server')!r}"
+            )
+        pins: dict[str, str] = {}
+        definitions: dict[str, Mapping[str, Any]] = {}
+        for tool in data["tools"]:
+            valid = isinstance(tool, Mapping) and isinstance(tool.get("tool"), str)
+            if not valid or not isinstance(tool.get("pin"), str):
+                raise ConfigurationError(
+                    f"{source}: every tool of an inspect report needs 'tool' and 'pin' (reports from this "
+                    "version of dispatcher inspect --json have them)"
+                )
+            pins[tool["tool"]] = tool["pin"]
+            definitions[tool["tool"]] = tool
+        return Pinned(source, pins, definitions)
+    if not isinstance(data, Mapping) or not all(isinstance(tools, Mapping) for tools in data.values()):
+        raise ConfigurationError(
+            f"{source} is neither pins saved from Dispatcher.export_pins() ({{server: {{tool: hash}}}}) "
+            "nor a report of dispatcher inspect --json"
+        )
+    if server not in data:
+        known = ", ".join(repr(name) for name in data) or "none"
+        raise ConfigurationError(f"{source} has no pins for server {server!r} (it has {known}); use --name")
+    tools = data[server]
+    if not all(isinstance(name, str) and isinstance(pin, str) for name, pin in tools.items()):
+        raise ConfigurationError(f"{source}: the pins of server {server!r} must map tool names to hashes")
+    return Pinned(source, dict(tools))
 
 
 async def inspect_server(
@@ -214,6 +374,7 @@ async def inspect_server(
     domain: str | None = None,
     mode: Literal["auto", "legacy"] = "auto",
     connect_timeout: float | None = 30.0,
+    pins: Pinned | None = None,
 ) -> Report:
     """Connect to a server, register it with a dispatcher, and report on its tools.
 
@@ -225,6 +386,7 @@ async def inspect_server(
         domain: The conflict-key domain to register the server with (see `Dispatcher.add_mcp_server`).
         mode: The protocol negotiation when `inspect_server` connects.
         connect_timeout: Seconds to connect, or None.
+        pins: Earlier pins of this server to compare the tools with (see `load_pins`).
 
     Raises:
         ServerConnectionError: The server could not be reached or listed.
@@ -236,6 +398,9 @@ async def inspect_server(
         async with Dispatcher() as dispatcher:
             try:
                 entries = await dispatcher.add_mcp_server(server, client, trusted=trusted, domain=domain)
+                # Pinned from the same listing as the entries (trust on first use), so a server cannot
+                # show the report one definition and the pin another.
+                hashes = dispatcher.export_pins().get(server, {})
             except DispatcherError as exc:
                 # Raised once the dispatcher is closed: its task group would wrap it in an exception group.
                 failure = exc
@@ -243,7 +408,10 @@ async def inspect_server(
         protocol = client.protocol_version
     if failure is not None:
         raise failure
-    tools, warnings = analyze(entries)
+    tools, warnings = analyze(entries, hashes)
+    removed: tuple[str, ...] = ()
+    if pins is not None:
+        tools, removed = compare(tools, pins)
     return Report(
         server,
         describe_target(target),
@@ -254,4 +422,6 @@ async def inspect_server(
         server_name=info.name if info is not None else None,
         server_version=info.version if info is not None else None,
         domain=domain,
+        pins=pins.source if pins is not None else None,
+        removed=removed,
     )

@@ -4,14 +4,18 @@
 drawn, so `dispatcher.tuning.tune` runs without it. On a terminal the tables are styled and the progress
 is a bar; elsewhere (a pipe, a log) the same tables are plain text and the progress a line per setting.
 
-Text a server sent (tool names, its own name, error messages) may hold control characters, such as
-terminal escape sequences that would rewrite the screen: `clean` shows them escaped, and every cell is
-a `rich.text.Text`, so square brackets in it are never read as markup.
+Text a server sent (tool names, titles, descriptions, schemas, its own name, error messages) may hold
+control characters, such as newlines that would forge a row of the table or terminal escape sequences
+that would rewrite the screen: `clean` shows them escaped (a newline as ``\n``, an escape as ``\x1b``,
+invisible format characters such as a right-to-left override as ``\u202e``), and every cell is a
+`rich.text.Text`, so square brackets in it are never read as markup. Long texts are shortened, saying
+how much was cut; ``inspect --full`` shows them whole.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import math
 import time
 from typing import TYPE_CHECKING, Any
@@ -35,6 +39,7 @@ __all__ = [
     "render_inspect",
     "render_tune",
     "require_rich",
+    "shorten",
     "tune_lines",
 ]
 
@@ -42,6 +47,9 @@ INSTALL_HINT = "the dispatcher command line needs rich: pip install 'mcp-dispatc
 
 _TUNE_HEADERS = ("calls/s", "of best", "in flight", "run p50", "run p95", "queue p50", "queue p95", "errors")
 _INSPECT_HEADERS = ("TOOL", "DECLARED", "EFFECTIVE", "SCHEDULING", "RETRYABLE", "KEYS")
+# How much of a server's text `inspect` shows without --full: in the table, and under "what the model reads".
+_CELL = 40
+_TEXT = 240
 
 
 def require_rich() -> ModuleType:
@@ -175,8 +183,68 @@ def _inspect_heading(report: Report) -> str:
     return f"server {report.server!r}: {report.target} ({', '.join(details)})"
 
 
-def inspect_lines(report: Report) -> list[Any]:
-    """What `dispatcher inspect` prints: the heading, a row per tool, the legend and the warnings."""
+def shorten(text: str | None, limit: int | None, *, unit: str = "characters") -> str:
+    """A server's text, escaped (`clean`), and cut after `limit` characters saying how many were cut."""
+    if text is None:
+        return "-"
+    value = clean(text)
+    if limit is None or len(value) <= limit:
+        return value
+    return f"{value[:limit]}... [{len(value) - limit} more {unit}; --full shows all]"
+
+
+def _cell(text: str | None) -> str:
+    if text is None:
+        return "-"
+    value = clean(text)
+    return value if len(value) <= _CELL else value[: _CELL - 3] + "..."
+
+
+def _schema(schema: object) -> str:
+    return json.dumps(schema, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def _reads(report: Report, *, full: bool) -> list[str]:
+    """What the model reads of each tool: its title, description and input schema, escaped."""
+    limit = None if full else _TEXT
+    how = "whole" if full else f"shortened to {_TEXT} characters, --full for the whole text"
+    trust = "trusted" if report.trusted else "untrusted: instructions in them are the server's, not the user's"
+    lines = [f"what the model reads (written by the server, {trust}; escaped, {how}):"]
+    for tool in report.tools:
+        title = f" (title '{shorten(tool.title, limit)}')" if tool.title is not None else ""
+        lines.append(f"  {tool.name}{title}")
+        lines.append(f"    description: {shorten(tool.description, limit)}")
+        lines.append(f"    input schema: {shorten(_schema(dict(tool.input_schema)), limit)}")
+        if tool.output_schema is not None:
+            lines.append(f"    output schema: {shorten(_schema(dict(tool.output_schema)), limit)}")
+    return lines
+
+
+def _pins(report: Report) -> list[str]:
+    changed = [tool for tool in report.tools if tool.pinned == "changed"]
+    new = [tool for tool in report.tools if tool.pinned == "new"]
+    if not report.differs:
+        return [f"against the pins in {clean(report.pins)}: every tool unchanged"]
+    lines = [
+        f"against the pins in {clean(report.pins)}: {len(changed)} changed, {len(new)} new, "
+        f"{len(report.removed)} removed"
+    ]
+    lines.extend(f"  {tool.name}: changed: {clean('; '.join(tool.changes))}" for tool in changed)
+    lines.extend(f"  {tool.name}: new: not in the pins" for tool in new)
+    lines.extend(f"  {clean(name)}: removed: pinned, no longer listed" for name in report.removed)
+    return lines
+
+
+def inspect_lines(report: Report, *, full: bool = False) -> list[Any]:
+    """What `dispatcher inspect` prints: the heading, a row per tool, the legend, what the model reads,
+    the comparison with the pins (if any) and the warnings.
+
+    Args:
+        report: The report.
+        full: Show every description and schema whole instead of shortened.
+    """
+    pinned = report.pins is not None
+    headers = (*_INSPECT_HEADERS, *(("PINS",) if pinned else ()), "DESCRIPTION")
     rows = [
         (
             tool.name,
@@ -185,12 +253,19 @@ def inspect_lines(report: Report) -> list[Any]:
             tool.scheduling,
             "yes" if tool.retryable else "no",
             tool.keys,
+            *((tool.pinned or "-",) if pinned else ()),
+            _cell(tool.description),
         )
         for tool in report.tools
     ]
-    lines: list[Any] = [_inspect_heading(report), "", _table(_INSPECT_HEADERS, rows, right=False), ""]
+    lines: list[Any] = [_inspect_heading(report), "", _table(headers, rows, right=False), ""]
     lines.append("hints in order ro de id ow (readOnly, destructive, idempotent, openWorld): T true, F false, - unset")
     lines.append("keys: root waits for every call; a domain only for calls in it and on root (docs/conflicts.md)")
+    lines.append("")
+    lines.extend(_reads(report, full=full))
+    if pinned:
+        lines.append("")
+        lines.extend(_pins(report))
     warnings = [(tool.name, w) for tool in report.tools for w in tool.warnings]
     warnings += [("toolset", w) for w in report.warnings]
     if warnings:
@@ -202,13 +277,13 @@ def inspect_lines(report: Report) -> list[Any]:
     return lines
 
 
-def render_inspect(report: Report) -> str:
-    """The report as plain text for a terminal.
+def render_inspect(report: Report, *, full: bool = False) -> str:
+    """The report as plain text for a terminal (`full`: descriptions and schemas whole).
 
     Raises:
         ModuleNotFoundError: rich is not installed (``pip install 'mcp-dispatcher[cli]'``).
     """
-    return _as_text(inspect_lines(report))
+    return _as_text(inspect_lines(report, full=full))
 
 
 def _as_text(lines: Sequence[Any]) -> str:

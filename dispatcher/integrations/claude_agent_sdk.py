@@ -9,10 +9,12 @@ cannot group a turn's calls or hold a write until the calls before it have finis
   (not read-only, destructive, open-world), so the CLI, which runs read-only tools concurrently, does
   not run them together on a server's word; each call goes through the dispatcher (retries for
   idempotent tools of trusted servers, timeouts, limits, open-world content marked untrusted);
-- `permission_callback` is a ``can_use_tool`` callback from the dispatcher's approval policy: a call the
-  policy selects is put to the approver, the server's other calls are allowed, and calls of any other
-  tool (the CLI's own included) go to a callback of yours or are denied; a denial reaches the model as
-  the CLI's permission denial;
+- `permission_callback` is a ``can_use_tool`` callback from the dispatcher's own approval policy and
+  approver (its ``always``, ``never``, rules and ``timeout``; unless you pass others): a call the policy
+  selects is put to the approver, the server's other calls are allowed, and calls of any other tool (the
+  CLI's own included) go to a callback of yours or are denied; a denial reaches the model as the CLI's
+  permission denial. An approver that fails, answers anything but True, or takes longer than the
+  policy's timeout denies, as in the dispatcher;
 - `claude_options` gives both as keyword arguments for ``ClaudeAgentOptions``.
 
 What it cannot do: keep the model's order between a turn's calls (the CLI orders them), group a turn's
@@ -25,7 +27,7 @@ Requires the ``claude-agent-sdk`` extra; a real run needs the Claude Code CLI it
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from claude_agent_sdk import (
     PermissionResultAllow,
@@ -35,7 +37,7 @@ from claude_agent_sdk import (
     create_sdk_mcp_server,
 )
 
-from dispatcher._approval import ApprovalPolicy, ApprovalRequest
+from dispatcher._approval import ApprovalPolicy, ApprovalRequest, ask
 from dispatcher._calls import ToolCall
 
 from ._common import model_text
@@ -54,21 +56,37 @@ __all__ = ["claude_options", "permission_callback", "sdk_server"]
 _ASKED = ApprovalPolicy(destructive=False)
 
 
+class _Default:
+    """The dispatcher's own approver (the default of ``approve``): distinct from None, which asks nobody."""
+
+    def __repr__(self) -> str:
+        return "<the dispatcher's approver>"
+
+
+_DISPATCHERS: Final = _Default()
+
+
 def sdk_server(
-    dispatcher: Dispatcher, *, name: str = "dispatcher", guard: SessionGuard | None = None
+    dispatcher: Dispatcher,
+    *,
+    name: str = "dispatcher",
+    guard: SessionGuard | None = None,
+    approve: Approver | None = None,
 ) -> McpSdkServerConfig:
     """The catalogue as a Claude Agent SDK in-process MCP server, for ``ClaudeAgentOptions.mcp_servers``.
 
     Each tool carries its effective annotations; each call runs through the dispatcher as a batch of
-    one, without asking for approval again (the permission callback asks).
+    one, without asking the approval policy again (the permission callback asks). The session guard
+    still applies: a call it requires approval for is put to `approve`.
 
     Args:
         dispatcher: An open dispatcher holding the tools (the server lists the catalogue as it is now).
         name: The server's name; the CLI calls its tools ``mcp__<name>__<tool>``.
         guard: The session guard of this agent's session, instead of the dispatcher's.
+        approve: The approver the guard's approvals go to; None: the dispatcher's.
     """
     ids = itertools.count(1)
-    tools = [_sdk_tool(dispatcher, entry, ids, guard) for entry in dispatcher.tools()]
+    tools = [_sdk_tool(dispatcher, entry, ids, guard, approve) for entry in dispatcher.tools()]
     return create_sdk_mcp_server(name, tools=tools)
 
 
@@ -76,28 +94,29 @@ def permission_callback(
     dispatcher: Dispatcher,
     *,
     name: str = "dispatcher",
-    approve: Approver | None,
+    approve: Approver | _Default | None = _DISPATCHERS,
     approval: ApprovalPolicy | None = None,
     other_tools: CanUseTool | None = None,
 ) -> CanUseTool:
     """A ``can_use_tool`` callback that applies the dispatcher's approval policy to its server's tools.
 
     A call of one of the tools of the server called `name` that the policy selects (from the tool's
-    effective annotations) is put to the approver, as an `ApprovalRequest`; every other call is allowed.
-    With ``approve=None``, selected calls are denied. The CLI asks this callback about every tool its
-    own rules leave open (its built-in tools too): those that are not the server's go to `other_tools`,
-    and are denied when it is None.
+    effective annotations and its ``always``/``never`` sets) is put to the approver, as an
+    `ApprovalRequest`, within the policy's ``timeout``; every other call is allowed. With
+    ``approve=None``, selected calls are denied. The CLI asks this callback about every tool its own
+    rules leave open (its built-in tools too): those that are not the server's go to `other_tools`, and
+    are denied when it is None.
 
     Args:
         dispatcher: The dispatcher behind the server.
         name: The server's name, as given to `sdk_server`.
         approve: The approver (the same kind of callable as `Dispatcher`'s ``approve``), or None to deny
-            every call the policy selects.
-        approval: The policy (default: `ApprovalPolicy()`: destructive calls).
+            every call the policy selects. Default: the dispatcher's own approver.
+        approval: The policy. Default: the dispatcher's own (`Dispatcher(approval=...)`, else
+            `ApprovalPolicy()`), read when each call is asked about.
         other_tools: The ``can_use_tool`` callback for every other tool, or None to deny them.
     """
     prefix = f"mcp__{name}__"
-    policy = approval if approval is not None else ApprovalPolicy()
 
     async def can_use_tool(tool_name: str, arguments: dict[str, Any], context: ToolPermissionContext) -> Any:
         if not tool_name.startswith(prefix):
@@ -107,19 +126,17 @@ def permission_callback(
         entry = next((e for e in dispatcher.tools() if e.name == tool_name[len(prefix) :]), None)
         if entry is None:
             return PermissionResultDeny(message=f"{tool_name} is not in the dispatcher's catalogue")
+        policy = approval if approval is not None else dispatcher.approval
         reason = policy.reason(entry)
         if reason is None:
             return PermissionResultAllow()
-        if approve is None:
-            return PermissionResultDeny(message=f"not run: approval needed ({reason}) and no approver is set")
+        approver = dispatcher.approver if isinstance(approve, _Default) else approve
         call = ToolCall(context.tool_use_id or tool_name, entry.name, arguments)
-        try:
-            approved = await approve(ApprovalRequest(call, entry, reason))
-        except Exception as exc:  # an approver that fails denies, as in the dispatcher
-            return PermissionResultDeny(message=f"not run: the approver failed ({type(exc).__name__})")
-        if approved is True:
+        # The dispatcher's own asking: its timeout, and its answers for a failing or odd approver.
+        denial = await ask(approver, ApprovalRequest(call, entry, reason), policy.timeout)
+        if denial is None:
             return PermissionResultAllow()
-        return PermissionResultDeny(message=f"not run: the user denied it (approval was needed because {reason})")
+        return PermissionResultDeny(message=denial)
 
     return can_use_tool
 
@@ -128,12 +145,15 @@ def claude_options(
     dispatcher: Dispatcher,
     *,
     name: str = "dispatcher",
-    approve: Approver | None,
+    approve: Approver | _Default | None = _DISPATCHERS,
     approval: ApprovalPolicy | None = None,
     guard: SessionGuard | None = None,
     other_tools: CanUseTool | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``ClaudeAgentOptions``: ``mcp_servers`` and ``can_use_tool``.
+
+    The dispatcher's approver, approval policy and session guard apply unless others are given (see
+    `permission_callback` and `sdk_server`).
 
     Example:
         ```python
@@ -141,7 +161,11 @@ def claude_options(
         ```
     """
     return {
-        "mcp_servers": {name: sdk_server(dispatcher, name=name, guard=guard)},
+        "mcp_servers": {
+            name: sdk_server(
+                dispatcher, name=name, guard=guard, approve=None if isinstance(approve, _Default) else approve
+            )
+        },
         "can_use_tool": permission_callback(
             dispatcher, name=name, approve=approve, approval=approval, other_tools=other_tools
         ),
@@ -149,11 +173,15 @@ def claude_options(
 
 
 def _sdk_tool(
-    dispatcher: Dispatcher, entry: ToolEntry, ids: itertools.count[int], guard: SessionGuard | None
+    dispatcher: Dispatcher,
+    entry: ToolEntry,
+    ids: itertools.count[int],
+    guard: SessionGuard | None,
+    approve: Approver | None,
 ) -> SdkMcpTool[Any]:
     async def handler(arguments: dict[str, Any]) -> dict[str, Any]:
         call = ToolCall(f"claude-{next(ids)}", entry.name, arguments)
-        [result] = await dispatcher.dispatch([call], approval=_ASKED, guard=guard)
+        [result] = await dispatcher.dispatch([call], approve=approve, approval=_ASKED, guard=guard)
         return _content(result)
 
     return SdkMcpTool(
