@@ -210,3 +210,16 @@ async def test_checkpoints_hold_plain_data_under_strict_msgpack(caplog: pytest.L
         "untrusted_content": False,
     }
     assert [r.getMessage() for r in caplog.records if r.name.startswith("langgraph")] == []
+
+
+async def test_repeated_call_ids_under_v2_run_each_call_once() -> None:
+    """v2 with a call id used twice: every call runs exactly once and gets its answer (no double batch)."""
+    recorder = Recorder()
+    turn = [("same", "write", {"key": "a"}), ("same", "write", {"key": "b"}), ("r", "read", {"key": "c"})]
+    async with _dispatcher(recorder) as dispatcher:
+        agent = create_react_agent(_model(turn), tools=DispatcherToolNode(dispatcher))
+        with anyio.fail_after(BOUND):
+            state = await agent.ainvoke({"messages": [("user", "go")]})
+    answers = sorted(m.content for m in state["messages"] if isinstance(m, ToolMessage))
+    assert answers == ["read:c", "write:a", "write:b"]
+    assert sorted(_ran(recorder)) == ["a", "b", "c"]

@@ -13,7 +13,8 @@ Every input a ``ToolNode`` takes is taken, and each gives the whole message as o
 - ``create_react_agent``'s default ``version="v2"`` sends each call to the node on its own
   (``Send`` with a ``ToolCallWithContext``): the send of the message's first unanswered call runs
   them all and answers each, and the sends of the other calls answer nothing; so the calls are
-  still one batch and nothing waits across tasks;
+  still one batch and nothing waits across tasks (a message whose call ids are missing or repeated
+  cannot say which send is first: each send then runs its own call);
 - a list of tool calls: those calls.
 
 LangChain tools given with ``tools=`` join the same node: the dispatcher knows nothing of what they
@@ -161,7 +162,13 @@ class DispatcherToolNode(ToolNode):
             # One send per call: the send of the first unanswered call answers them all.
             mine = input["tool_call"]
             pending = _unanswered(self._messages(input["state"]))
-            calls = pending if pending and pending[0] == mine else [] if mine in pending else [mine]
+            ids = [call["id"] for call in pending]
+            if None in ids or len(set(ids)) != len(ids):
+                # The sends cannot tell which of them is first: each runs its own call (the dispatcher
+                # still orders the writes by arrival), rather than two of them running the whole message.
+                calls = [mine]
+            else:
+                calls = pending if pending and pending[0] == mine else [] if mine in pending else [mine]
             state = input["state"]
             messages = await self._run(calls, state, config, runtime)
             return {self.messages_key: messages}
