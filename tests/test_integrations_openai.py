@@ -271,7 +271,15 @@ async def test_a_tool_timeout_while_waiting_for_its_turn_frees_its_place() -> No
     recorder = Recorder()
     async with _dispatcher(recorder) as dispatcher:
         tools = DispatcherTools(dispatcher)
-        _tool(tools, "log").timeout_seconds = 0.5
+        log = _tool(tools, "log")
+        log.timeout_seconds = 0.2
+        timed_out = anyio.Event()
+
+        def on_timeout(context: Any, error: Exception) -> str:
+            timed_out.set()
+            return f"the log call timed out: {error}"
+
+        log.timeout_error_function = on_timeout
         turn = [
             function_call("write", {"key": "w1", "hold": "w1"}, call_id="w1"),
             function_call("log", {"key": "l1"}, call_id="l1"),
@@ -280,8 +288,8 @@ async def test_a_tool_timeout_while_waiting_for_its_turn_frees_its_place() -> No
         agent = Agent(name="a", model=_model(turn), tools=tools.tools, hooks=tools.hooks)
 
         async def release() -> None:
-            await recorder.started_event("w1").wait()
-            await anyio.sleep(1)  # longer than the log call's timeout: it gives up while waiting
+            # The write holds until the log call, waiting behind it, has given up.
+            await timed_out.wait()
             recorder.gate("w1").set()
 
         async with anyio.create_task_group() as tg:
@@ -337,3 +345,43 @@ async def test_building_refuses_settings_it_cannot_honour() -> None:
             DispatcherTools(dispatcher, approvals="sdk", approve=approve)
         with pytest.raises(ConfigurationError, match="approvals must be"):
             DispatcherTools(dispatcher, approvals="never")  # type: ignore[arg-type]
+
+
+async def test_a_streamed_run_with_a_rejecting_guardrail_does_not_hang() -> None:
+    """Runner.run_streamed: the same give-up holds when the run is streamed."""
+
+    def no_w1(data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
+        if data.context.tool_call_id == "w1":
+            return ToolGuardrailFunctionOutput.reject_content("w1 is not allowed")
+        return ToolGuardrailFunctionOutput.allow()
+
+    recorder = Recorder()
+    async with _dispatcher(recorder) as dispatcher:
+        tools = DispatcherTools(dispatcher)
+        _tool(tools, "write").tool_input_guardrails = [ToolInputGuardrail(no_w1)]
+        agent = Agent(name="a", model=_model(), tools=tools.tools, hooks=tools.hooks)
+        with anyio.fail_after(BOUND):
+            streamed = Runner.run_streamed(agent, "go", run_config=CONFIG)
+            async for _ in streamed.stream_events():
+                pass
+    assert _ran(recorder) == ["l1", "r1", "w2"]
+    assert streamed.final_output == "done"
+
+
+async def test_a_guardrail_that_raises_fails_the_run_without_leaving_calls_waiting() -> None:
+    """A guardrail that trips (raise_exception) fails the run promptly; no call behind it waits forever."""
+    from agents.exceptions import ToolInputGuardrailTripwireTriggered
+
+    def trip_w1(data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
+        if data.context.tool_call_id == "w1":
+            return ToolGuardrailFunctionOutput.raise_exception()
+        return ToolGuardrailFunctionOutput.allow()
+
+    recorder = Recorder()
+    async with _dispatcher(recorder) as dispatcher:
+        tools = DispatcherTools(dispatcher)
+        _tool(tools, "write").tool_input_guardrails = [ToolInputGuardrail(trip_w1)]
+        agent = Agent(name="a", model=_model(), tools=tools.tools, hooks=tools.hooks)
+        with pytest.raises(ToolInputGuardrailTripwireTriggered):
+            await _run(agent)
+    assert "w1" not in _ran(recorder)
