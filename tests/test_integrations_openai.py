@@ -385,3 +385,37 @@ async def test_a_guardrail_that_raises_fails_the_run_without_leaving_calls_waiti
         with pytest.raises(ToolInputGuardrailTripwireTriggered):
             await _run(agent)
     assert "w1" not in _ran(recorder)
+
+
+async def test_the_tool_list_follows_a_servers_tools_list_changed() -> None:
+    """A server adds one tool and removes another (tools/list_changed): the next turn shows the change."""
+    from dispatcher.examples import Workspace
+
+    workspace = Workspace()
+    workspace.remove_tool("send_message")
+    async with Dispatcher() as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+
+        async def change() -> str:
+            """Make the server change its tools."""
+            workspace.restore_tool("send_message")
+            workspace.remove_tool("fetch_url")
+            await workspace.notify_tools_changed()
+            await anyio.wait_all_tasks_blocked()
+            return "changed"
+
+        dispatcher.add_function(change, annotations=ToolAnnotations(open_world_hint=False))
+        tools = DispatcherTools(dispatcher)
+        model = ScriptedModel(
+            [
+                [function_call("change", {}, call_id="c")],
+                [function_call("send_message", {"to": "bob", "text": "hi"}, call_id="s")],
+                [assistant_message("done")],
+            ]
+        )
+        agent = Agent(name="a", model=model, tools=tools.tools, hooks=tools.hooks)
+        result = await _run(agent)
+    shown = [{tool.name for tool in call.tools} for call in model.calls]
+    assert "send_message" not in shown[0] and "fetch_url" in shown[0]
+    assert "send_message" in shown[1] and "fetch_url" not in shown[1]
+    assert not _outputs(result)["s"].startswith("Error")
