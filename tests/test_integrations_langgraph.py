@@ -223,3 +223,33 @@ async def test_repeated_call_ids_under_v2_run_each_call_once() -> None:
     answers = sorted(m.content for m in state["messages"] if isinstance(m, ToolMessage))
     assert answers == ["read:c", "write:a", "write:b"]
     assert sorted(_ran(recorder)) == ["a", "b", "c"]
+
+
+async def test_an_interrupting_approver_in_a_graph_of_your_own() -> None:
+    """The node in a StateGraph (tools_condition): interrupt() pauses it, and a refusal is a ToolMessage."""
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import tools_condition
+
+    recorder = Recorder()
+
+    async def approve(request: ApprovalRequest) -> bool:
+        return bool(interrupt(request.reason))
+
+    model = _model([("w1", "write", {"key": "w1"}), ("r1", "read", {"key": "r1"})])
+    config: Any = {"configurable": {"thread_id": "t"}}
+    async with _dispatcher(recorder) as dispatcher:
+        graph = StateGraph(MessagesState)
+        graph.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+        graph.add_node("tools", DispatcherToolNode(dispatcher, approvals="interrupt", approve=approve))
+        graph.add_edge(START, "agent")
+        graph.add_conditional_edges("agent", tools_condition)
+        graph.add_edge("tools", "agent")
+        compiled = graph.compile(checkpointer=InMemorySaver())
+        with anyio.fail_after(BOUND):
+            paused = await compiled.ainvoke({"messages": [("user", "go")]}, config)
+            assert "may make destructive changes" in paused["__interrupt__"][0].value
+            assert recorder.executions == []
+            state = await compiled.ainvoke(Command(resume=False), config)
+    answers = {m.tool_call_id: (m.status, m.content) for m in state["messages"] if isinstance(m, ToolMessage)}
+    assert answers == {"w1": ("error", "not run: the user denied it"), "r1": ("success", "read:r1")}
+    assert _ran(recorder) == ["r1"]
