@@ -244,7 +244,7 @@ async def test_an_interrupting_approver_in_a_graph_of_your_own() -> None:
         graph.add_edge(START, "agent")
         graph.add_conditional_edges("agent", tools_condition)
         graph.add_edge("tools", "agent")
-        compiled = graph.compile(checkpointer=InMemorySaver())
+        compiled: Any = graph.compile(checkpointer=InMemorySaver())
         with anyio.fail_after(BOUND):
             paused = await compiled.ainvoke({"messages": [("user", "go")]}, config)
             assert "may make destructive changes" in paused["__interrupt__"][0].value
