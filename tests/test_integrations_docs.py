@@ -9,7 +9,9 @@ installed is skipped, naming the extra to install.
 
 from __future__ import annotations
 
+import ast
 import functools
+import importlib.metadata
 import importlib.util
 import re
 from pathlib import Path
@@ -17,7 +19,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "integrations.md"
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "integrations.md"
 
 # section heading -> (the module it needs, the extra that installs it, the backends it runs on)
 FRAMEWORKS = {
@@ -86,3 +89,61 @@ def test_every_block_of_the_section_compiles(heading: str) -> None:
     """Blocks that are not run (the Claude session that needs the CLI) are still valid Python."""
     for code in _blocks(_sections()[heading], "python"):
         compile(_scenario() + "\n" + code, f"docs/integrations.md ({heading})", "exec")
+
+
+# What each framework does natively on the same turn: the subsections of "Natively, on the same turn".
+NATIVE_CHECKS = [
+    "notes calls in flight at once: 5",
+    "reads ran together: True",
+    "writes ran alone, in order: False",
+    "the untrusted tool ran alone: False",
+    "delete_note ran: True",
+]
+
+
+def _native() -> dict[str, str]:
+    parts = re.split(r"^### ", _sections()["Natively, on the same turn"], flags=re.M)
+    return {part.split("\n", 1)[0].strip(): part for part in parts[1:]}
+
+
+def test_every_adapter_framework_has_a_native_measurement() -> None:
+    """The native section measures LangGraph, the OpenAI Agents SDK and pydantic-ai."""
+    assert set(_native()) == {"LangGraph", "OpenAI Agents SDK", "pydantic-ai"}
+
+
+@pytest.mark.parametrize("heading", ["LangGraph", "OpenAI Agents SDK", "pydantic-ai"])
+def test_the_native_turn_runs_and_prints_what_the_doc_says(heading: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without the adapter the framework runs all six calls at once: writes overlap, the deletion runs."""
+    module, extra, _ = FRAMEWORKS[heading]
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed: pip install -e '.[{extra}]'")
+    section = _native()[heading]
+    [code] = _blocks(section, "python")
+    [expected] = _blocks(section, "text")
+    exec(
+        compile(_scenario() + "\n" + code, f"docs/integrations.md (native {heading})", "exec"), {"__name__": "__main__"}
+    )
+    out = capsys.readouterr().out
+    assert out == expected
+    assert out.splitlines() == NATIVE_CHECKS
+
+
+def test_the_versions_table_matches_the_installed_packages() -> None:
+    """Each version in the "Versions tested" table is the one installed (skipped where one is missing)."""
+    rows = re.findall(r"^\| `([a-z0-9-]+)` \| ([0-9][^ |]*) \|$", _sections()["Versions tested"], flags=re.M)
+    assert {name for name, _ in rows} >= {"langgraph", "openai-agents", "pydantic-ai-slim", "langchain-core"}
+    for name, version in rows:
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        assert installed == version, f"docs/integrations.md says {name} {version}, {installed} is installed"
+
+
+@pytest.mark.parametrize("module", ["_common", "langgraph", "openai_agents", "pydantic_ai"])
+def test_adapters_import_only_public_names_of_dispatcher(module: str) -> None:
+    """The adapters use the dispatcher as users do: no import of a private `dispatcher._x` module."""
+    tree = ast.parse((ROOT / "dispatcher" / "integrations" / f"{module}.py").read_text())
+    imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module is not None]
+    private = [name for name in imported if name.startswith("dispatcher._")]
+    assert private == []

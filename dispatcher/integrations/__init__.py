@@ -1,7 +1,8 @@
 """Use the dispatcher inside agent frameworks: one module per framework, each behind its own extra.
 
-- `dispatcher.integrations.langgraph` (extra ``langgraph``): `DispatcherToolNode`, a drop-in for
-  LangGraph's ``ToolNode`` that runs an ``AIMessage``'s tool calls as one batch.
+- `dispatcher.integrations.langgraph` (extra ``langgraph``): `DispatcherToolNode`, a LangGraph
+  ``ToolNode`` (for ``create_react_agent`` or your own graph) that runs an ``AIMessage``'s tool calls
+  as one batch.
 - `dispatcher.integrations.openai_agents` (extra ``openai-agents``): the catalogue as OpenAI Agents SDK
   ``FunctionTool``s whose calls keep the model's order although the SDK starts them all at once.
 - `dispatcher.integrations.pydantic_ai` (extra ``pydantic-ai``): `DispatcherToolset`, a pydantic-ai

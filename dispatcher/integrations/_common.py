@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from dispatcher.formats import mark_untrusted, result_text
 
 if TYPE_CHECKING:
-    from dispatcher._calls import ToolResult
+    from dispatcher import ToolResult
 
 __all__ = ["model_text"]
 

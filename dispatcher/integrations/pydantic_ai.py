@@ -3,9 +3,19 @@
 `DispatcherToolset` lists the catalogue as pydantic-ai tools and runs each call through the dispatcher.
 pydantic-ai runs the calls of a model response with barriers of its own: a tool whose definition says
 ``sequential`` runs alone, after the calls before it and before the calls after it, which is the
-dispatcher's rule for a call that may mutate. The toolset marks exactly the dispatcher's exclusive
-tools ``sequential`` (decided from the effective annotations: an untrusted server's claims do not
-count), and the dispatcher schedules the calls again underneath, across runs and agents sharing it.
+dispatcher's rule for a call that may mutate the whole state (the root conflict key). The toolset marks
+``sequential`` exactly the tools whose calls the dispatcher runs alone: those that may mutate (decided
+from the effective annotations: an untrusted server's claims do not count) and have no conflict domain.
+A tool with a domain (and perhaps a key function, see docs/conflicts.md) is not a barrier: pydantic-ai
+starts its calls together with their neighbours, and the dispatcher, which receives them in the model's
+order (pydantic-ai starts the calls between two barriers as tasks in that order), holds back only the
+calls that conflict, so writes to different keys overlap. The dispatcher schedules every call again
+underneath, across runs and agents sharing it.
+
+The run's context reaches a call through ``arguments=``: a function of the ``RunContext``, the tool's
+name and the model's arguments that returns the arguments to dispatch, so that a value from ``deps``
+(a tenant, a workspace) is read by the tool and by its key function. It is yours, so it is trusted; it
+runs on the event loop before each call.
 
 The dispatcher's notions map to pydantic-ai's:
 
@@ -35,18 +45,16 @@ from pydantic_ai.messages import ModelResponse, ToolCallPart
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 
-from dispatcher._approval import ApprovalPolicy
-from dispatcher._calls import CallStatus, ToolCall
-from dispatcher._errors import ConfigurationError
+from dispatcher import ApprovalPolicy, CallStatus, ConfigurationError, ToolCall
 
 from ._common import model_text
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping
+
     from pydantic_ai import RunContext
 
-    from dispatcher import Dispatcher
-    from dispatcher._approval import Approver, SessionGuard
-    from dispatcher._catalog import ToolEntry
+    from dispatcher import ApprovalRequest, Dispatcher, SessionGuard, ToolEntry
 
 __all__ = ["DispatcherToolset"]
 
@@ -79,9 +87,12 @@ class DispatcherToolset(AbstractToolset[Any]):
         approval: The approval policy, instead of the dispatcher's; with ``approvals="deferred"`` it
             selects the calls to defer (default: `ApprovalPolicy()`).
         guard: The session guard of this agent's session, instead of the dispatcher's.
+        arguments: A function ``(ctx, tool_name, arguments) -> arguments`` giving the arguments to
+            dispatch for each call, for values from the run's ``deps`` (see the module docstring).
 
     Raises:
-        ConfigurationError: ``approvals`` is neither ``"dispatcher"`` nor ``"deferred"``.
+        ConfigurationError: ``approvals`` is neither ``"dispatcher"`` nor ``"deferred"``, or
+            ``arguments`` is not callable.
     """
 
     def __init__(
@@ -91,12 +102,18 @@ class DispatcherToolset(AbstractToolset[Any]):
         id: str | None = None,
         max_retries: int = 1,
         approvals: Literal["dispatcher", "deferred"] = "dispatcher",
-        approve: Approver | None = None,
+        approve: Callable[[ApprovalRequest], Awaitable[bool]] | None = None,
         approval: ApprovalPolicy | None = None,
         guard: SessionGuard | None = None,
+        arguments: Callable[[RunContext[Any], str, dict[str, Any]], Mapping[str, Any]] | None = None,
     ) -> None:
         if approvals not in ("dispatcher", "deferred"):
             raise ConfigurationError(f"approvals must be 'dispatcher' or 'deferred', got {approvals!r}")
+        if arguments is not None and not callable(arguments):
+            raise ConfigurationError(
+                f"arguments must be a function (ctx, tool_name, arguments) -> arguments, got {arguments!r}"
+            )
+        self._arguments = arguments
         self.dispatcher = dispatcher
         self._id = id
         self._max_retries = max_retries
@@ -113,7 +130,7 @@ class DispatcherToolset(AbstractToolset[Any]):
         return self._id
 
     async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
-        """One tool per catalogue entry; ``sequential`` where the dispatcher runs the tool alone."""
+        """One tool per catalogue entry; ``sequential`` where the dispatcher runs every call alone."""
         return {
             entry.name: ToolsetTool(
                 toolset=self,
@@ -121,8 +138,14 @@ class DispatcherToolset(AbstractToolset[Any]):
                     name=entry.name,
                     description=entry.description,
                     parameters_json_schema=dict(entry.input_schema),
-                    sequential=entry.exclusive,
-                    metadata={"server": entry.server, "tool": entry.tool, "trusted": entry.trusted},
+                    # A write with a conflict domain waits only for the calls it conflicts with.
+                    sequential=entry.exclusive and entry.domain is None,
+                    metadata={
+                        "server": entry.server,
+                        "tool": entry.tool,
+                        "trusted": entry.trusted,
+                        "domain": entry.domain,
+                    },
                 ),
                 max_retries=self._max_retries,
                 args_validator=_ARGUMENTS,
@@ -139,6 +162,8 @@ class DispatcherToolset(AbstractToolset[Any]):
             ModelRetry: The tool reported an error or rejected the call (the model may try again).
             ApprovalRequired: ``approvals="deferred"`` and the policy selects this call.
         """
+        if self._arguments is not None:
+            tool_args = dict(self._arguments(ctx, name, tool_args))
         call = ToolCall(ctx.tool_call_id or f"{name}-{ctx.run_step}", name, tool_args)
         if self._approvals == "deferred":
             approval = self._deferred_approval(name, ctx)
