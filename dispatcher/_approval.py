@@ -192,6 +192,17 @@ class ApprovalPolicy:
             return f"{tool.name} reaches an open world"
         return None
 
+    async def ask(self, approver: Approver | None, request: ApprovalRequest) -> str | None:
+        """Ask `approver` about `request` as a batch would, within this policy's `timeout`.
+
+        For code that asks on the dispatcher's behalf (a framework's own permission hook): the answer
+        is read as the dispatcher reads it, and the approver's failures and odd answers deny the call.
+
+        Returns:
+            None when the call is approved, else why it is denied.
+        """
+        return await ask(approver, request, self.timeout)
+
 
 def writes_open_world(tool: ToolEntry) -> bool:
     """Whether a tool can send data out: not read-only, and open-world."""

@@ -140,7 +140,7 @@ def test_the_versions_table_matches_the_installed_packages() -> None:
         assert installed == version, f"docs/integrations.md says {name} {version}, {installed} is installed"
 
 
-@pytest.mark.parametrize("module", ["_common", "langgraph", "openai_agents", "pydantic_ai"])
+@pytest.mark.parametrize("module", ["_common", "claude_agent_sdk", "langgraph", "openai_agents", "pydantic_ai"])
 def test_adapters_import_only_public_names_of_dispatcher(module: str) -> None:
     """The adapters use the dispatcher as users do: no import of a private `dispatcher._x` module."""
     tree = ast.parse((ROOT / "dispatcher" / "integrations" / f"{module}.py").read_text())

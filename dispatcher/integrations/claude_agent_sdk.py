@@ -37,18 +37,19 @@ from claude_agent_sdk import (
     create_sdk_mcp_server,
 )
 
-from dispatcher._approval import ApprovalPolicy, ApprovalRequest, ask
-from dispatcher._calls import ToolCall
+from dispatcher import ApprovalPolicy, ApprovalRequest, ToolCall
+from dispatcher.formats import tool_description, tool_schema
 
 from ._common import model_text
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from claude_agent_sdk import CanUseTool, McpSdkServerConfig
 
-    from dispatcher import Dispatcher
-    from dispatcher._approval import Approver, SessionGuard
-    from dispatcher._calls import ToolResult
-    from dispatcher._catalog import ToolEntry
+    from dispatcher import Dispatcher, SessionGuard, ToolEntry, ToolResult
+
+    Approver = Callable[[ApprovalRequest], Awaitable[bool]]
 
 __all__ = ["claude_options", "permission_callback", "sdk_server"]
 
@@ -133,7 +134,7 @@ def permission_callback(
         approver = dispatcher.approver if isinstance(approve, _Default) else approve
         call = ToolCall(context.tool_use_id or tool_name, entry.name, arguments)
         # The dispatcher's own asking: its timeout, and its answers for a failing or odd approver.
-        denial = await ask(approver, ApprovalRequest(call, entry, reason), policy.timeout)
+        denial = await policy.ask(approver, ApprovalRequest(call, entry, reason))
         if denial is None:
             return PermissionResultAllow()
         return PermissionResultDeny(message=denial)
@@ -186,8 +187,8 @@ def _sdk_tool(
 
     return SdkMcpTool(
         name=entry.name,
-        description=entry.description or entry.name,
-        input_schema=dict(entry.input_schema),
+        description=tool_description(entry) or entry.name,
+        input_schema=tool_schema(entry),
         handler=handler,
         annotations=entry.annotations,
     )

@@ -51,7 +51,7 @@ from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolRuntime
 
 from dispatcher import ApprovalPolicy, ApprovalRequest, ConfigurationError, ToolCall, ToolEntry
-from dispatcher.formats import openai_chat_tools
+from dispatcher.formats import openai_chat_tools, tool_description, tool_schema
 
 from ._common import model_text
 
@@ -149,8 +149,8 @@ class DispatcherToolNode(ToolNode):
 
         return StructuredTool(
             name=entry.name,
-            description=entry.description or entry.name,
-            args_schema=dict(entry.input_schema),
+            description=tool_description(entry) or entry.name,
+            args_schema=tool_schema(entry),
             coroutine=run,
         )
 

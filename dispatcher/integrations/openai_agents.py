@@ -63,6 +63,7 @@ from agents import (
 from openai.types.responses import ResponseFunctionToolCall
 
 from dispatcher import ApprovalPolicy, ConfigurationError, ToolCall
+from dispatcher.formats import tool_description, tool_schema
 
 from ._common import model_text
 
@@ -158,8 +159,8 @@ class DispatcherTools:
             if tool is None:
                 self._functions[name] = self._tool(entry)
             elif self._entries.get(name) != entry:
-                tool.description = entry.description or entry.name
-                tool.params_json_schema = dict(entry.input_schema)
+                tool.description = tool_description(entry) or entry.name
+                tool.params_json_schema = tool_schema(entry)
         for name in [name for name in self._functions if name not in entries]:
             del self._functions[name]
         self._entries = entries
@@ -293,8 +294,8 @@ class DispatcherTools:
 
         return FunctionTool(
             name=entry.name,
-            description=entry.description or entry.name,
-            params_json_schema=dict(entry.input_schema),
+            description=tool_description(entry) or entry.name,
+            params_json_schema=tool_schema(entry),
             on_invoke_tool=invoke,
             # MCP input schemas are rarely valid strict schemas (optional fields, open objects).
             strict_json_schema=False,

@@ -46,6 +46,7 @@ from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 
 from dispatcher import ApprovalPolicy, CallStatus, ConfigurationError, ToolCall
+from dispatcher.formats import tool_description, tool_schema
 
 from ._common import model_text
 
@@ -136,8 +137,8 @@ class DispatcherToolset(AbstractToolset[Any]):
                 toolset=self,
                 tool_def=ToolDefinition(
                     name=entry.name,
-                    description=entry.description,
-                    parameters_json_schema=dict(entry.input_schema),
+                    description=tool_description(entry),
+                    parameters_json_schema=tool_schema(entry),
                     # A write with a conflict domain waits only for the calls it conflicts with.
                     sequential=entry.exclusive and entry.domain is None,
                     metadata={
