@@ -46,7 +46,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from ._annotations import effective_annotations
 from ._catalog import ToolEntry
 from ._errors import ConfigurationError
-from ._failures import ConnectionLost, ToolUnavailableError, explain, is_transport_failure
+from ._failures import ConnectionLost, ToolUnavailableError, explain, innermost, is_transport_failure
 from ._keys import check_domain, check_key_functions
 from ._mcp import MCPTool, answers, list_all_tools
 from ._pins import DefinitionChange, Pins
@@ -63,9 +63,13 @@ if TYPE_CHECKING:
     from ._keys import KeyFunction
     from ._mcp import ToolCaller
 
-__all__ = ["Connection", "ServerRegistry", "check_target"]
+__all__ = ["LISTING_BURST", "LISTING_INTERVAL", "Connection", "ServerRegistry", "check_target"]
 
 logger = logging.getLogger("dispatcher")
+
+# The listings a server's announcements may cause: `LISTING_BURST` back to back, then one per interval (seconds).
+LISTING_BURST = 4
+LISTING_INTERVAL = 1.0
 
 
 def check_target(target: object) -> None:
@@ -273,17 +277,20 @@ class Connection:
                     if subscription is None or not subscription.honored.tools_list_changed:
                         logger.debug("server %r does not announce tool list changes", self.server)
                         return
-                    async for _ in subscription:
-                        await self._resync(client)
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._list_on_change, client)
+                        async for _ in subscription:
+                            self._list_changed.set()
+                        # The server closed its subscription gracefully: a listing under way ends.
+                        tg.cancel_scope.cancel()
             else:
                 # Legacy servers send notifications/tools/list_changed unasked; `_on_message` notes them.
                 task_status.started()
                 started = True
-                while True:
-                    await self._list_changed.wait()
-                    self._list_changed = anyio.Event()
-                    await self._resync(client)
-        except Exception as exc:
+                await self._list_on_change(client)
+        except Exception as raised:
+            # The listings run in a task group beside the subscription: look inside its group.
+            exc = innermost(raised)
             if not started:
                 task_status.started()
             # A server can end its own subscription (or answer -32000): that alone loses no connection.
@@ -292,6 +299,31 @@ class Connection:
             else:
                 # For example a server that does not serve subscriptions/listen: nothing to follow.
                 logger.debug("not following tool list changes of server %r: %s", self.server, explain(exc))
+
+    async def _list_on_change(self, client: Client) -> None:
+        """List the tools again after each announced change: one listing at a time, at a bounded rate.
+
+        Announcements only set an event, so a storm of them costs nothing per notification: those that
+        arrive while a listing runs (or waits for its turn) are served by one more listing after it. The
+        rate is a token bucket: up to `LISTING_BURST` listings back to back, then one per
+        `LISTING_INTERVAL` seconds, so an occasional change is listed at once while a server that
+        announces without pause is listed at a bounded rate and cannot crowd out the loop that the
+        other servers' calls share.
+        """
+        tokens = float(LISTING_BURST)
+        stamp = anyio.current_time()
+        while True:
+            await self._list_changed.wait()
+            now = anyio.current_time()
+            tokens = min(float(LISTING_BURST), tokens + (now - stamp) / LISTING_INTERVAL)
+            stamp = now
+            if tokens < 1:
+                await anyio.sleep((1 - tokens) * LISTING_INTERVAL)
+                tokens, stamp = 1.0, anyio.current_time()
+            tokens -= 1
+            # Cleared only now: announcements made during the wait are covered by this listing.
+            self._list_changed = anyio.Event()
+            await self._resync(client)
 
     async def _check_alive(self, client: Client) -> None:
         """Ping the server after each call that was given up on; no answer in time means the connection is lost.

@@ -1,0 +1,83 @@
+"""An MCP server that tries to exhaust its client: huge answers, tools/list_changed storms, churning names.
+
+Served in process, as a stdio subprocess (``python tests/limits_server.py [--churn]``) or over HTTP. It
+counts the listings it serves, so a test can tell how many a storm of announcements cost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pathlib
+import sys
+from typing import Any
+
+import anyio
+from mcp import StdioServerParameters
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import Tool, ToolAnnotations
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+SAFE = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
+
+_SOURCE_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+class LimitsServer(MCPServer[Any]):
+    """The server; with `churn`, every listing also offers a fresh set of `churn` tool names."""
+
+    def __init__(self, *, churn: int = 0) -> None:
+        super().__init__("limits-test")
+        self.listings = 0
+        self.churn = churn
+        self._generation = itertools.count()
+        self.add_tool(self.big, annotations=SAFE)
+        self.add_tool(self.echo, annotations=SAFE)
+        self.add_tool(self.storm, annotations=SAFE)
+        self.add_tool(self.listed, annotations=SAFE)
+
+    async def list_tools(self) -> list[Tool]:
+        self.listings += 1
+        tools = await super().list_tools()
+        if self.churn:
+            generation = next(self._generation)
+            tools += [
+                Tool(name=f"gen{generation}_{i}", input_schema={"type": "object"}, description="churn")
+                for i in range(self.churn)
+            ]
+        return tools
+
+    async def big(self, size: int) -> str:
+        """Answers with `size` characters."""
+        return "A" * size
+
+    async def echo(self, text: str) -> str:
+        """Answers with its text."""
+        return text
+
+    async def storm(self, ctx: Context, count: int, pause_every: int = 0) -> str:
+        """Announces a tool list change `count` times, yielding to the loop every `pause_every` of them."""
+        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        for i in range(count):
+            if modern:
+                await ctx.notify_tools_changed()
+            else:
+                await ctx.session.send_tool_list_changed()
+            if pause_every and i % pause_every == 0:
+                await anyio.sleep(0.001)
+        return f"announced {count} changes"
+
+    async def listed(self) -> int:
+        """How many listings this server has served."""
+        return self.listings
+
+
+def stdio(*options: str) -> StdioServerParameters:
+    """This server as a stdio subprocess of this checkout."""
+    pythonpath = os.pathsep.join(p for p in (str(_SOURCE_ROOT), os.environ.get("PYTHONPATH")) if p)
+    return StdioServerParameters(command=sys.executable, args=[__file__, *options], env={"PYTHONPATH": pythonpath})
+
+
+if __name__ == "__main__":
+    server = LimitsServer(churn=100 if "--churn" in sys.argv else 0)
+    anyio.run(server.run_stdio_async)
