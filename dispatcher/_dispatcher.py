@@ -73,6 +73,12 @@ class Dispatcher:
             uses the global one if an SDK has configured it, and traces nothing otherwise.
         coordinator: Shares limits, shared-state order and retry budgets with other processes (a
             `dispatcher.fleet.RedisCoordinator`, entered by you); None: this process decides alone.
+        qualified_names: Name every MCP tool ``server__tool`` (your name for the server, then the
+            tool's own), as Claude Code and Codex prefix theirs, so that no tool's name depends on
+            which servers are connected or in which order. False (the default): a tool keeps its own
+            name when it is free, but an untrusted server never holds a name that a trusted server
+            (or a local function) also offers (see docs/mcp.md, "Tool names"). Local functions keep
+            the names you give them either way.
 
     Use it as an async context manager; calls run in its task group::
 
@@ -93,6 +99,7 @@ class Dispatcher:
         on_event: Callable[[CallEvent], object] | None = None,
         tracer_provider: TracerProvider | None = None,
         coordinator: Coordinator | None = None,
+        qualified_names: bool = False,
     ) -> None:
         if max_concurrency is not None and (
             not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1
@@ -112,7 +119,9 @@ class Dispatcher:
         self._max_concurrency = max_concurrency
         self._call_timeout = call_timeout
         self._retry = retry
-        self._catalog = Catalog()
+        if not isinstance(qualified_names, bool):
+            raise ConfigurationError(f"qualified_names must be True or False, got {qualified_names!r}")
+        self._catalog = Catalog(qualified=qualified_names)
         self._servers = ServerRegistry(self._catalog)
         self._executor = Executor(
             self._catalog,
