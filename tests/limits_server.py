@@ -24,12 +24,18 @@ _SOURCE_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 class LimitsServer(MCPServer[Any]):
-    """The server; with `churn`, every listing also offers a fresh set of `churn` tool names."""
+    """The server; `many` more tools (`record_<i>_get`, ...), and with `churn`, every listing also offers a
+    fresh set of `churn` tool names."""
 
-    def __init__(self, *, churn: int = 0) -> None:
+    def __init__(self, *, many: int = 0, churn: int = 0) -> None:
         super().__init__("limits-test")
         self.listings = 0
         self.churn = churn
+        verbs = ("get", "list", "create", "update", "delete")
+        self._many = [
+            Tool(name=f"{verbs[i % 5]}_record_{i}", input_schema={"type": "object"}, description="one of many")
+            for i in range(many)
+        ]
         self._generation = itertools.count()
         self.add_tool(self.big, annotations=SAFE)
         self.add_tool(self.echo, annotations=SAFE)
@@ -38,7 +44,7 @@ class LimitsServer(MCPServer[Any]):
 
     async def list_tools(self) -> list[Tool]:
         self.listings += 1
-        tools = await super().list_tools()
+        tools = [*await super().list_tools(), *self._many]
         if self.churn:
             generation = next(self._generation)
             tools += [
@@ -79,5 +85,5 @@ def stdio(*options: str) -> StdioServerParameters:
 
 
 if __name__ == "__main__":
-    server = LimitsServer(churn=100 if "--churn" in sys.argv else 0)
+    server = LimitsServer(churn=200 if "--churn" in sys.argv else 0, many=5000 if "--many" in sys.argv else 0)
     anyio.run(server.run_stdio_async)

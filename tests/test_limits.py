@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import difflib
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
+import anyio.lowlevel
 import pytest
 from trio.testing import MockClock
 
-from dispatcher import Dispatcher, ToolCall
+from dispatcher import CallStatus, Dispatcher, ToolCall, _catalog
+from dispatcher._catalog import MAX_TOMBSTONES
 from dispatcher._connections import LISTING_BURST, LISTING_INTERVAL
 from dispatcher.examples import serve_http
 
@@ -115,3 +118,102 @@ async def test_a_storm_over_http_leaves_other_servers_calls_alone(mode: Mode) ->
     assert 2 <= listings <= 1 + listing_bound(elapsed), (listings, elapsed)
     # A generous band: the other server's batch is not held up by the storm's listings.
     assert during < 10 * baseline + 2.0, (during, baseline)
+
+
+# 11c: suggestions for unknown names ----------------------------------------------------------------
+
+Transport = Literal["in-process", "stdio"]
+TRANSPORTS = pytest.mark.parametrize("transport", ["in-process", "stdio"])
+
+
+def target(transport: Transport, *options: str, **kwargs: int) -> Any:
+    """The limits server in process, or as a stdio subprocess with the matching options."""
+    return LimitsServer(**kwargs) if transport == "in-process" else stdio(*options)
+
+
+@TRANSPORTS
+async def test_misspelt_names_against_a_huge_catalogue_cost_bounded_work(
+    transport: Transport, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1,000 misspelt names against 5,000 tools compare a bounded number of names each, and still suggest well."""
+    compared: list[int] = []
+    real = difflib.get_close_matches
+
+    def counting(word: str, possibilities: Any, n: int = 3, cutoff: float = 0.6) -> list[str]:
+        possibilities = list(possibilities)
+        compared.append(len(possibilities))
+        return real(word, possibilities, n, cutoff)
+
+    monkeypatch.setattr(difflib, "get_close_matches", counting)
+    async with Dispatcher() as d:
+        await d.connect("many", target(transport, "--many", many=5000), trusted=True)
+        assert len(d.tools()) > 5000
+        calls = [
+            ToolCall(f"m{i}", f"{('get', 'list', 'create', 'update', 'delete')[i % 5]}_recrod_{i}") for i in range(1000)
+        ]
+        ticks = 0
+        gaps: list[float] = []
+
+        async def heartbeat() -> None:
+            nonlocal ticks
+            last = anyio.current_time()
+            while True:
+                await anyio.lowlevel.checkpoint()
+                now = anyio.current_time()
+                gaps.append(now - last)
+                last = now
+                ticks += 1
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(heartbeat)
+            await anyio.lowlevel.checkpoint()
+            results = await d.dispatch(calls)
+            tg.cancel_scope.cancel()
+    assert all(result.status is CallStatus.FAILED for result in results)
+    assert len(compared) == 1000
+    assert max(compared) <= _catalog._MAX_CANDIDATES
+    # The index still finds the tool a typo meant.
+    assert "did you mean 'get_record_0'" in str(results[0].error)
+    assert sum("did you mean" in str(result.error) for result in results) >= 990
+    # A generous band: the loop got turns during the batch (main stalled it for seconds at a time).
+    assert ticks > 0 and max(gaps) < 1.0, max(gaps)
+
+
+async def test_a_huge_name_is_suggested_for_from_its_start() -> None:
+    """An unknown name of a megabyte costs no more than one of a hundred characters."""
+    async with Dispatcher() as d:
+        await d.connect("many", LimitsServer(many=100), trusted=True)
+        [result] = await d.dispatch([ToolCall("1", "get_recrod_0" + "x" * 1_000_000)])
+    assert result.status is CallStatus.FAILED and len(str(result.error)) < 500
+
+
+# 11d: a server that churns its tool names --------------------------------------------------------
+
+
+@TRANSPORTS
+async def test_a_churning_server_keeps_names_and_tombstones_bounded(transport: Transport) -> None:
+    """Each listing a fresh set of 200 names: tombstones stay at MAX_TOMBSTONES, the oldest dropped."""
+    async with Dispatcher() as d:
+        await d.connect("churn", target(transport, "--churn", churn=200), follow_changes=False)
+        await d.connect("calm", LimitsServer())
+        calm_names = {entry.name for entry in d.tools() if entry.server == "calm"}
+        for _ in range(12):
+            await d.refresh("churn")
+        catalog = d._catalog
+        tombstones = catalog._removed["churn"]
+        names = [name for (server, _), name in catalog._names.items() if server == "churn"]
+        [oldest, newest, calm] = await d.dispatch(
+            [
+                ToolCall("1", "gen0_0", server="churn"),
+                ToolCall("2", "gen10_0", server="churn"),
+                ToolCall("3", "echo", {"text": "hi"}, server="calm"),
+            ]
+        )
+        live = {entry.name for entry in d.tools() if entry.server == "churn"}
+    assert len(tombstones) == MAX_TOMBSTONES
+    assert len(names) == MAX_TOMBSTONES + len(live)
+    assert len(catalog._issued) == len(catalog._names)
+    assert oldest.status is CallStatus.FAILED and "has no tool" in str(oldest.error)  # dropped, forgotten
+    assert newest.error == "tool 'gen10_0' was removed by server 'churn'"  # recent: still a tombstone
+    # The other server's names are untouched by the churn.
+    assert calm.ok and calm_names <= {entry.name for entry in d.tools()}
