@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import SubscriptionLost
 from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
@@ -48,7 +50,7 @@ from ._catalog import ToolEntry
 from ._errors import ConfigurationError
 from ._failures import ConnectionLost, ToolUnavailableError, explain, innermost, is_transport_failure
 from ._keys import check_domain, check_key_functions
-from ._mcp import MCPTool, answers, list_all_tools
+from ._mcp import DEFAULT_MAX_ANSWER_BYTES, AnswerLimit, MCPTool, answers, list_all_tools
 from ._pins import DefinitionChange, Pins
 from ._reconnect import ReconnectPolicy
 
@@ -121,8 +123,10 @@ class Connection:
         follow: bool,
         timeout: float | None,
         policy: ReconnectPolicy,
+        max_answer_bytes: int | None = DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
         self.server = server
+        self._max_answer_bytes = max_answer_bytes
         self.policy = policy
         self._target = target
         self._mode = mode
@@ -236,6 +240,13 @@ class Connection:
 
     def _new_client(self) -> Client:
         target = self._target
+        limit = self._max_answer_bytes
+        if limit is not None and isinstance(target, StdioServerParameters | str):
+            # The transports that carry bytes from another process: each message is capped on arrival.
+            transport = (
+                stdio_client(target) if isinstance(target, StdioServerParameters) else streamable_http_client(target)
+            )
+            return Client(AnswerLimit(transport, limit, self.server), mode=self._mode, message_handler=self._on_message)
         if isinstance(target, MCPServer | Server | StdioServerParameters | str):
             return Client(target, mode=self._mode, message_handler=self._on_message)
         client = target()
@@ -563,6 +574,7 @@ class ServerRegistry:
         follow: bool,
         timeout: float | None,
         policy: ReconnectPolicy | None = None,
+        max_answer_bytes: int | None = DEFAULT_MAX_ANSWER_BYTES,
     ) -> Connection:
         """The connection for a server the dispatcher will own; its `run` must be started."""
         connection = Connection(
@@ -575,6 +587,7 @@ class ServerRegistry:
             follow=follow,
             timeout=timeout,
             policy=check_reconnect(policy),
+            max_answer_bytes=max_answer_bytes,
         )
         server.caller = server.connection = connection
         return connection

@@ -2,28 +2,42 @@
 
 What the SDK or the transport raises while a call runs is described by `_failures`; here a -32000 from
 a user's client is checked (a ping) before it is taken for a lost connection.
+
+`AnswerLimit` caps the size of each message a server sends on a transport the dispatcher builds (stdio
+and streamable HTTP): an answer over the cap is replaced, before the SDK's session sees it, by an
+error answer to the same request, so that one call fails and the connection goes on. The SDK reads a
+message whole before it hands it on (a stdio line, an HTTP body or SSE event), so the cap bounds what
+reaches the session, the catalogue and the model, not the transport's own buffer for that message.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Protocol
+import logging
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import anyio
 import pydantic_core
 from mcp import Client
 from mcp.shared.exceptions import MCPError
-from mcp.types import CONNECTION_CLOSED
+from mcp.shared.message import SessionMessage
+from mcp.types import CONNECTION_CLOSED, ErrorData, JSONRPCError, JSONRPCNotification, JSONRPCRequest
 
 from ._catalog import ArgumentError
-from ._failures import ConnectionLost, ToolUnavailableError, is_transport_failure
+from ._failures import ANSWER_TOO_LARGE, ConnectionLost, ToolUnavailableError, is_transport_failure
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
+    from types import TracebackType
 
+    from mcp.client._transport import Transport, TransportStreams
+    from mcp.shared._stream_protocols import ReadStream
     from mcp.types import CallToolResult, Tool
 
 __all__ = [
+    "ANSWER_TOO_LARGE",
+    "DEFAULT_MAX_ANSWER_BYTES",
+    "AnswerLimit",
     "MCPTool",
     "ToolCaller",
     "answers",
@@ -37,6 +51,102 @@ _MAX_PAGES = 1000
 
 # The wait for a ping that checks a user-owned client after a -32000 (`ReconnectPolicy.ping_timeout`'s default).
 _USER_CLIENT_PING_TIMEOUT = 10.0
+
+# The default cap on one message from a server: room for a few large images or documents in one answer.
+DEFAULT_MAX_ANSWER_BYTES = 16 * 2**20
+logger = logging.getLogger("dispatcher")
+
+
+class AnswerLimit:
+    """A transport whose incoming messages are capped at `limit` bytes of JSON (see the module docstring).
+
+    An answer (result or error) over the cap becomes the error answer `ANSWER_TOO_LARGE` to the same
+    request; a notification or a request from the server over the cap is dropped (and logged), since
+    nothing waits for it.
+    """
+
+    def __init__(self, transport: Transport, limit: int, server: str) -> None:
+        self._transport = transport
+        self._limit = limit
+        self._server = server
+
+    async def __aenter__(self) -> TransportStreams:
+        read, write = await self._transport.__aenter__()
+        return _CappedReadStream(read, self._limit, self._server), write
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        return await self._transport.__aexit__(exc_type, exc, tb)
+
+
+class _CappedReadStream:
+    """The transport's read stream with messages over the cap replaced or dropped; `last_context` passes through."""
+
+    __slots__ = ("_inner", "_limit", "_server")
+
+    def __init__(self, inner: ReadStream[SessionMessage | Exception], limit: int, server: str) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._server = server
+
+    @property
+    def last_context(self) -> Any:
+        # The SDK's dispatcher runs each message in the context its transport captured with it.
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> SessionMessage | Exception:
+        while True:
+            item = self._check(await self._inner.receive())
+            if item is not None:
+                return item
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        while True:
+            item = self._check(await self._inner.__anext__())
+            if item is not None:
+                return item
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> Self:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        return await self._inner.__aexit__(exc_type, exc, tb)
+
+    def _check(self, item: SessionMessage | Exception) -> SessionMessage | Exception | None:
+        if not isinstance(item, SessionMessage):
+            return item
+        message = item.message
+        size = len(pydantic_core.to_json(message, by_alias=True, exclude_none=True))
+        if size <= self._limit:
+            return item
+        if isinstance(message, JSONRPCNotification | JSONRPCRequest):
+            logger.warning(
+                "dropped a %s message of %d bytes from server %r: over max_answer_bytes (%d)",
+                message.method[:100],
+                size,
+                self._server,
+                self._limit,
+            )
+            return None
+        error = ErrorData(
+            code=ANSWER_TOO_LARGE,
+            message=(
+                f"the server's answer is {size:,} bytes, over the limit of {self._limit:,} "
+                "(Dispatcher.connect(max_answer_bytes=...)); it was discarded"
+            ),
+            data={"max_answer_bytes": self._limit, "size": size},
+        )
+        return SessionMessage(JSONRPCError(jsonrpc="2.0", id=message.id, error=error), metadata=item.metadata)
 
 
 class ToolCaller(Protocol):

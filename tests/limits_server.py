@@ -41,6 +41,8 @@ class LimitsServer(MCPServer[Any]):
         self.add_tool(self.echo, annotations=SAFE)
         self.add_tool(self.storm, annotations=SAFE)
         self.add_tool(self.listed, annotations=SAFE)
+        self.add_tool(self.pid, annotations=SAFE)
+        self.add_tool(self.shout, annotations=SAFE)
 
     async def list_tools(self) -> list[Tool]:
         self.listings += 1
@@ -72,6 +74,15 @@ class LimitsServer(MCPServer[Any]):
             if pause_every and i % pause_every == 0:
                 await anyio.sleep(0.001)
         return f"announced {count} changes"
+
+    async def pid(self) -> int:
+        """The id of the process serving the call (a restarted stdio server has a new one)."""
+        return os.getpid()
+
+    async def shout(self, ctx: Context, size: int) -> str:
+        """Sends a log notification of `size` characters, then answers briefly."""
+        await ctx.info("B" * size)
+        return "shouted"
 
     async def listed(self) -> int:
         """How many listings this server has served."""

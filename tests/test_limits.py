@@ -14,6 +14,7 @@ from trio.testing import MockClock
 from dispatcher import CallStatus, Dispatcher, ToolCall, _catalog
 from dispatcher._catalog import MAX_TOMBSTONES
 from dispatcher._connections import LISTING_BURST, LISTING_INTERVAL
+from dispatcher._mcp import DEFAULT_MAX_ANSWER_BYTES
 from dispatcher.examples import serve_http
 
 from .limits_server import LimitsServer, stdio
@@ -217,3 +218,87 @@ async def test_a_churning_server_keeps_names_and_tombstones_bounded(transport: T
     assert newest.error == "tool 'gen10_0' was removed by server 'churn'"  # recent: still a tombstone
     # The other server's names are untouched by the churn.
     assert calm.ok and calm_names <= {entry.name for entry in d.tools()}
+
+
+# 11a: the size of one answer -----------------------------------------------------------------------
+
+
+def texts(results: list[Any]) -> list[str]:
+    return [
+        result.result.content[0].text if result.ok else f"{result.status.value}: {result.error}" for result in results
+    ]
+
+
+async def check_answer_cap(d: Dispatcher, name: str) -> None:
+    """The big answer fails alone; calls beside it and after it succeed on the same connection."""
+    [before] = await d.dispatch([ToolCall("p", "pid", {}, server=name)])
+    results = await d.dispatch(
+        [
+            ToolCall("big", "big", {"size": 200_000}, server=name),
+            ToolCall("small", "big", {"size": 20_000}, server=name),
+            ToolCall("echo", "echo", {"text": "still here"}, server=name),
+        ]
+    )
+    [after] = await d.dispatch([ToolCall("p", "pid", {}, server=name)])
+    big, small, echo = results
+    assert big.status is CallStatus.FAILED, texts(results)
+    assert big.attempts == 1  # deterministic: never retried, although the tool is idempotent and trusted
+    assert "over the limit of 100,000" in str(big.error) and "max_answer_bytes" in str(big.error)
+    assert small.ok and echo.ok, texts(results)
+    assert before.ok and after.ok and texts([before]) == texts([after])  # the same connection, not a reconnect
+
+
+@MODES
+async def test_an_answer_over_the_cap_fails_alone_over_stdio(mode: Mode) -> None:
+    """Over stdio, an answer larger than max_answer_bytes fails that call alone; the process keeps serving."""
+    async with Dispatcher() as d:
+        await d.connect("big", stdio(), trusted=True, mode=mode, max_answer_bytes=100_000)
+        await check_answer_cap(d, "big")
+
+
+@HTTP_MODES
+async def test_an_answer_over_the_cap_fails_alone_over_http(mode: Mode) -> None:
+    """Over streamable HTTP on 127.0.0.1, the same: one call fails, the connection goes on."""
+    async with serve_http(LimitsServer()) as url, Dispatcher() as d:
+        await d.connect("big", url, trusted=True, mode=mode, max_answer_bytes=100_000)
+        await check_answer_cap(d, "big")
+
+
+@MODES
+async def test_a_notification_over_the_cap_is_dropped_over_stdio(mode: Mode) -> None:
+    """A huge log notification is dropped; the call that sent it gets its answer."""
+    async with Dispatcher() as d:
+        await d.connect("big", stdio(), trusted=True, mode=mode, max_answer_bytes=100_000)
+        [result] = await d.dispatch([ToolCall("s", "shout", {"size": 300_000})])
+    assert result.ok and texts([result]) == ["shouted"]
+
+
+async def test_a_tool_list_over_the_cap_fails_connect_with_a_clear_error() -> None:
+    """A listing page larger than the cap is refused: connect says why."""
+    from dispatcher import ServerConnectionError
+
+    with pytest.raises(ServerConnectionError, match="over the limit of 100,000"):
+        async with Dispatcher() as d:
+            await d.connect("many", stdio("--many"), max_answer_bytes=100_000)
+
+
+async def test_without_a_cap_the_answer_comes_through() -> None:
+    """The oracle: with max_answer_bytes=None the same answer reaches the caller, so the check above is the cap's."""
+    async with Dispatcher() as d:
+        await d.connect("big", stdio(), trusted=True, max_answer_bytes=None)
+        [result] = await d.dispatch([ToolCall("big", "big", {"size": 200_000})])
+    assert result.ok and len(texts([result])[0]) == 200_000
+
+
+async def test_the_default_cap_admits_a_megabyte_and_is_validated() -> None:
+    """The default (16 MiB) lets ordinary large answers through; a cap that is not an int >= 1024 is refused."""
+    from dispatcher import ConfigurationError
+
+    assert DEFAULT_MAX_ANSWER_BYTES == 16 * 2**20
+    async with Dispatcher() as d:
+        await d.connect("big", stdio(), trusted=True)
+        [result] = await d.dispatch([ToolCall("big", "big", {"size": 1_000_000})])
+        for bad in (0, 10, 1.5, True, "1MB"):
+            with pytest.raises(ConfigurationError, match="max_answer_bytes must be an int >= 1024"):
+                await d.connect("other", stdio(), max_answer_bytes=bad)  # type: ignore[arg-type]
+    assert result.ok
