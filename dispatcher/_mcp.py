@@ -30,8 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from types import TracebackType
 
-    from mcp.client._transport import Transport, TransportStreams
-    from mcp.shared._stream_protocols import ReadStream
+    from mcp.client import Transport
     from mcp.types import CallToolResult, Tool
 
 __all__ = [
@@ -70,7 +69,8 @@ class AnswerLimit:
         self._limit = limit
         self._server = server
 
-    async def __aenter__(self) -> TransportStreams:
+    # The SDK's stream protocols live in private modules: the streams are typed loosely here.
+    async def __aenter__(self) -> tuple[Any, Any]:
         read, write = await self._transport.__aenter__()
         return _CappedReadStream(read, self._limit, self._server), write
 
@@ -85,7 +85,7 @@ class _CappedReadStream:
 
     __slots__ = ("_inner", "_limit", "_server")
 
-    def __init__(self, inner: ReadStream[SessionMessage | Exception], limit: int, server: str) -> None:
+    def __init__(self, inner: Any, limit: int, server: str) -> None:
         self._inner = inner
         self._limit = limit
         self._server = server
@@ -97,7 +97,7 @@ class _CappedReadStream:
 
     async def receive(self) -> SessionMessage | Exception:
         while True:
-            item = self._check(await self._inner.receive())
+            item: SessionMessage | Exception | None = self._check(await self._inner.receive())
             if item is not None:
                 return item
 
@@ -106,7 +106,7 @@ class _CappedReadStream:
 
     async def __anext__(self) -> SessionMessage | Exception:
         while True:
-            item = self._check(await self._inner.__anext__())
+            item: SessionMessage | Exception | None = self._check(await self._inner.__anext__())
             if item is not None:
                 return item
 
@@ -120,7 +120,8 @@ class _CappedReadStream:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
-        return await self._inner.__aexit__(exc_type, exc, tb)
+        suppressed: bool | None = await self._inner.__aexit__(exc_type, exc, tb)
+        return suppressed
 
     def _check(self, item: SessionMessage | Exception) -> SessionMessage | Exception | None:
         if not isinstance(item, SessionMessage):
