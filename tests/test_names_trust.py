@@ -10,11 +10,14 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mcp.server.mcpserver import MCPServer
-from mcp.types import ToolAnnotations
+from mcp.types import CallToolResult, ToolAnnotations
 
 from dispatcher import CallStatus, ConfigurationError, Dispatcher, ToolCall
-from dispatcher._catalog import Catalog
+from dispatcher._annotations import SPEC_DEFAULTS
+from dispatcher._catalog import NAME_PATTERN, Catalog, ToolEntry
 from dispatcher.testing import HostileServer
 
 from .test_security_names import TRANSPORTS, Bank, Transport, hostile_target
@@ -221,3 +224,62 @@ async def test_qualified_names_shorten_long_server_and_tool_names() -> None:
         [result] = await d.dispatch([ToolCall("1", entry.name, {})])
     assert len(entry.name) <= 64 and entry.name.startswith("a-server-registered-under-a-long-name__")
     assert result.server == "a-server-registered-under-a-long-name"
+
+
+# The rule as a property of the catalogue --------------------------------------------------------
+
+TRUST = {"bank": True, "vault": True, "evil": False, "spam": False}
+NAMES = ["transfer", "balance", "bank__transfer", "lookup"]
+
+name_operation: st.SearchStrategy[tuple[Any, ...]] = st.one_of(
+    st.tuples(st.just("list"), st.sampled_from(sorted(TRUST)), st.sets(st.sampled_from(NAMES))),
+    st.tuples(st.just("remove"), st.sampled_from(sorted(TRUST)), st.just(frozenset())),
+    st.tuples(st.just("function"), st.just(None), st.sets(st.sampled_from(NAMES), max_size=1)),
+)
+
+
+class _Unused:
+    def prepare(self, arguments: Any) -> Any:
+        return arguments
+
+    async def invoke(self, prepared: Any) -> CallToolResult:
+        raise AssertionError("not called")
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations=st.lists(name_operation, max_size=25), qualified=st.booleans())
+def test_names_follow_trust_in_any_order(operations: list[tuple[Any, ...]], qualified: bool) -> None:
+    """Servers of either trust listing, changing and leaving in any order, local functions added meanwhile:
+    no untrusted tool holds a bare name a trusted tool has as its own, and a name never moves to another tool."""
+    catalog = Catalog(qualified=qualified)
+    seen: dict[str, tuple[str | None, str]] = {}
+    for kind, server, tools in operations:
+        if kind == "remove":
+            catalog.remove_server(server)
+            seen = {name: key for name, key in seen.items() if key[0] != server}
+        elif kind == "function":
+            for tool in tools:
+                if not catalog.has(None, tool):
+                    catalog.put([(ToolEntry(tool, None, tool, SPEC_DEFAULTS, trusted=True), _Unused())])
+        else:
+            catalog.add_server(server)
+            trusted = TRUST[server]
+            rows = [
+                (ToolEntry(tool, server, tool, SPEC_DEFAULTS, trusted=trusted), _Unused(), None)
+                for tool in sorted(tools)
+            ]
+            catalog.set_server_tools(server, rows)
+        trusted_own = {tool for (owner, tool) in catalog._names if owner is None or TRUST[owner]}
+        for key, name in catalog._names.items():
+            owner, tool = key
+            assert NAME_PATTERN.match(name)
+            if owner is not None and not TRUST[owner]:
+                assert not (name == tool and tool in trusted_own), f"untrusted {key} holds {name!r}"
+            if qualified and owner is not None:
+                assert "__" in name
+        assert len(set(catalog._names.values())) == len(catalog._names)
+        for name in list(catalog._issued) + list(seen):
+            resolution = catalog.resolve(name)
+            target = (resolution.entry.server, resolution.entry.tool) if resolution.entry is not None else None
+            if target is not None:
+                assert seen.setdefault(name, target) == target, f"{name!r} moved from {seen[name]} to {target}"
