@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ANSWER_TOO_LARGE",
     "DEFAULT_MAX_ANSWER_BYTES",
+    "MAX_TOOLS",
     "AnswerLimit",
     "MCPTool",
     "ToolCaller",
@@ -47,6 +48,8 @@ __all__ = [
 ]
 
 _MAX_PAGES = 1000
+# The most tools one server may list.
+MAX_TOOLS = 10_000
 
 # The wait for a ping that checks a user-owned client after a -32000 (`ReconnectPolicy.ping_timeout`'s default).
 _USER_CLIENT_PING_TIMEOUT = 10.0
@@ -157,12 +160,20 @@ class ToolCaller(Protocol):
 
 
 async def list_all_tools(client: Client, *, refresh: bool = False) -> list[Tool]:
-    """Every tool of a server, following pagination; `refresh` bypasses the client's response cache."""
+    """Every tool of a server, following pagination; `refresh` bypasses the client's response cache.
+
+    Raises:
+        RuntimeError: The list does not end within `_MAX_PAGES` pages, or holds more than `MAX_TOOLS`
+            tools: each listing is checked against pins and rebuilds the catalogue on the event loop,
+            so a server cannot make that work as large as it likes.
+    """
     tools: list[Tool] = []
     cursor: str | None = None
     for _ in range(_MAX_PAGES):
         page = await client.list_tools(cursor=cursor, cache_mode="refresh" if refresh else "use")
         tools.extend(page.tools)
+        if len(tools) > MAX_TOOLS:
+            raise RuntimeError(f"the server lists more than {MAX_TOOLS:,} tools; no more are accepted from one server")
         cursor = page.next_cursor
         if cursor is None:
             return tools

@@ -14,7 +14,7 @@ from trio.testing import MockClock
 from dispatcher import CallStatus, Dispatcher, ToolCall, _catalog
 from dispatcher._catalog import MAX_TOMBSTONES
 from dispatcher._connections import LISTING_BURST, LISTING_INTERVAL
-from dispatcher._mcp import DEFAULT_MAX_ANSWER_BYTES
+from dispatcher._mcp import DEFAULT_MAX_ANSWER_BYTES, MAX_TOOLS
 from dispatcher.examples import serve_http
 
 from .limits_server import LimitsServer, stdio
@@ -301,4 +301,16 @@ async def test_the_default_cap_admits_a_megabyte_and_is_validated() -> None:
         for bad in (0, 10, 1.5, True, "1MB"):
             with pytest.raises(ConfigurationError, match="max_answer_bytes must be an int >= 1024"):
                 await d.connect("other", stdio(), max_answer_bytes=bad)  # type: ignore[arg-type]
+    assert result.ok
+
+
+async def test_a_server_listing_too_many_tools_is_refused() -> None:
+    """More than MAX_TOOLS tools from one server fails connect with a clear error; the dispatcher goes on."""
+    from dispatcher import ServerConnectionError
+
+    async with Dispatcher() as d:
+        with pytest.raises(ServerConnectionError, match="lists more than 10,000 tools"):
+            await d.connect("huge", LimitsServer(many=MAX_TOOLS + 1))
+        await d.connect("calm", LimitsServer())
+        [result] = await d.dispatch([ToolCall("1", "echo", {"text": "hi"})])
     assert result.ok
