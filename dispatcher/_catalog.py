@@ -323,7 +323,7 @@ class Catalog:
         self._counters[base] = counter
         return name
 
-    def _withdraw(self, offered: set[str]) -> None:
+    def _withdraw(self, offered: Iterable[str]) -> None:
         """Take from untrusted tools the bare names that a trusted source offers too (see the module docstring)."""
         for tool in offered:
             holder = self._issued.get(tool)
@@ -337,10 +337,12 @@ class Catalog:
     def _rebuild(self) -> None:
         # The own names that a trusted source offers (listed, blocked or removed): untrusted tools of
         # those names never hold them bare.
-        offered = {key[1] for key, registered in self._tools.items() if registered.entry.trusted}
+        # A dict, not a set: withdrawals happen in registration order, so the names they issue do not
+        # depend on string hashing.
+        offered = dict.fromkeys(key[1] for key, registered in self._tools.items() if registered.entry.trusted)
         for server, tombstones in self._removed.items():
             if server not in self._untrusted:
-                offered.update(tombstones)
+                offered.update(dict.fromkeys(tombstones))
         for key, registered in self._tools.items():
             if key not in self._names:
                 trusted = registered.entry.trusted
@@ -414,8 +416,9 @@ class Catalog:
             return Resolution(
                 None,
                 None,
-                f"tool name {name!r} is no longer in use: a trusted and an untrusted server both offer a tool "
-                f"of that name, so each goes by its server's name; call one of {choices}, or set ToolCall.server",
+                f"tool name {name!r} is no longer in use: an untrusted server and a trusted source (a trusted "
+                f"server or a local function) both offer a tool of that name, so each goes by its server's name; "
+                f"call one of {choices}, or set ToolCall.server",
             )
         if group is not None and len(group) > 1:
             choices = ", ".join(repr(r.entry.name) for r in group)
@@ -478,9 +481,9 @@ class _Suggestions:
 
     A trigram index narrows the catalogue to the names that share the most trigrams with the unknown
     one: its rarest trigrams are looked up first, up to `_MAX_POSTINGS` index entries in all, and only
-    the best `_MAX_CANDIDATES` names are compared in full (difflib's ratio, as before). A name is
-    suggested only if it would have been among difflib's matches over the whole catalogue; a close
-    match whose trigrams are all common ones may be missed, which costs a suggestion, never a call.
+    the best `_MAX_CANDIDATES` names are compared in full (difflib, as before): every suggestion is as
+    close as difflib requires, but a close name whose trigrams are all common ones may be missed, which
+    costs a suggestion, never a call.
     """
 
     __slots__ = ("_index", "_names")
