@@ -292,8 +292,9 @@ class Connection:
                         tg.start_soon(self._list_on_change, client)
                         async for _ in subscription:
                             self._list_changed.set()
-                        # The server closed its subscription gracefully: a listing under way ends.
-                        tg.cancel_scope.cancel()
+                        # The server closed its subscription gracefully: nothing more will be announced,
+                        # but a listing under way (perhaps asking the user about a change) is let finish;
+                        # the lister then idles until the session ends.
             else:
                 # Legacy servers send notifications/tools/list_changed unasked; `_on_message` notes them.
                 task_status.started()
