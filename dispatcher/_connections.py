@@ -36,8 +36,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 from mcp import Client, StdioServerParameters
-from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import SubscriptionLost
 from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
@@ -50,7 +48,7 @@ from ._catalog import ToolEntry
 from ._errors import ConfigurationError
 from ._failures import ConnectionLost, ToolUnavailableError, explain, innermost, is_transport_failure
 from ._keys import check_domain, check_key_functions
-from ._mcp import DEFAULT_MAX_ANSWER_BYTES, AnswerLimit, MCPTool, answers, list_all_tools
+from ._mcp import DEFAULT_MAX_ANSWER_BYTES, MCPTool, answers, capped_transport, list_all_tools
 from ._pins import DefinitionChange, Pins
 from ._reconnect import ReconnectPolicy
 
@@ -240,13 +238,10 @@ class Connection:
 
     def _new_client(self) -> Client:
         target = self._target
-        limit = self._max_answer_bytes
-        if limit is not None and isinstance(target, StdioServerParameters | str):
+        if isinstance(target, StdioServerParameters | str):
             # The transports that carry bytes from another process: each message is capped on arrival.
-            transport = (
-                stdio_client(target) if isinstance(target, StdioServerParameters) else streamable_http_client(target)
-            )
-            return Client(AnswerLimit(transport, limit, self.server), mode=self._mode, message_handler=self._on_message)
+            transport = capped_transport(target, self._max_answer_bytes, self.server)
+            return Client(transport, mode=self._mode, message_handler=self._on_message)
         if isinstance(target, MCPServer | Server | StdioServerParameters | str):
             return Client(target, mode=self._mode, message_handler=self._on_message)
         client = target()

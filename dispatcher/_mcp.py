@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import anyio
 import pydantic_core
-from mcp import Client
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp.types import CONNECTION_CLOSED, ErrorData, JSONRPCError, JSONRPCNotification, JSONRPCRequest
@@ -41,6 +43,7 @@ __all__ = [
     "MCPTool",
     "ToolCaller",
     "answers",
+    "capped_transport",
     "check_arguments",
     "encode_arguments",
     "list_all_tools",
@@ -56,7 +59,24 @@ _USER_CLIENT_PING_TIMEOUT = 10.0
 
 # The default cap on one message from a server: room for a few large images or documents in one answer.
 DEFAULT_MAX_ANSWER_BYTES = 16 * 2**20
+# Room above the cap for the SDK's own bound on one SSE event (the event's framing around the message).
+_SSE_SLACK = 64 * 1024
+
 logger = logging.getLogger("dispatcher")
+
+
+def capped_transport(target: StdioServerParameters | str, limit: int | None, server: str) -> Transport:
+    """The transport to a stdio command or a streamable HTTP URL, its messages capped at `limit` bytes (None: not).
+
+    The SDK bounds the buffer of one SSE event by itself (1 MiB unless told otherwise, which would cap
+    every HTTP answer sent as an event there): it is set just above `limit`, so that the cap is the one
+    limit, and what the SDK refuses beyond it reads as an answer over the cap too.
+    """
+    if isinstance(target, StdioServerParameters):
+        transport: Transport = stdio_client(target)
+    else:
+        transport = streamable_http_client(target, max_sse_event_size=None if limit is None else limit + _SSE_SLACK)
+    return transport if limit is None else AnswerLimit(transport, limit, server)
 
 
 class AnswerLimit:
@@ -130,6 +150,10 @@ class _CappedReadStream:
         if not isinstance(item, SessionMessage):
             return item
         message = item.message
+        if isinstance(message, JSONRPCError) and _sse_too_large(message.error):
+            # The SDK's HTTP client refused an SSE event over its bound (see `capped_transport`) with
+            # -32000, which reads as a lost connection and is retried: it is this answer, too large.
+            return self._too_large(item, message.id, None)
         size = len(pydantic_core.to_json(message, by_alias=True, exclude_none=True))
         if size <= self._limit:
             return item
@@ -142,15 +166,26 @@ class _CappedReadStream:
                 self._limit,
             )
             return None
+        return self._too_large(item, message.id, size)
+
+    def _too_large(self, item: SessionMessage, request: Any, size: int | None) -> SessionMessage:
+        """The error answer to `request` that replaces an answer of `size` bytes (None: unknown) over the cap."""
+        what = f"is {size:,} bytes" if size is not None else "is larger than that"
         error = ErrorData(
             code=ANSWER_TOO_LARGE,
             message=(
-                f"the server's answer is {size:,} bytes, over the limit of {self._limit:,} "
+                f"the server's answer {what}, over the limit of {self._limit:,} bytes "
                 "(Dispatcher.connect(max_answer_bytes=...)); it was discarded"
             ),
             data={"max_answer_bytes": self._limit, "size": size},
         )
-        return SessionMessage(JSONRPCError(jsonrpc="2.0", id=message.id, error=error), metadata=item.metadata)
+        return SessionMessage(JSONRPCError(jsonrpc="2.0", id=request, error=error), metadata=item.metadata)
+
+
+def _sse_too_large(error: ErrorData) -> bool:
+    """Whether an error is the SDK's HTTP client refusing one SSE event over its size bound."""
+    text = error.message
+    return error.code == CONNECTION_CLOSED and text.startswith("SSE stream failed") and "byte limit" in text
 
 
 class ToolCaller(Protocol):

@@ -30,6 +30,7 @@ class LimitsServer(MCPServer[Any]):
     def __init__(self, *, many: int = 0, churn: int = 0) -> None:
         super().__init__("limits-test")
         self.listings = 0
+        self.bigs = 0
         self.churn = churn
         verbs = ("get", "list", "create", "update", "delete")
         self._many = [
@@ -57,6 +58,7 @@ class LimitsServer(MCPServer[Any]):
 
     async def big(self, size: int) -> str:
         """Answers with `size` characters."""
+        self.bigs += 1
         return "A" * size
 
     async def echo(self, text: str) -> str:

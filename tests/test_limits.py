@@ -314,3 +314,27 @@ async def test_a_server_listing_too_many_tools_is_refused() -> None:
         await d.connect("calm", LimitsServer())
         [result] = await d.dispatch([ToolCall("1", "echo", {"text": "hi"})])
     assert result.ok
+
+
+@HTTP_MODES
+async def test_the_default_cap_admits_answers_of_a_few_megabytes_over_http(mode: Mode) -> None:
+    """Over HTTP the cap is the one limit: a 2 MB answer passes (the SDK's own 1 MiB SSE bound is set by it)."""
+    async with serve_http(LimitsServer()) as url, Dispatcher() as d:
+        await d.connect("big", url, trusted=True, mode=mode)
+        [result] = await d.dispatch([ToolCall("b", "big", {"size": 2_000_000})])
+    assert result.ok, result.error
+    assert len(texts([result])[0]) == 2_000_000
+
+
+@HTTP_MODES
+async def test_an_answer_far_over_the_cap_over_http_fails_once(mode: Mode) -> None:
+    """An answer far over the cap, refused by the SDK's event bound, is the same clear error and is not retried."""
+    server = LimitsServer()
+    async with serve_http(server) as url, Dispatcher() as d:
+        await d.connect("big", url, trusted=True, mode=mode, max_answer_bytes=100_000)
+        [result] = await d.dispatch([ToolCall("b", "big", {"size": 1_000_000})])
+        [after] = await d.dispatch([ToolCall("e", "echo", {"text": "still here"})])
+    assert result.status is CallStatus.FAILED
+    assert "over the limit of 100,000 bytes" in str(result.error), result.error
+    assert result.attempts == 1 and server.bigs == 1
+    assert after.ok
