@@ -56,8 +56,8 @@ MAX_TOMBSTONES = 1000
 # Suggestion work per unknown name: characters of it considered, trigram index entries visited, and
 # names compared in full (difflib), whatever the size of the catalogue.
 _MAX_SUGGESTED_CHARS = 2 * _MAX_NAME
-_MAX_POSTINGS = 2000
-_MAX_CANDIDATES = 32
+_MAX_POSTINGS = 500
+_MAX_CANDIDATES = 12
 # The counters of prefixed names are a speed-up only: past this many they are forgotten, not kept forever.
 _MAX_COUNTERS = 4096
 
