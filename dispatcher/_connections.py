@@ -63,13 +63,15 @@ if TYPE_CHECKING:
     from ._keys import KeyFunction
     from ._mcp import ToolCaller
 
-__all__ = ["LISTING_BURST", "LISTING_INTERVAL", "Connection", "ServerRegistry", "check_target"]
+__all__ = ["LISTING_BURST", "LISTING_INTERVAL", "LISTING_REST", "Connection", "ServerRegistry", "check_target"]
 
 logger = logging.getLogger("dispatcher")
 
-# The listings a server's announcements may cause: `LISTING_BURST` back to back, then one per interval (seconds).
+# The listings a server's announcements may cause: `LISTING_BURST` back to back, then one per interval (seconds),
+# each followed by a rest of `LISTING_REST` times the time it took.
 LISTING_BURST = 4
 LISTING_INTERVAL = 1.0
+LISTING_REST = 4.0
 
 
 def check_target(target: object) -> None:
@@ -314,13 +316,19 @@ class Connection:
         arrive while a listing runs (or waits for its turn) are served by one more listing after it. The
         rate is a token bucket: up to `LISTING_BURST` listings back to back, then one per
         `LISTING_INTERVAL` seconds, so an occasional change is listed at once while a server that
-        announces without pause is listed at a bounded rate and cannot crowd out the loop that the
+        announces without pause is listed at a bounded rate. And each listing is followed by a rest of
+        `LISTING_REST` times what it took, so that however large or slow a server's tool list, its
+        listings take at most 1/(1 + LISTING_REST) of the time and cannot crowd out the loop that the
         other servers' calls share.
         """
         tokens = float(LISTING_BURST)
         stamp = anyio.current_time()
+        not_before = -math.inf
         while True:
             await self._list_changed.wait()
+            rest = not_before - anyio.current_time()
+            if rest > 0:
+                await anyio.sleep(rest)
             now = anyio.current_time()
             tokens = min(float(LISTING_BURST), tokens + (now - stamp) / LISTING_INTERVAL)
             stamp = now
@@ -330,7 +338,10 @@ class Connection:
             tokens -= 1
             # Cleared only now: announcements made during the wait are covered by this listing.
             self._list_changed = anyio.Event()
-            await self._resync(client)
+            spent = await self._resync(client)
+            # A listing that is slow to fetch or to check (thousands of tools) is followed by a rest
+            # LISTING_REST times as long, so one server's listings take at most a small share of the time.
+            not_before = anyio.current_time() + LISTING_REST * spent
 
     async def _check_alive(self, client: Client) -> None:
         """Ping the server after each call that was given up on; no answer in time means the connection is lost.
@@ -376,13 +387,20 @@ class Connection:
             return not await answers(client, self.policy.ping_timeout)
         return False
 
-    async def _resync(self, client: Client) -> None:
+    async def _resync(self, client: Client) -> float:
+        """List the tools again and ask about the changes; return the seconds the listing itself took."""
+        start = anyio.current_time()
+        spent = None
         try:
-            await self._ask(await self._sync(client))
+            changes = await self._sync(client)
+            # The user's answer (perhaps a person's) is no cost of the server's: not counted.
+            spent = anyio.current_time() - start
+            await self._ask(changes)
         except Exception as exc:
             if isinstance(exc, SubscriptionLost) or await self._is_lost(client, exc):
                 raise
             logger.warning("could not list the tools of server %r again: %s", self.server, explain(exc))
+        return spent if spent is not None else anyio.current_time() - start
 
     def _lost(self, client: Client, exc: BaseException) -> None:
         if client is self._client:

@@ -27,9 +27,10 @@ class LimitsServer(MCPServer[Any]):
     """The server; `many` more tools (`record_<i>_get`, ...), and with `churn`, every listing also offers a
     fresh set of `churn` tool names."""
 
-    def __init__(self, *, many: int = 0, churn: int = 0) -> None:
+    def __init__(self, *, many: int = 0, churn: int = 0, list_delay: float = 0.0) -> None:
         super().__init__("limits-test")
         self.listings = 0
+        self.list_delay = list_delay
         self.bigs = 0
         self.churn = churn
         verbs = ("get", "list", "create", "update", "delete")
@@ -47,6 +48,8 @@ class LimitsServer(MCPServer[Any]):
 
     async def list_tools(self) -> list[Tool]:
         self.listings += 1
+        if self.list_delay:
+            await anyio.sleep(self.list_delay)
         tools = [*await super().list_tools(), *self._many]
         if self.churn:
             generation = next(self._generation)

@@ -13,7 +13,7 @@ from trio.testing import MockClock
 
 from dispatcher import CallStatus, Dispatcher, ToolCall, _catalog
 from dispatcher._catalog import MAX_TOMBSTONES
-from dispatcher._connections import LISTING_BURST, LISTING_INTERVAL
+from dispatcher._connections import LISTING_BURST, LISTING_INTERVAL, LISTING_REST
 from dispatcher._mcp import DEFAULT_MAX_ANSWER_BYTES, MAX_TOOLS
 from dispatcher.examples import serve_http
 
@@ -73,6 +73,26 @@ async def test_a_storm_costs_one_listing_per_interval_in_process(mode: Mode) -> 
         listings = await quiet(d, "storm")
     # The connect listing, then the storm's.
     assert 2 <= listings <= 1 + listing_bound(elapsed), (listings, elapsed)
+
+
+@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+@MODES
+async def test_slow_listings_take_a_bounded_share_of_the_time(mode: Mode) -> None:
+    """A server whose listing takes 0.5 s, announcing for 10 s, is listed with a rest after each listing."""
+    server = LimitsServer(list_delay=0.5)
+    async with Dispatcher() as d:
+        await d.connect("slow", server, trusted=True, mode=mode)
+        start = anyio.current_time()
+        [result] = await d.dispatch([ToolCall("s", "storm", {"count": 10_000, "pause_every": 1})])
+        elapsed = anyio.current_time() - start
+        assert result.ok, result.error
+        await anyio.sleep(10)
+    listings = server.listings - 1  # the connect listing
+    # Each listing of the storm takes 0.5 s and is followed by a rest of 4 times that (the bucket alone
+    # would allow about 14: 4 at once, then one a second).
+    assert LISTING_REST == 4.0
+    assert 9 <= elapsed <= 11, elapsed
+    assert 2 <= listings <= 2 + math.ceil(elapsed / (0.5 * 5)), listings
 
 
 @MODES
