@@ -6,9 +6,23 @@ no other server offers it; otherwise it is prefixed with its server's name (``se
 shortened with a hash when it would be too long. A call resolves to exactly one tool or to a readable
 error, never to a guess.
 
+Names follow trust: an untrusted server never holds a bare name that a trusted source (a trusted
+server or a local function) also offers. An untrusted tool that comes second gets ``server__tool``; a
+trusted tool that comes second *withdraws* the bare name from the untrusted one instead of taking it:
+both get ``server__tool`` names and the bare name is retired, so a call to it fails with a readable error
+naming both. The bare name never moves to another tool: a model that saw it meant the untrusted tool,
+and its next call, arguments and all, must not land on the trusted one. With ``qualified=True`` every
+server's tool is named ``server__tool`` from the start (local functions keep the names you give them).
+
 A tool whose definition changed and awaits approval stays in the catalogue, blocked: it keeps its name
 (so no other server's tool can take that name meanwhile) but calls to it fail with the reason. A tool
 its server stopped offering leaves a tombstone, so calls to it say it was removed.
+
+Bounds, so that a server cannot grow the client without end: each server keeps at most
+`MAX_TOMBSTONES` tombstones (the oldest is dropped, and its name freed, when a listing removes more),
+and suggestions for an unknown name ("did you mean") come from a trigram index that visits at most
+`_MAX_POSTINGS` index entries and compares at most `_MAX_CANDIDATES` names per lookup, however large
+the catalogue.
 """
 
 from __future__ import annotations
@@ -16,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import heapq
+import itertools
 import re
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -27,7 +43,7 @@ if TYPE_CHECKING:
 
     from ._keys import KeyFunction
 
-__all__ = ["Catalog", "Resolution", "ToolEntry", "ToolImpl"]
+__all__ = ["MAX_TOMBSTONES", "Catalog", "Resolution", "ToolEntry", "ToolImpl"]
 
 # \Z, not $: "$" also matches before a trailing newline, and "read\n" is no name a model API accepts.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
@@ -35,6 +51,15 @@ _INVALID = re.compile(r"[^A-Za-z0-9_-]")
 _MAX_NAME = 64
 # The most characters of a name from a call that an error message repeats.
 _MAX_SHOWN = 100
+# The most tombstones kept per server: a server that churns its tool names drops its own oldest ones.
+MAX_TOMBSTONES = 1000
+# Suggestion work per unknown name: characters of it considered, trigram index entries visited, and
+# names compared in full (difflib), whatever the size of the catalogue.
+_MAX_SUGGESTED_CHARS = 2 * _MAX_NAME
+_MAX_POSTINGS = 500
+_MAX_CANDIDATES = 12
+# The counters of prefixed names are a speed-up only: past this many they are forgotten, not kept forever.
+_MAX_COUNTERS = 4096
 
 
 class ToolImpl(Protocol):
@@ -149,14 +174,25 @@ class Catalog:
     no later registration of any server can take it over. Only removing the server frees its names.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, qualified: bool = False) -> None:
+        # Whether every server's tool is named server__tool, even when its own name is free.
+        self._qualified = qualified
         # (server, tool) -> registration; insertion order is registration order.
         self._tools: dict[tuple[str | None, str], _Registered] = {}
         self._by_name: dict[str, _Registered] = {}
         self._by_tool: dict[str, list[_Registered]] = {}
         self._servers: set[str] = set()
-        # (server, tool) -> why calls to it fail, for tools their server stopped offering.
-        self._removed: dict[tuple[str, str], str] = {}
+        # The servers whose tools are untrusted (trust is fixed when a server is registered).
+        self._untrusted: set[str] = set()
+        # server -> tool -> why calls to it fail, for tools their server stopped offering; oldest first.
+        self._removed: dict[str, dict[str, str]] = {}
+        # A tool's own name -> the first tombstone with it, for calls by a removed tool's own name.
+        self._removed_by_tool: dict[str, tuple[str, str]] = {}
+        # Bare names withdrawn from an untrusted server because a trusted source offers them too: no
+        # tool holds them, and calls to them fail, naming the tools that now have qualified names.
+        self._retired: set[str] = set()
+        # The trigram index behind "did you mean", built when first needed after the tools change.
+        self._suggestions: _Suggestions | None = None
         # Every name issued and not freed: catalogue name -> (server, tool), listed or removed.
         self._issued: dict[str, tuple[str | None, str]] = {}
         self._names: dict[tuple[str | None, str], str] = {}
@@ -197,12 +233,15 @@ class Catalog:
     def remove_server(self, server: str) -> None:
         """Forget a server: its tools, its tombstones and the names they held."""
         self._servers.discard(server)
+        self._untrusted.discard(server)
         for key in [key for key in self._tools if key[0] == server]:
             del self._tools[key]
-        for key in [key for key in self._removed if key[0] == server]:
-            del self._removed[key]
+        self._removed.pop(server, None)
         for key in [key for key in self._names if key[0] == server]:
             del self._issued[self._names.pop(key)]
+        # A retired name stays reserved while any tool of that own name is left.
+        own = {tool for _, tool in self._names}
+        self._retired &= own
         self._rebuild()
 
     def set_server_tools(self, server: str, tools: Sequence[tuple[ToolEntry, ToolImpl, str | None]]) -> list[str]:
@@ -215,12 +254,22 @@ class Catalog:
         """
         listed = {entry.tool for entry, _, _ in tools}
         removed = [key[1] for key in self._tools if key[0] == server and key[1] not in listed]
+        tombstones = self._removed.setdefault(server, {})
         for tool in removed:
             del self._tools[(server, tool)]
-            self._removed[(server, tool)] = f"tool {tool!r} was removed by server {server!r}"
+            tombstones[tool] = f"tool {tool!r} was removed by server {server!r}"
         for entry, impl, blocked in tools:
-            self._removed.pop((server, entry.tool), None)
+            tombstones.pop(entry.tool, None)
             self._tools[(server, entry.tool)] = _Registered(entry, impl, blocked)
+        # A server that churns its names would grow its tombstones without end: its oldest go, and
+        # their names are freed (only this server's own names: no other server's can be dropped).
+        excess = len(tombstones) - MAX_TOMBSTONES
+        if excess > 0:
+            for tool in list(itertools.islice(tombstones, excess)):
+                del tombstones[tool]
+                name = self._names.pop((server, tool), None)
+                if name is not None:
+                    del self._issued[name]
         self._rebuild()
         return removed
 
@@ -230,7 +279,9 @@ class Catalog:
         if registered is not None:
             return registered.blocked
         if server is not None:
-            return self._removed.get((server, tool))
+            tombstones = self._removed.get(server)
+            if tombstones is not None:
+                return tombstones.get(tool)
         return None
 
     def put(self, entries: Iterable[tuple[ToolEntry, ToolImpl]]) -> None:
@@ -239,41 +290,84 @@ class Catalog:
             self._tools[(entry.server, entry.tool)] = _Registered(entry, impl)
         self._rebuild()
 
-    def _issue(self, server: str | None, tool: str) -> str:
-        """The name for a tool registered for the first time: never a name issued before.
+    def _issue(self, server: str | None, tool: str, *, trusted: bool, offered_by_trusted: bool) -> str:
+        """The name for a tool registered for the first time: never a name issued (or retired) before.
 
         A server's tool keeps its own name when that name is valid, free, and does not contain
         ``__``: that form is reserved for the ``server__tool`` names that disambiguate, so that no
         server can offer a tool whose name reads as another server's. (A local function's name is
-        the user's own choice, so it may contain ``__``.)
+        the user's own choice, so it may contain ``__``.) An untrusted tool whose own name a trusted
+        source offers as well, and every server's tool in qualified mode, gets ``server__tool``.
         """
-        if NAME_PATTERN.match(tool) and (server is None or "__" not in tool) and tool not in self._issued:
+        if (
+            NAME_PATTERN.match(tool)
+            and (server is None or ("__" not in tool and not self._qualified))
+            and tool not in self._issued
+            and tool not in self._retired
+            and (trusted or not offered_by_trusted)
+        ):
             return tool
+        return self._prefixed(server, tool)
+
+    def _prefixed(self, server: str | None, tool: str) -> str:
+        """A fresh ``server__tool`` name, shortened with a hash when too long, numbered when taken."""
         key = f"{server}/{tool}"
         base = _shorten(f"{_sanitize(server or 'local')}__{_sanitize(tool)}", key)
         name = base
         counter = self._counters.get(base, 2)
-        while name in self._issued:
+        while name in self._issued or name in self._retired:
             name = _shorten(f"{base}_{counter}", f"{key}#{counter}")
             counter += 1
+        if len(self._counters) >= _MAX_COUNTERS:
+            self._counters.clear()
         self._counters[base] = counter
         return name
 
+    def _withdraw(self, offered: Iterable[str]) -> None:
+        """Take from untrusted tools the bare names that a trusted source offers too (see the module docstring)."""
+        for tool in offered:
+            holder = self._issued.get(tool)
+            if holder is not None and holder[1] == tool and holder[0] in self._untrusted:
+                # Withdrawn, not moved: the untrusted tool gets server__tool, the bare name no tool.
+                del self._issued[tool]
+                self._retired.add(tool)
+                name = self._names[holder] = self._prefixed(*holder)
+                self._issued[name] = holder
+
     def _rebuild(self) -> None:
+        # The own names that a trusted source offers (listed, blocked or removed): untrusted tools of
+        # those names never hold them bare.
+        # A dict, not a set: withdrawals happen in registration order, so the names they issue do not
+        # depend on string hashing.
+        offered = dict.fromkeys(key[1] for key, registered in self._tools.items() if registered.entry.trusted)
+        for server, tombstones in self._removed.items():
+            if server not in self._untrusted:
+                offered.update(dict.fromkeys(tombstones))
+        for key, registered in self._tools.items():
+            if key not in self._names:
+                trusted = registered.entry.trusted
+                if not trusted and key[0] is not None:
+                    self._untrusted.add(key[0])
+                name = self._names[key] = self._issue(*key, trusted=trusted, offered_by_trusted=key[1] in offered)
+                self._issued[name] = key
+        self._withdraw(offered)
         by_tool: dict[str, list[_Registered]] = {}
         by_name: dict[str, _Registered] = {}
         for key, registered in self._tools.items():
-            name = self._names.get(key)
-            if name is None:
-                name = self._names[key] = self._issue(*key)
-                self._issued[name] = key
+            name = self._names[key]
             if registered.entry.name != name:
                 registered.entry = dataclasses.replace(registered.entry, name=name)
             by_tool.setdefault(registered.entry.tool, []).append(registered)
             by_name[name] = registered
+        removed_by_tool: dict[str, tuple[str, str]] = {}
+        for server, tombstones in self._removed.items():
+            for tool in tombstones:
+                removed_by_tool.setdefault(tool, (server, tool))
         self._by_name = by_name
         self._by_tool = by_tool
+        self._removed_by_tool = removed_by_tool
         self._resolved = {}
+        self._suggestions = None
 
     def resolve(self, name: str, server: str | None = None) -> Resolution:
         """Find the one tool a call means, or explain why there is none.
@@ -317,6 +411,15 @@ class Catalog:
             assert resolution is not None
             return resolution
         group = self._by_tool.get(name)
+        if name in self._retired:
+            choices = ", ".join(repr(r.entry.name) for r in group or ()) or "none listed now"
+            return Resolution(
+                None,
+                None,
+                f"tool name {name!r} is no longer in use: an untrusted server and a trusted source (a trusted "
+                f"server or a local function) both offer a tool of that name, so each goes by its server's name; "
+                f"call one of {choices}, or set ToolCall.server",
+            )
         if group is not None and len(group) > 1:
             choices = ", ".join(repr(r.entry.name) for r in group)
             return Resolution(
@@ -325,16 +428,26 @@ class Catalog:
                 f"tool name {name!r} is ambiguous: it is offered by {len(group)} servers; "
                 f"call one of {choices}, or set ToolCall.server",
             )
+        if self._qualified and group is not None and group[0].entry.server is not None:
+            # Qualified names are the only names: a server's own name reaches nothing by itself.
+            return Resolution(
+                None,
+                None,
+                f"unknown tool {_shown(name)}: tools go by their server's name; call {group[0].entry.name!r}, "
+                "or set ToolCall.server",
+            )
         if "__" not in name:
             if group is not None:
                 return self._found(group[0])
-            for key in self._removed:
-                if key[1] == name:
-                    resolution = self._at(key)
-                    assert resolution is not None
-                    return resolution
+            tombstone = self._removed_by_tool.get(name)
+            if tombstone is not None and not self._qualified:
+                resolution = self._at(tombstone)
+                assert resolution is not None
+                return resolution
         message = f"unknown tool {_shown(name)}"
-        close = difflib.get_close_matches(name, list(self._by_name), n=3)
+        if self._suggestions is None:
+            self._suggestions = _Suggestions(list(self._by_name))
+        close = self._suggestions.close(name)
         if close:
             message += f"; did you mean {', '.join(repr(c) for c in close)}?"
         return Resolution(None, None, message)
@@ -344,8 +457,10 @@ class Catalog:
         registered = self._tools.get(key)
         if registered is not None:
             return self._found(registered)
-        if key[0] is not None and key in self._removed:
-            return Resolution(None, None, self._removed[(key[0], key[1])], untrusted=True)
+        if key[0] is not None:
+            reason = self._removed.get(key[0], {}).get(key[1])
+            if reason is not None:
+                return Resolution(None, None, reason, untrusted=True)
         return None
 
     @staticmethod
@@ -353,3 +468,43 @@ class Catalog:
         if registered.blocked is not None:
             return Resolution(None, None, registered.blocked, untrusted=True)
         return Resolution(registered.entry, registered.impl, None)
+
+
+def _grams(word: str) -> set[str]:
+    """The character trigrams of a word, its ends marked, case folded."""
+    padded = f"\x00{word.lower()}\x00"
+    return {padded[i : i + 3] for i in range(max(1, len(padded) - 2))}
+
+
+class _Suggestions:
+    """Close matches for an unknown name, at a cost that does not grow with the catalogue.
+
+    A trigram index narrows the catalogue to the names that share the most trigrams with the unknown
+    one: its rarest trigrams are looked up first, up to `_MAX_POSTINGS` index entries in all, and only
+    the best `_MAX_CANDIDATES` names are compared in full (difflib, as before): every suggestion is as
+    close as difflib requires, but a close name whose trigrams are all common ones may be missed, which
+    costs a suggestion, never a call.
+    """
+
+    __slots__ = ("_index", "_names")
+
+    def __init__(self, names: list[str]) -> None:
+        self._names = names
+        self._index: dict[str, list[int]] = {}
+        for position, name in enumerate(names):
+            for gram in _grams(name):
+                self._index.setdefault(gram, []).append(position)
+
+    def close(self, word: str, n: int = 3) -> list[str]:
+        word = word[:_MAX_SUGGESTED_CHARS]
+        postings = sorted((found for gram in _grams(word) if (found := self._index.get(gram)) is not None), key=len)
+        hits: dict[int, int] = {}
+        budget = _MAX_POSTINGS
+        for found in postings:
+            for position in found[:budget]:
+                hits[position] = hits.get(position, 0) + 1
+            budget -= len(found)
+            if budget <= 0:
+                break
+        best = heapq.nlargest(_MAX_CANDIDATES, hits, key=hits.__getitem__)
+        return difflib.get_close_matches(word, [self._names[position] for position in best], n=n)

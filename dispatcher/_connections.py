@@ -46,9 +46,9 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from ._annotations import effective_annotations
 from ._catalog import ToolEntry
 from ._errors import ConfigurationError
-from ._failures import ConnectionLost, ToolUnavailableError, explain, is_transport_failure
+from ._failures import ConnectionLost, ToolUnavailableError, explain, innermost, is_transport_failure
 from ._keys import check_domain, check_key_functions
-from ._mcp import MCPTool, answers, list_all_tools
+from ._mcp import DEFAULT_MAX_ANSWER_BYTES, MCPTool, answers, capped_transport, list_all_tools
 from ._pins import DefinitionChange, Pins
 from ._reconnect import ReconnectPolicy
 
@@ -63,9 +63,15 @@ if TYPE_CHECKING:
     from ._keys import KeyFunction
     from ._mcp import ToolCaller
 
-__all__ = ["Connection", "ServerRegistry", "check_target"]
+__all__ = ["LISTING_BURST", "LISTING_INTERVAL", "LISTING_REST", "Connection", "ServerRegistry", "check_target"]
 
 logger = logging.getLogger("dispatcher")
+
+# The listings a server's announcements may cause: `LISTING_BURST` back to back, then one per interval (seconds),
+# each followed by a rest of `LISTING_REST` times the time it took.
+LISTING_BURST = 4
+LISTING_INTERVAL = 1.0
+LISTING_REST = 4.0
 
 
 def check_target(target: object) -> None:
@@ -117,8 +123,10 @@ class Connection:
         follow: bool,
         timeout: float | None,
         policy: ReconnectPolicy,
+        max_answer_bytes: int | None = DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
         self.server = server
+        self._max_answer_bytes = max_answer_bytes
         self.policy = policy
         self._target = target
         self._mode = mode
@@ -232,6 +240,10 @@ class Connection:
 
     def _new_client(self) -> Client:
         target = self._target
+        if isinstance(target, StdioServerParameters | str):
+            # The transports that carry bytes from another process: each message is capped on arrival.
+            transport = capped_transport(target, self._max_answer_bytes, self.server)
+            return Client(transport, mode=self._mode, message_handler=self._on_message)
         if isinstance(target, MCPServer | Server | StdioServerParameters | str):
             return Client(target, mode=self._mode, message_handler=self._on_message)
         client = target()
@@ -273,17 +285,21 @@ class Connection:
                     if subscription is None or not subscription.honored.tools_list_changed:
                         logger.debug("server %r does not announce tool list changes", self.server)
                         return
-                    async for _ in subscription:
-                        await self._resync(client)
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._list_on_change, client)
+                        async for _ in subscription:
+                            self._list_changed.set()
+                        # The server closed its subscription gracefully: nothing more will be announced,
+                        # but a listing under way (perhaps asking the user about a change) is let finish;
+                        # the lister then idles until the session ends.
             else:
                 # Legacy servers send notifications/tools/list_changed unasked; `_on_message` notes them.
                 task_status.started()
                 started = True
-                while True:
-                    await self._list_changed.wait()
-                    self._list_changed = anyio.Event()
-                    await self._resync(client)
-        except Exception as exc:
+                await self._list_on_change(client)
+        except Exception as raised:
+            # The listings run in a task group beside the subscription: look inside its group.
+            exc = innermost(raised)
             if not started:
                 task_status.started()
             # A server can end its own subscription (or answer -32000): that alone loses no connection.
@@ -292,6 +308,40 @@ class Connection:
             else:
                 # For example a server that does not serve subscriptions/listen: nothing to follow.
                 logger.debug("not following tool list changes of server %r: %s", self.server, explain(exc))
+
+    async def _list_on_change(self, client: Client) -> None:
+        """List the tools again after each announced change: one listing at a time, at a bounded rate.
+
+        Announcements only set an event, so a storm of them costs nothing per notification: those that
+        arrive while a listing runs (or waits for its turn) are served by one more listing after it. The
+        rate is a token bucket: up to `LISTING_BURST` listings back to back, then one per
+        `LISTING_INTERVAL` seconds, so an occasional change is listed at once while a server that
+        announces without pause is listed at a bounded rate. And each listing is followed by a rest of
+        `LISTING_REST` times what it took, so that however large or slow a server's tool list, its
+        listings take at most 1/(1 + LISTING_REST) of the time and cannot crowd out the loop that the
+        other servers' calls share.
+        """
+        tokens = float(LISTING_BURST)
+        stamp = anyio.current_time()
+        not_before = -math.inf
+        while True:
+            await self._list_changed.wait()
+            rest = not_before - anyio.current_time()
+            if rest > 0:
+                await anyio.sleep(rest)
+            now = anyio.current_time()
+            tokens = min(float(LISTING_BURST), tokens + (now - stamp) / LISTING_INTERVAL)
+            stamp = now
+            if tokens < 1:
+                await anyio.sleep((1 - tokens) * LISTING_INTERVAL)
+                tokens, stamp = 1.0, anyio.current_time()
+            tokens -= 1
+            # Cleared only now: announcements made during the wait are covered by this listing.
+            self._list_changed = anyio.Event()
+            spent = await self._resync(client)
+            # A listing that is slow to fetch or to check (thousands of tools) is followed by a rest
+            # LISTING_REST times as long, so one server's listings take at most a small share of the time.
+            not_before = anyio.current_time() + LISTING_REST * spent
 
     async def _check_alive(self, client: Client) -> None:
         """Ping the server after each call that was given up on; no answer in time means the connection is lost.
@@ -337,13 +387,20 @@ class Connection:
             return not await answers(client, self.policy.ping_timeout)
         return False
 
-    async def _resync(self, client: Client) -> None:
+    async def _resync(self, client: Client) -> float:
+        """List the tools again and ask about the changes; return the seconds the listing itself took."""
+        start = anyio.current_time()
+        spent = None
         try:
-            await self._ask(await self._sync(client))
+            changes = await self._sync(client)
+            # The user's answer (perhaps a person's) is no cost of the server's: not counted.
+            spent = anyio.current_time() - start
+            await self._ask(changes)
         except Exception as exc:
             if isinstance(exc, SubscriptionLost) or await self._is_lost(client, exc):
                 raise
             logger.warning("could not list the tools of server %r again: %s", self.server, explain(exc))
+        return spent if spent is not None else anyio.current_time() - start
 
     def _lost(self, client: Client, exc: BaseException) -> None:
         if client is self._client:
@@ -531,6 +588,7 @@ class ServerRegistry:
         follow: bool,
         timeout: float | None,
         policy: ReconnectPolicy | None = None,
+        max_answer_bytes: int | None = DEFAULT_MAX_ANSWER_BYTES,
     ) -> Connection:
         """The connection for a server the dispatcher will own; its `run` must be started."""
         connection = Connection(
@@ -543,6 +601,7 @@ class ServerRegistry:
             follow=follow,
             timeout=timeout,
             policy=check_reconnect(policy),
+            max_answer_bytes=max_answer_bytes,
         )
         server.caller = server.connection = connection
         return connection

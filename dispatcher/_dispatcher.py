@@ -24,6 +24,7 @@ from ._failures import innermost as _innermost
 from ._functions import FunctionTool, ThreadWatch
 from ._hooks import CallHooks
 from ._keys import check_domain, check_key_functions
+from ._mcp import DEFAULT_MAX_ANSWER_BYTES
 from ._observe import Observer, resolve_tracer
 from ._retry import RetryPolicy
 
@@ -73,6 +74,12 @@ class Dispatcher:
             uses the global one if an SDK has configured it, and traces nothing otherwise.
         coordinator: Shares limits, shared-state order and retry budgets with other processes (a
             `dispatcher.fleet.RedisCoordinator`, entered by you); None: this process decides alone.
+        qualified_names: Name every MCP tool ``server__tool`` (your name for the server, then the
+            tool's own), as Claude Code and Codex prefix theirs, so that no tool's name depends on
+            which servers are connected or in which order. False (the default): a tool keeps its own
+            name when it is free, but an untrusted server never holds a name that a trusted server
+            (or a local function) also offers (see docs/mcp.md, "Tool names"). Local functions keep
+            the names you give them either way.
 
     Use it as an async context manager; calls run in its task group::
 
@@ -93,6 +100,7 @@ class Dispatcher:
         on_event: Callable[[CallEvent], object] | None = None,
         tracer_provider: TracerProvider | None = None,
         coordinator: Coordinator | None = None,
+        qualified_names: bool = False,
     ) -> None:
         if max_concurrency is not None and (
             not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1
@@ -112,7 +120,9 @@ class Dispatcher:
         self._max_concurrency = max_concurrency
         self._call_timeout = call_timeout
         self._retry = retry
-        self._catalog = Catalog()
+        if not isinstance(qualified_names, bool):
+            raise ConfigurationError(f"qualified_names must be True or False, got {qualified_names!r}")
+        self._catalog = Catalog(qualified=qualified_names)
         self._servers = ServerRegistry(self._catalog)
         self._executor = Executor(
             self._catalog,
@@ -356,6 +366,7 @@ class Dispatcher:
         reconnect: ReconnectPolicy | None = None,
         domain: str | None = None,
         keys: Mapping[str, KeyFunction] | None = None,
+        max_answer_bytes: int | None = DEFAULT_MAX_ANSWER_BYTES,
     ) -> list[ToolEntry]:
         """Connect to an MCP server and register its tools; the dispatcher owns the connection.
 
@@ -389,6 +400,11 @@ class Dispatcher:
                 acknowledgement timeout of this connection; None for `ReconnectPolicy()`.
             domain: Your conflict domain for this server's state (see `add_mcp_server`).
             keys: Key functions for some of its tools (see `add_mcp_server`).
+            max_answer_bytes: The largest message, in bytes of JSON, accepted from a stdio or HTTP
+                server (default 16 MiB). A larger answer fails its call alone (FAILED, saying so)
+                and the connection goes on; a larger notification is dropped. None: no cap. Not
+                applied to in-process servers or client factories (their transports are not built
+                here).
 
         Returns:
             The server's callable catalogue entries.
@@ -411,11 +427,23 @@ class Dispatcher:
                 f"connect_timeout must be a positive number of seconds or None, got {connect_timeout!r}"
             )
         policy = check_reconnect(reconnect)
+        if max_answer_bytes is not None and (
+            not isinstance(max_answer_bytes, int) or isinstance(max_answer_bytes, bool) or max_answer_bytes < 1024
+        ):
+            raise ConfigurationError(
+                f"max_answer_bytes must be an int >= 1024, got {max_answer_bytes!r}; use None for no limit"
+            )
         server = self._servers.reserve(
             name, trusted=trusted, overrides=overrides, on_change=on_definition_change, domain=domain, keys=keys
         )
         connection = self._servers.connection(
-            server, target, mode=mode, follow=follow_changes, timeout=connect_timeout, policy=policy
+            server,
+            target,
+            mode=mode,
+            follow=follow_changes,
+            timeout=connect_timeout,
+            policy=policy,
+            max_answer_bytes=max_answer_bytes,
         )
         self._executor.gate.set_server_limit(name, max_concurrency)
         assert self._tg is not None

@@ -24,9 +24,22 @@ from pydantic import ValidationError
 
 from ._calls import CallStatus
 
-__all__ = ["ConnectionLost", "ToolUnavailableError", "describe", "explain", "innermost", "is_transport_failure"]
+__all__ = [
+    "ANSWER_TOO_LARGE",
+    "ConnectionLost",
+    "ToolUnavailableError",
+    "describe",
+    "explain",
+    "innermost",
+    "is_transport_failure",
+]
 
 _STREAM_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream)
+
+# The code of the error answer that replaces a server's answer over `max_answer_bytes` (`_mcp.AnswerLimit`):
+# outside the codes the retry rules treat as transient (an answer this size comes back as large), and
+# marked in its data as the dispatcher's own.
+ANSWER_TOO_LARGE = -32098
 
 
 class ToolUnavailableError(Exception):
@@ -70,6 +83,8 @@ def describe(exc: Exception) -> tuple[CallStatus, str]:
             return CallStatus.FAILED, f"the server rejected the arguments: {message}"
         if code == METHOD_NOT_FOUND:
             return CallStatus.FAILED, f"the server does not support the request: {message}"
+        if code == ANSWER_TOO_LARGE and isinstance(exc.error.data, dict) and "max_answer_bytes" in exc.error.data:
+            return CallStatus.FAILED, message
         return CallStatus.FAILED, f"the server answered with error {code}: {message}"
     if isinstance(exc, _STREAM_ERRORS):
         return CallStatus.FAILED, f"connection to the server lost ({type(exc).__name__})"
