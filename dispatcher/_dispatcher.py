@@ -28,7 +28,7 @@ from ._observe import Observer, resolve_tracer
 from ._retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping, Sequence
+    from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
     from types import TracebackType
 
     from anyio.abc import TaskGroup
@@ -282,6 +282,7 @@ class Dispatcher:
         on_definition_change: Callable[[DefinitionChange], bool | Awaitable[bool]] | None = None,
         domain: str | None = None,
         keys: Mapping[str, KeyFunction] | None = None,
+        review_new_tools: bool = False,
     ) -> list[ToolEntry]:
         """Register the tools of an MCP server reached through an entered `mcp.Client`.
 
@@ -301,14 +302,20 @@ class Dispatcher:
                 trusted even for an untrusted server; hints an override leaves unset fall back to the
                 server's (if trusted) or the spec defaults.
             on_definition_change: Called with each `DefinitionChange` (a tool whose definition differs
-                from its pin); return True (or an awaitable of True) to accept it. The tool is blocked
-                until the change is accepted, here or with `accept_changes`.
+                from its pin, or a new tool to review); return True (or an awaitable of True) to accept
+                exactly the definition it shows. The tool is blocked until the change is accepted, here
+                or with `accept_changes`; if the server changes the tool again while this decides, the
+                answer applies to nothing and it is asked about the newer definition.
             domain: Your conflict domain for this server's state (see docs/conflicts.md): its calls
                 are keyed under it, so its writes wait only for calls in the same domain (and calls
                 with no domain). Servers that share state must share a domain. None: the root key,
                 which conflicts with every call.
             keys: Key functions for some of its tools, by the server's tool name: each maps a
                 call's arguments to its keys within `domain`. Needs `domain`.
+            review_new_tools: For a trusted server, treat a tool that appears after its tools were
+                first seen (after the first listing, or with pins imported for it) as a change to
+                review, as it always is for an untrusted server: hidden from `tools()` and failing its
+                calls until accepted. False (the default) lets a trusted server's new tools in at once.
 
         Returns:
             The server's callable catalogue entries.
@@ -320,7 +327,13 @@ class Dispatcher:
         self._check_not_closed()
         overrides = self._check_server(name, max_concurrency, overrides)
         server = self._servers.reserve(
-            name, trusted=trusted, overrides=overrides, on_change=on_definition_change, domain=domain, keys=keys
+            name,
+            trusted=trusted,
+            overrides=overrides,
+            on_change=on_definition_change,
+            domain=domain,
+            keys=keys,
+            review_new_tools=review_new_tools,
         )
         self._executor.gate.set_server_limit(name, max_concurrency)
         try:
@@ -346,6 +359,7 @@ class Dispatcher:
         reconnect: ReconnectPolicy | None = None,
         domain: str | None = None,
         keys: Mapping[str, KeyFunction] | None = None,
+        review_new_tools: bool = False,
     ) -> list[ToolEntry]:
         """Connect to an MCP server and register its tools; the dispatcher owns the connection.
 
@@ -379,6 +393,8 @@ class Dispatcher:
                 acknowledgement timeout of this connection; None for `ReconnectPolicy()`.
             domain: Your conflict domain for this server's state (see `add_mcp_server`).
             keys: Key functions for some of its tools (see `add_mcp_server`).
+            review_new_tools: For a trusted server, review its new tools (see `add_mcp_server`); an
+                untrusted server's new tools are always reviewed.
 
         Returns:
             The server's callable catalogue entries.
@@ -402,7 +418,13 @@ class Dispatcher:
             )
         policy = check_reconnect(reconnect)
         server = self._servers.reserve(
-            name, trusted=trusted, overrides=overrides, on_change=on_definition_change, domain=domain, keys=keys
+            name,
+            trusted=trusted,
+            overrides=overrides,
+            on_change=on_definition_change,
+            domain=domain,
+            keys=keys,
+            review_new_tools=review_new_tools,
         )
         connection = self._servers.connection(
             server, target, mode=mode, follow=follow_changes, timeout=connect_timeout, policy=policy
@@ -446,7 +468,7 @@ class Dispatcher:
         return self._server_entries(name)
 
     def pending_changes(self, server: str | None = None) -> list[DefinitionChange]:
-        """The tools blocked because their definition changed since it was approved.
+        """The tools blocked because their definition changed since it was approved, or because they are new.
 
         Args:
             server: Only this server's changes; None for every server's.
@@ -456,22 +478,32 @@ class Dispatcher:
         """
         return self._servers.pending(server)
 
-    def accept_changes(self, server: str, tool: str | None = None) -> list[DefinitionChange]:
-        """Approve changed definitions: pin them and make their tools callable again.
+    def accept_changes(
+        self, server: str | DefinitionChange | Iterable[DefinitionChange], tool: str | None = None
+    ) -> list[DefinitionChange]:
+        """Approve changed (or new) definitions: pin them and make their tools callable again.
+
+        Pass the changes a person reviewed (from `pending_changes`) to approve exactly what they saw:
+        a change whose tool the server has changed again since is not accepted, and the tool stays
+        blocked under the newer change. A server's name accepts whatever is pending now, reviewed or
+        not (for scripts that accept every change).
 
         Calls of those tools that were queued before the change and have not started follow the new
         definition: a call queued as a read whose tool now may mutate waits for an exclusive turn at
         its place in the order, and is put to the approver if the approval policy now selects it.
 
         Args:
-            server: The server whose changes to accept.
-            tool: Only this tool's change (by the server's tool name); None accepts all of the server's.
+            server: The reviewed `DefinitionChange` (or several), or the name of the server whose
+                pending changes to accept.
+            tool: With a server's name, only this tool's change (by the server's tool name); None
+                accepts all of the server's.
 
         Returns:
-            The changes accepted.
+            The changes accepted (a reviewed change that is no longer pending is left out).
 
         Raises:
-            ConfigurationError: No server has this name, or `tool` has no pending change.
+            ConfigurationError: No server has this name, `tool` has no pending change, or `server`
+                is neither a name nor changes.
         """
         return self._servers.accept(server, tool)
 
