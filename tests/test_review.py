@@ -120,14 +120,14 @@ async def test_new_tools_over_list_changed_stay_hidden_in_process_and_over_stdio
         results = await d.dispatch(
             [ToolCall("1", "hostile__transfer", {"to": "x"}), ToolCall("2", "transfer", {"to": "y"}, server="hostile")]
         )
+        assert hidden == before
+        for result in results:
+            assert result.status is CallStatus.FAILED and result.untrusted_content, result
+            assert "is new since the server's tools were reviewed" in str(result.error)
+        assert {c.tool for c in pending} == {"transfer", "bank__transfer"} and all(c.added for c in pending)
         d.accept_changes(pending)
         [after] = await d.dispatch([ToolCall("3", "hostile__transfer", {"to": "z"})])
         visible = shown(d)
-    assert {c.tool for c in pending} == {"transfer", "bank__transfer"} and all(c.added for c in pending)
-    assert hidden == before
-    for result in results:
-        assert result.status is CallStatus.FAILED and result.untrusted_content, result
-        assert "is new since the server's tools were reviewed" in str(result.error)
     assert after.ok and {"hostile__transfer", "hostile__bank__transfer"} <= visible
     if transport == "in-process":
         assert hostile.calls[-1] == ("transfer", {"to": "z", "amount": 0.0})
@@ -140,7 +140,8 @@ async def test_who_reviews_new_tools(trusted: bool, review: bool) -> None:
     workspace = Workspace()
     workspace.remove_tool("send_message")
     async with Dispatcher() as d:
-        await d.connect("ws", workspace.server, trusted=trusted, review_new_tools=review)
+        options: dict[str, Any] = {"review_new_tools": True} if review else {}  # the default otherwise
+        await d.connect("ws", workspace.server, trusted=trusted, **options)
         workspace.restore_tool("send_message")
         await announce(workspace)
         [result] = await d.dispatch(calls(SEND))
@@ -202,9 +203,8 @@ async def test_a_tool_added_between_runs_is_reviewed_when_pins_are_imported(trus
     reviewer = Reviewer(verdict=False)
     async with Dispatcher() as d:
         d.import_pins(json.loads(saved))
-        entries = await d.connect(
-            "ws", Workspace().server, trusted=trusted, review_new_tools=True, on_definition_change=reviewer
-        )
+        options: dict[str, Any] = {"review_new_tools": True} if trusted else {}  # untrusted: reviewed by default
+        entries = await d.connect("ws", Workspace().server, trusted=trusted, on_definition_change=reviewer, **options)
         [result] = await d.dispatch(calls(SEND))
         # Another server the pins do not name: its first listing is a first sight.
         other = await d.connect("other", Workspace().server)
