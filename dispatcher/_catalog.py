@@ -334,7 +334,8 @@ class Catalog:
                     assert resolution is not None
                     return resolution
         message = f"unknown tool {_shown(name)}"
-        close = difflib.get_close_matches(name, list(self._by_name), n=3)
+        # Only callable tools: a blocked one may be new, its name text that nobody has reviewed.
+        close = difflib.get_close_matches(name, [n for n, r in self._by_name.items() if r.blocked is None], n=3)
         if close:
             message += f"; did you mean {', '.join(repr(c) for c in close)}?"
         return Resolution(None, None, message)

@@ -450,3 +450,18 @@ async def test_an_approval_request_names_the_server_and_whether_it_is_trusted() 
     assert sorted(seen, key=str) == sorted(
         [("bank", True, "transfer"), ("hostile", False, "transfer"), (None, True, "local")], key=str
     )
+
+
+async def test_a_tool_awaiting_review_is_never_suggested_for_a_misspelt_name() -> None:
+    """The name of a tool nobody reviewed stays out of "did you mean" suggestions, which are not marked."""
+    workspace = Workspace()
+    workspace.remove_tool("send_message")
+    async with Dispatcher() as d:
+        await d.connect("ws", workspace.server)
+        workspace.restore_tool("send_message")
+        await announce(workspace)
+        [hidden] = await d.dispatch([ToolCall("1", "send_mesage", {})])
+        d.accept_changes(d.pending_changes())
+        [shown_again] = await d.dispatch([ToolCall("2", "send_mesage", {})])
+    assert hidden.error == "unknown tool 'send_mesage'" and not hidden.untrusted_content
+    assert "did you mean 'send_message'" in str(shown_again.error)
