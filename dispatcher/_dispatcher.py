@@ -448,7 +448,9 @@ class Dispatcher:
         """List a server's tools again now and update the catalogue.
 
         New tools become callable, removed ones fail with a result that says so, and tools whose
-        definition differs from their pin are blocked (see `pending_changes`). Connections made
+        definition differs from their pin, and new tools to review, are blocked (see
+        `pending_changes`); with an `on_definition_change` callback, this returns once it has answered
+        about every change pending (a change found while it decides included). Connections made
         with `connect` do this by themselves when the server announces a change; call this for
         servers added with `add_mcp_server`, for example when your client hears of a change.
 

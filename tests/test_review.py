@@ -465,3 +465,38 @@ async def test_a_tool_awaiting_review_is_never_suggested_for_a_misspelt_name() -
         [shown_again] = await d.dispatch([ToolCall("2", "send_mesage", {})])
     assert hidden.error == "unknown tool 'send_mesage'" and not hidden.untrusted_content
     assert "did you mean 'send_message'" in str(shown_again.error)
+
+
+@TRANSPORTS
+async def test_a_rug_pull_timed_during_the_review_is_caught_in_process_and_over_stdio(transport: Transport) -> None:
+    """The hostile server changes lookup's title, then its description while the first change is on screen."""
+    hostile = HostileServer()
+    reviewer = Reviewer(hold=True)
+    async with Dispatcher() as d:
+        await d.connect("hostile", hostile_target(hostile, transport), on_definition_change=reviewer)
+        await d.dispatch([ToolCall("m1", "mutate", {"change": "title"})])  # announced with tools/list_changed
+        with anyio.fail_after(30):
+            while not reviewer.seen:  # noqa: ASYNC110  # the listing comes from another process
+                await anyio.sleep(0.01)
+        await d.dispatch([ToolCall("m2", "mutate", {"change": "description"})])  # while the title change is shown
+        with anyio.fail_after(30):
+            while d.pending_changes("hostile") == [reviewer.seen[0]]:  # noqa: ASYNC110  # listed by the follower
+                await anyio.sleep(0.01)
+        [newer] = d.pending_changes("hostile")
+        reviewer.answers[0].set()  # yes, to the title change alone
+        with anyio.fail_after(30):
+            while len(reviewer.seen) < 2:  # noqa: ASYNC110  # asked about the newer definition next
+                await anyio.sleep(0.01)
+        [result] = await d.dispatch([ToolCall("1", "lookup", {"word": "x"})])
+        still = d.pending_changes("hostile")
+        reviewer.verdict = False
+        for answer in reviewer.answers:
+            answer.set()
+    first, second = reviewer.seen
+    assert first.changes == ("title changed",)
+    assert newer == second and second.changes == ("title changed", "description changed")
+    assert "evil.example" in second.new["description"] and "evil.example" not in first.new["description"]
+    assert result.status is CallStatus.FAILED and result.untrusted_content and "is blocked" in str(result.error)
+    assert still == [second]
+    if transport == "in-process":
+        assert hostile.ran("lookup") == 0
