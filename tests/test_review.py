@@ -461,9 +461,9 @@ async def test_a_tool_awaiting_review_is_never_suggested_for_a_misspelt_name() -
         workspace.restore_tool("send_message")
         await announce(workspace)
         [hidden] = await d.dispatch([ToolCall("1", "send_mesage", {})])
+        assert hidden.error == "unknown tool 'send_mesage'" and not hidden.untrusted_content
         d.accept_changes(d.pending_changes())
         [shown_again] = await d.dispatch([ToolCall("2", "send_mesage", {})])
-    assert hidden.error == "unknown tool 'send_mesage'" and not hidden.untrusted_content
     assert "did you mean 'send_message'" in str(shown_again.error)
 
 
