@@ -473,6 +473,8 @@ class _Server:
     review_new: bool = True
     # Set when the running asker (one per server at a time) has no change left to ask about.
     asker: anyio.Event | None = None
+    # The task the asker runs in: a callback that refreshes the server must not wait for itself.
+    asker_task: int | None = None
     # The user's conflict domain and key functions (see `_keys`); never taken from the server.
     domain: str | None = None
     keys: Mapping[str, KeyFunction] = field(default_factory=dict)
@@ -609,16 +611,18 @@ class ServerRegistry:
         """
         if server.on_change is None:
             return
+        task = anyio.get_current_task().id
         if server.asker is not None:
-            if wait:
+            if wait and server.asker_task != task:
                 await server.asker.wait()
             return
         server.asker = done = anyio.Event()
+        server.asker_task = task
         try:
             while (change := _unasked(server)) is not None:
                 await self._ask(server, change)
         finally:
-            server.asker = None
+            server.asker = server.asker_task = None
             done.set()
 
     async def refresh(self, name: str) -> None:

@@ -513,7 +513,8 @@ class Dispatcher:
         """The approved definition hash of every tool seen, as ``{server: {tool: "sha256:..."}}``.
 
         Save it (it is plain JSON) and pass it to `import_pins` in a later run, so that definitions
-        that changed between runs are blocked too.
+        that changed between runs are blocked too, and tools added between runs are reviewed. Tools
+        still awaiting review are left out; a server listed with none approved maps to ``{}``.
         """
         return self._servers.pins.export()
 
@@ -521,7 +522,9 @@ class Dispatcher:
         """Load approvals saved with `export_pins`, replacing the pins of the servers they name.
 
         Import before registering servers: a tool whose definition differs from its imported pin is
-        blocked when first listed. Tools already listed are checked against the imported pins at once.
+        blocked when first listed, and so is a tool the imported pins of its server do not name (a new
+        tool: for an untrusted server, or a trusted one with ``review_new_tools``). Tools already
+        listed are checked against the imported pins at once.
 
         Raises:
             ConfigurationError: `pins` is not in the form `export_pins` returns.

@@ -500,3 +500,28 @@ async def test_a_rug_pull_timed_during_the_review_is_caught_in_process_and_over_
     assert still == [second]
     if transport == "in-process":
         assert hostile.ran("lookup") == 0
+
+
+async def test_a_callback_that_refreshes_its_server_does_not_wait_for_itself() -> None:
+    """on_definition_change may list the server again before it answers: it is not deadlocked."""
+    from mcp import Client
+
+    workspace = Workspace()
+    workspace.remove_tool("send_message")
+    asked: list[str | None] = []
+
+    async def decide(change: DefinitionChange) -> bool:
+        asked.append(change.new["description"])
+        if len(asked) == 1:
+            workspace.set_description("send_message", POISON)
+            await d.refresh("ws")  # finds a newer definition while this one is being decided
+        return [c.current for c in d.pending_changes("ws")] == [change.current]
+
+    async with Client(workspace.server) as client, Dispatcher() as d:
+        await d.add_mcp_server("ws", client, on_definition_change=decide)
+        workspace.restore_tool("send_message")
+        with anyio.fail_after(10):
+            await d.refresh("ws")
+        entry = next((entry for entry in d.tools() if entry.tool == "send_message"), None)
+    assert len(asked) == 2 and asked[1] == POISON != asked[0]
+    assert entry is not None and entry.description == POISON
