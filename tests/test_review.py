@@ -25,6 +25,8 @@ from .test_connections import MODES, Mode, calls, tool_names
 from .test_security_names import TRANSPORTS, Bank, Transport, hostile_target, mutate, sent
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from dispatcher._connections import ServerRegistry
 
 pytestmark = pytest.mark.anyio
@@ -47,10 +49,22 @@ def ran(workspace: Workspace, tool: str) -> int:
     return sum(1 for execution in workspace.ledger if execution.tool == tool)
 
 
-async def announce(workspace: Workspace) -> None:
-    """Tell the clients that the tools changed, and let the dispatcher's follower list them again."""
+async def announce(workspace: Workspace, until: Callable[[], object] | None = None) -> None:
+    """Tell the clients that the tools changed, and let the dispatcher's follower list them again.
+
+    `until` waits for what the listing does: a follower may pace its listings, and a task that waits
+    for its turn counts as blocked too.
+    """
     await workspace.notify_tools_changed()
     await anyio.wait_all_tasks_blocked()
+    if until is not None:
+        await eventually(until)
+
+
+async def eventually(condition: Callable[[], object]) -> None:
+    with anyio.fail_after(10):
+        while not condition():  # noqa: ASYNC110  # a paced listing: no event to wait on
+            await anyio.sleep(0.01)
 
 
 @dataclass
@@ -280,13 +294,14 @@ async def race(mode: Mode, kind: str) -> tuple[Race, Workspace, Reviewer, Defini
             workspace.restore_tool("read_note")
         else:
             workspace.set_description("read_note", "version one")
-        await announce(workspace)
+        await announce(workspace, until=lambda: reviewer.seen)
         assert [c.tool for c in reviewer.seen] == ["read_note"]
         workspace.set_description("read_note", POISON)  # the server changes it again while the person decides
-        await announce(workspace)
+        await announce(workspace, until=lambda: d.pending_changes("ws") != reviewer.seen)
         pending = d.pending_changes("ws")
         reviewer.answers[0].set()  # yes, to the definition shown: version one
         await anyio.wait_all_tasks_blocked()
+        await eventually(lambda: len(reviewer.seen) == 2 or "read_note" in tool_names(d))
         outcome = Race(
             pending_while_deciding=pending,
             asked=list(reviewer.seen),
@@ -354,10 +369,10 @@ async def test_accept_changes_applies_only_the_reviewed_definition(mode: Mode) -
     async with Dispatcher() as d:
         await d.connect("ws", workspace.server, mode=mode)
         workspace.set_description("read_note", "version one")
-        await announce(workspace)
+        await announce(workspace, until=d.pending_changes)
         [reviewed] = d.pending_changes()
         workspace.set_description("read_note", POISON)  # between the review and the accept
-        await announce(workspace)
+        await announce(workspace, until=lambda: d.pending_changes() != [reviewed])
         outdated = d.accept_changes(reviewed)
         still = tool_names(d)
         [newer] = d.pending_changes()
