@@ -49,6 +49,9 @@ __all__ = ["ApprovalPolicy", "ApprovalRequest", "Approver", "SessionGuard", "Too
 class ApprovalRequest:
     """A call waiting for a person's decision.
 
+    Show the person `server` and `trusted` beside the call: a tool's name is its server's choice, so
+    ``transfer`` may be a trusted bank's or an untrusted server's.
+
     Attributes:
         call: The call the model asked for.
         tool: The catalogue entry it resolved to (its effective annotations, server and trust).
@@ -58,6 +61,16 @@ class ApprovalRequest:
     call: ToolCall
     tool: ToolEntry
     reason: str
+
+    @property
+    def server(self) -> str | None:
+        """The name you registered the tool's server under; None for a local function."""
+        return self.tool.server
+
+    @property
+    def trusted(self) -> bool:
+        """Whether you trust the tool's source (a server registered with ``trusted=True``, or a local function)."""
+        return self.tool.trusted
 
 
 Approver = Callable[[ApprovalRequest], Awaitable[bool]]

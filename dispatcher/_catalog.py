@@ -446,7 +446,8 @@ class Catalog:
                 return resolution
         message = f"unknown tool {_shown(name)}"
         if self._suggestions is None:
-            self._suggestions = _Suggestions(list(self._by_name))
+            # Only callable tools: a blocked one may be new, its name text that nobody has reviewed.
+            self._suggestions = _Suggestions([n for n, r in self._by_name.items() if r.blocked is None])
         close = self._suggestions.close(name)
         if close:
             message += f"; did you mean {', '.join(repr(c) for c in close)}?"

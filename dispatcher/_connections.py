@@ -20,6 +20,15 @@ once, sending nothing, when its connection has closed).
 
 Every listing goes through `ServerRegistry`: each tool is checked against its pin (`_pins`), changed
 tools are blocked, tools that disappeared leave a tombstone, and the catalogue is updated in one step.
+A tool that appears once the server's tools were seen (after its first listing, or with pins imported
+for it) is new: for an untrusted server, or a trusted one registered with ``review_new_tools``, it is a
+change like any other, blocked (hidden from the catalogue's entries, its calls failing) until accepted.
+
+The server's `on_definition_change` callback is asked about pending changes by one asker per server,
+one change at a time, always about the tool's newest pending definition; an answer applies only to the
+definition it was asked about (its hash), so a change made while the callback decides leaves the tool
+blocked and is asked about next. A connection's follower does not wait for the asker: listings go on
+while a person decides, so a newer definition replaces the pending one at once.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import functools
 import inspect
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,9 +62,9 @@ from ._pins import DefinitionChange, Pins
 from ._reconnect import ReconnectPolicy
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Coroutine
 
-    from anyio.abc import TaskStatus
+    from anyio.abc import TaskGroup, TaskStatus
     from mcp.client.session import IncomingMessage, MessageHandlerFnT
     from mcp.types import CallToolResult, Tool
 
@@ -118,7 +127,7 @@ class Connection:
         *,
         mode: str,
         sync: Callable[[Client], Awaitable[list[DefinitionChange]]],
-        ask: Callable[[list[DefinitionChange]], Awaitable[None]],
+        ask: Callable[..., Coroutine[Any, Any, None]],
         unavailable: Callable[[str], str | None],
         follow: bool,
         timeout: float | None,
@@ -208,7 +217,7 @@ class Connection:
                     self._give_verdict()
                     if self._follow:
                         # Listen first, then list: a change made in between is not missed.
-                        await tg.start(self._follow_changes, client)
+                        await tg.start(self._follow_changes, client, tg)
                     changes = await self._sync(client)
                     scope.deadline = math.inf
                     self._client = client
@@ -220,10 +229,12 @@ class Connection:
                         # Calls waiting for this reconnect go ahead while the user decides: the
                         # changed tools stay blocked meanwhile.
                         self._end_attempt(None)
-                        await self._ask(changes)
+                        if changes:
+                            await self._ask()
                     else:
                         # The first connection: `connect` returns once the user has decided.
-                        await self._ask(changes)
+                        if changes:
+                            await self._ask()
                         task_status.started()
                     await self._drop.wait()
                     tg.cancel_scope.cancel()
@@ -270,7 +281,7 @@ class Connection:
             self._list_changed.set()
         await anyio.lowlevel.checkpoint()
 
-    async def _follow_changes(self, client: Client, *, task_status: TaskStatus[None]) -> None:
+    async def _follow_changes(self, client: Client, tg: TaskGroup, *, task_status: TaskStatus[None]) -> None:
         """List the tools again whenever the server says they changed; started once listening."""
         started = False
         try:
@@ -285,18 +296,17 @@ class Connection:
                     if subscription is None or not subscription.honored.tools_list_changed:
                         logger.debug("server %r does not announce tool list changes", self.server)
                         return
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(self._list_on_change, client)
+                    async with anyio.create_task_group() as listing:
+                        listing.start_soon(self._list_on_change, client, tg)
                         async for _ in subscription:
                             self._list_changed.set()
                         # The server closed its subscription gracefully: nothing more will be announced,
-                        # but a listing under way (perhaps asking the user about a change) is let finish;
-                        # the lister then idles until the session ends.
+                        # but a listing under way is let finish; the lister then idles until the session ends.
             else:
                 # Legacy servers send notifications/tools/list_changed unasked; `_on_message` notes them.
                 task_status.started()
                 started = True
-                await self._list_on_change(client)
+                await self._list_on_change(client, tg)
         except Exception as raised:
             # The listings run in a task group beside the subscription: look inside its group.
             exc = innermost(raised)
@@ -309,7 +319,7 @@ class Connection:
                 # For example a server that does not serve subscriptions/listen: nothing to follow.
                 logger.debug("not following tool list changes of server %r: %s", self.server, explain(exc))
 
-    async def _list_on_change(self, client: Client) -> None:
+    async def _list_on_change(self, client: Client, tg: TaskGroup) -> None:
         """List the tools again after each announced change: one listing at a time, at a bounded rate.
 
         Announcements only set an event, so a storm of them costs nothing per notification: those that
@@ -338,7 +348,7 @@ class Connection:
             tokens -= 1
             # Cleared only now: announcements made during the wait are covered by this listing.
             self._list_changed = anyio.Event()
-            spent = await self._resync(client)
+            spent = await self._resync(client, tg)
             # A listing that is slow to fetch or to check (thousands of tools) is followed by a rest
             # LISTING_REST times as long, so one server's listings take at most a small share of the time.
             not_before = anyio.current_time() + LISTING_REST * spent
@@ -387,15 +397,20 @@ class Connection:
             return not await answers(client, self.policy.ping_timeout)
         return False
 
-    async def _resync(self, client: Client) -> float:
-        """List the tools again and ask about the changes; return the seconds the listing itself took."""
+    async def _resync(self, client: Client, tg: TaskGroup) -> float:
+        """List the tools again and ask about the changes; return the seconds the listing itself took.
+
+        The user is asked beside the follower (in the session's task group `tg`), which goes on
+        listing: a change made while the user decides replaces the pending one at once, and the
+        answer then applies to nothing.
+        """
         start = anyio.current_time()
         spent = None
         try:
             changes = await self._sync(client)
-            # The user's answer (perhaps a person's) is no cost of the server's: not counted.
             spent = anyio.current_time() - start
-            await self._ask(changes)
+            if changes:
+                tg.start_soon(functools.partial(self._ask, wait=False))
         except Exception as exc:
             if isinstance(exc, SubscriptionLost) or await self._is_lost(client, exc):
                 raise
@@ -491,7 +506,8 @@ class Connection:
             if await self._is_lost(client, exc):
                 self._lost(client, exc)
             raise
-        await self._ask(changes)
+        if changes:
+            await self._ask()
 
 
 @dataclass(eq=False)
@@ -511,6 +527,12 @@ class _Server:
     asked: dict[str, str] = field(default_factory=dict)
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     listed: bool = False
+    # Whether a tool that appears after the first sight of the server's tools is a change to review.
+    review_new: bool = True
+    # Set when the running asker (one per server at a time) has no change left to ask about.
+    asker: anyio.Event | None = None
+    # The task the asker runs in: a callback that refreshes the server must not wait for itself.
+    asker_task: int | None = None
     # The user's conflict domain and key functions (see `_keys`); never taken from the server.
     domain: str | None = None
     keys: Mapping[str, KeyFunction] = field(default_factory=dict)
@@ -553,17 +575,32 @@ class ServerRegistry:
         on_change: Callable[[DefinitionChange], bool | Awaitable[bool]] | None,
         domain: str | None = None,
         keys: Mapping[str, KeyFunction] | None = None,
+        review_new_tools: bool = False,
     ) -> _Server:
-        """Claim a server name before its first listing, so that two registrations cannot race for it."""
+        """Claim a server name before its first listing, so that two registrations cannot race for it.
+
+        New tools are reviewed for an untrusted server whatever `review_new_tools` says; for a trusted
+        one, only with it.
+        """
         if name in self._servers or name in self._catalog.servers:
             raise ConfigurationError(f"a server named {name!r} is already registered")
+        if not isinstance(review_new_tools, bool):
+            raise ConfigurationError(f"review_new_tools must be True or False, got {review_new_tools!r}")
         domain = check_domain(domain, f"server {name!r}")
         key_functions = check_key_functions(keys, domain, f"server {name!r}")
         if on_change is not None and not callable(on_change):
             raise ConfigurationError(f"on_definition_change must be callable, got {type(on_change).__name__}")
         for tool, override in overrides.items():
             check_annotations(override, tool)
-        server = self._servers[name] = _Server(name, trusted, overrides, on_change, domain=domain, keys=key_functions)
+        server = self._servers[name] = _Server(
+            name,
+            trusted,
+            overrides,
+            on_change,
+            domain=domain,
+            keys=key_functions,
+            review_new=review_new_tools or not trusted,
+        )
         return server
 
     def release(self, server: _Server) -> None:
@@ -577,7 +614,8 @@ class ServerRegistry:
         """Register a server reached through a client the user owns, and list its tools."""
         check_entered(client, server.name)
         server.caller = client
-        await self.ask(server, await self.sync(server, client))
+        if await self.sync(server, client):
+            await self.ask(server)
 
     def connection(
         self,
@@ -624,10 +662,28 @@ class ServerRegistry:
                         )
             return self._apply(server, tools)
 
-    async def ask(self, server: _Server, changes: list[DefinitionChange]) -> None:
-        """Ask the server's callback about each change, accepting those it approves."""
-        for change in changes:
-            await self._ask(server, change)
+    async def ask(self, server: _Server, *, wait: bool = True) -> None:
+        """Ask the server's callback about each pending change not asked about yet, accepting those it approves.
+
+        One change at a time per server, the newest pending definition of each tool: a change that was
+        replaced while the callback decided is never asked about. If an asker is running already, it
+        takes the changes pending now too; with `wait`, this returns once it has none left.
+        """
+        if server.on_change is None:
+            return
+        task = anyio.get_current_task().id
+        if server.asker is not None:
+            if wait and server.asker_task != task:
+                await server.asker.wait()
+            return
+        server.asker = done = anyio.Event()
+        server.asker_task = task
+        try:
+            while (change := _unasked(server)) is not None:
+                await self._ask(server, change)
+        finally:
+            server.asker = server.asker_task = None
+            done.set()
 
     async def refresh(self, name: str) -> None:
         """List a server's tools again now."""
@@ -636,7 +692,8 @@ class ServerRegistry:
             await server.connection.refresh()
         else:
             assert isinstance(server.caller, Client)
-            await self.ask(server, await self.sync(server, server.caller))
+            if await self.sync(server, server.caller):
+                await self.ask(server)
 
     def _apply(self, server: _Server, tools: list[Tool]) -> list[DefinitionChange]:
         """Put a listing into the catalogue; return the changes the callback has not been asked about."""
@@ -644,8 +701,11 @@ class ServerRegistry:
         rows: list[tuple[ToolEntry, ToolImpl, str | None]] = []
         pending: dict[str, tuple[DefinitionChange, dict[str, Any]]] = {}
         fresh: list[DefinitionChange] = []
+        # The first listing of a server with no imported pins is the user's first sight of its tools.
+        review_new = server.review_new and (server.listed or self.pins.loaded(server.name))
+        self.pins.seen(server.name)
         for tool in listing.values():
-            data, change = self.pins.check(server.name, tool)
+            data, change = self.pins.check(server.name, tool, review_new=review_new)
             if change is not None:
                 pending[tool.name] = (change, data)
                 if server.asked.get(tool.name) != change.current:
@@ -684,34 +744,72 @@ class ServerRegistry:
 
     async def _ask(self, server: _Server, change: DefinitionChange) -> None:
         """Ask the server's callback about a change, and accept it if the callback says so."""
-        if server.on_change is None:
-            return
+        assert server.on_change is not None
+        previous = server.asked.get(change.tool)
         server.asked[change.tool] = change.current
+        answered = False
         try:
             verdict = server.on_change(change)
             if inspect.isawaitable(verdict):
                 verdict = await verdict
+            answered = True
         except Exception:
+            answered = True
             logger.exception(
                 "on_definition_change raised for tool %r of server %r; it stays blocked", change.tool, server.name
             )
             return
-        pending = server.pending.get(change.tool)
-        if verdict is True and pending is not None and pending[0].current == change.current:
-            self.accept(server.name, change.tool)
+        finally:
+            if not answered and server.asked.get(change.tool) == change.current:
+                # Cancelled before it answered (the connection was lost, the dispatcher closes): the
+                # next listing asks again.
+                if previous is None:
+                    del server.asked[change.tool]
+                else:
+                    server.asked[change.tool] = previous
+        if verdict is True:
+            self._accept(server, [change])
 
-    def accept(self, name: str, tool: str | None = None) -> list[DefinitionChange]:
-        """Approve the pending changes of a server (or of one of its tools) and unblock those tools."""
-        server = self._get(name)
-        if tool is not None and tool not in server.pending:
-            waiting = ", ".join(sorted(server.pending)) or "none"
-            raise ConfigurationError(f"tool {tool!r} of server {name!r} has no pending change (pending: {waiting})")
+    def accept(
+        self, name: str | DefinitionChange | Iterable[DefinitionChange], tool: str | None = None
+    ) -> list[DefinitionChange]:
+        """Approve pending changes and unblock their tools.
+
+        `name` is a server (all its pending changes, or `tool`'s), or the reviewed changes themselves:
+        each is accepted only while it is still its tool's pending change (the same definition hash).
+        """
+        if isinstance(name, str):
+            server = self._get(name)
+            if tool is not None and tool not in server.pending:
+                waiting = ", ".join(sorted(server.pending)) or "none"
+                raise ConfigurationError(f"tool {tool!r} of server {name!r} has no pending change (pending: {waiting})")
+            return self._accept(
+                server, [change for tool_name, (change, _) in server.pending.items() if tool in (None, tool_name)]
+            )
+        if tool is not None:
+            raise ConfigurationError("pass tool= only with a server's name, not with DefinitionChange objects")
+        reviewed = [name] if isinstance(name, DefinitionChange) else list(name)
+        for change in reviewed:
+            if not isinstance(change, DefinitionChange):
+                raise ConfigurationError(
+                    f"accept_changes takes a server's name or DefinitionChange objects, got {type(change).__name__}"
+                )
+        by_server: dict[str, list[DefinitionChange]] = {}
+        for change in reviewed:
+            by_server.setdefault(change.server, []).append(change)
+        servers = [(self._get(server), changes) for server, changes in by_server.items()]
+        return [accepted for server, changes in servers for accepted in self._accept(server, changes)]
+
+    def _accept(self, server: _Server, changes: list[DefinitionChange]) -> list[DefinitionChange]:
+        """Pin exactly the reviewed definitions of those changes that are still pending; return them."""
         accepted: list[DefinitionChange] = []
-        for tool_name, (change, data) in list(server.pending.items()):
-            if tool is None or tool_name == tool:
-                self.pins.approve(name, tool_name, data)
-                del server.pending[tool_name]
-                accepted.append(change)
+        for change in changes:
+            pending = server.pending.get(change.tool)
+            if pending is None or pending[0].current != change.current:
+                continue  # accepted already, or replaced by a newer definition that nobody has reviewed
+            self.pins.approve(server.name, change.tool, pending[1])
+            del server.pending[change.tool]
+            accepted.append(pending[0])
         if accepted:
             self._apply(server, list(server.tools.values()))
         return accepted
@@ -744,9 +842,23 @@ class ServerRegistry:
         return server
 
 
+def _unasked(server: _Server) -> DefinitionChange | None:
+    """A pending change the server's callback has not been asked about, if any."""
+    for change, _ in server.pending.values():
+        if server.asked.get(change.tool) != change.current:
+            return change
+    return None
+
+
 def _blocked(change: DefinitionChange | None) -> str | None:
     if change is None:
         return None
+    if change.added:
+        tool = change.tool if len(change.tool) <= 100 else f"{change.tool[:100]}... ({len(change.tool)} characters)"
+        return (
+            f"tool {tool!r} of server {change.server!r} is blocked: it is new since the server's tools were "
+            "reviewed, and stays unavailable until it is reviewed and accepted"
+        )
     return (
         f"tool {change.tool!r} of server {change.server!r} is blocked: its definition changed since it was "
         f"approved ({change}); it stays unavailable until the change is accepted"

@@ -29,7 +29,7 @@ from ._observe import Observer, resolve_tracer
 from ._retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping, Sequence
+    from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
     from types import TracebackType
 
     from anyio.abc import TaskGroup
@@ -302,6 +302,7 @@ class Dispatcher:
         on_definition_change: Callable[[DefinitionChange], bool | Awaitable[bool]] | None = None,
         domain: str | None = None,
         keys: Mapping[str, KeyFunction] | None = None,
+        review_new_tools: bool = False,
     ) -> list[ToolEntry]:
         """Register the tools of an MCP server reached through an entered `mcp.Client`.
 
@@ -321,14 +322,20 @@ class Dispatcher:
                 trusted even for an untrusted server; hints an override leaves unset fall back to the
                 server's (if trusted) or the spec defaults.
             on_definition_change: Called with each `DefinitionChange` (a tool whose definition differs
-                from its pin); return True (or an awaitable of True) to accept it. The tool is blocked
-                until the change is accepted, here or with `accept_changes`.
+                from its pin, or a new tool to review); return True (or an awaitable of True) to accept
+                exactly the definition it shows. The tool is blocked until the change is accepted, here
+                or with `accept_changes`; if the server changes the tool again while this decides, the
+                answer applies to nothing and it is asked about the newer definition.
             domain: Your conflict domain for this server's state (see docs/conflicts.md): its calls
                 are keyed under it, so its writes wait only for calls in the same domain (and calls
                 with no domain). Servers that share state must share a domain. None: the root key,
                 which conflicts with every call.
             keys: Key functions for some of its tools, by the server's tool name: each maps a
                 call's arguments to its keys within `domain`. Needs `domain`.
+            review_new_tools: For a trusted server, treat a tool that appears after its tools were
+                first seen (after the first listing, or with pins imported for it) as a change to
+                review, as it always is for an untrusted server: hidden from `tools()` and failing its
+                calls until accepted. False (the default) lets a trusted server's new tools in at once.
 
         Returns:
             The server's callable catalogue entries.
@@ -340,7 +347,13 @@ class Dispatcher:
         self._check_not_closed()
         overrides = self._check_server(name, max_concurrency, overrides)
         server = self._servers.reserve(
-            name, trusted=trusted, overrides=overrides, on_change=on_definition_change, domain=domain, keys=keys
+            name,
+            trusted=trusted,
+            overrides=overrides,
+            on_change=on_definition_change,
+            domain=domain,
+            keys=keys,
+            review_new_tools=review_new_tools,
         )
         self._executor.gate.set_server_limit(name, max_concurrency)
         try:
@@ -367,6 +380,7 @@ class Dispatcher:
         domain: str | None = None,
         keys: Mapping[str, KeyFunction] | None = None,
         max_answer_bytes: int | None = DEFAULT_MAX_ANSWER_BYTES,
+        review_new_tools: bool = False,
     ) -> list[ToolEntry]:
         """Connect to an MCP server and register its tools; the dispatcher owns the connection.
 
@@ -405,6 +419,8 @@ class Dispatcher:
                 and the connection goes on; a larger notification is dropped. None: no cap. Not
                 applied to in-process servers or client factories (their transports are not built
                 here).
+            review_new_tools: For a trusted server, review its new tools (see `add_mcp_server`); an
+                untrusted server's new tools are always reviewed.
 
         Returns:
             The server's callable catalogue entries.
@@ -434,7 +450,13 @@ class Dispatcher:
                 f"max_answer_bytes must be an int >= 1024, got {max_answer_bytes!r}; use None for no limit"
             )
         server = self._servers.reserve(
-            name, trusted=trusted, overrides=overrides, on_change=on_definition_change, domain=domain, keys=keys
+            name,
+            trusted=trusted,
+            overrides=overrides,
+            on_change=on_definition_change,
+            domain=domain,
+            keys=keys,
+            review_new_tools=review_new_tools,
         )
         connection = self._servers.connection(
             server,
@@ -464,7 +486,9 @@ class Dispatcher:
         """List a server's tools again now and update the catalogue.
 
         New tools become callable, removed ones fail with a result that says so, and tools whose
-        definition differs from their pin are blocked (see `pending_changes`). Connections made
+        definition differs from their pin, and new tools to review, are blocked (see
+        `pending_changes`); with an `on_definition_change` callback, this returns once it has answered
+        about every change pending (a change found while it decides included). Connections made
         with `connect` do this by themselves when the server announces a change; call this for
         servers added with `add_mcp_server`, for example when your client hears of a change.
 
@@ -484,7 +508,7 @@ class Dispatcher:
         return self._server_entries(name)
 
     def pending_changes(self, server: str | None = None) -> list[DefinitionChange]:
-        """The tools blocked because their definition changed since it was approved.
+        """The tools blocked because their definition changed since it was approved, or because they are new.
 
         Args:
             server: Only this server's changes; None for every server's.
@@ -494,22 +518,32 @@ class Dispatcher:
         """
         return self._servers.pending(server)
 
-    def accept_changes(self, server: str, tool: str | None = None) -> list[DefinitionChange]:
-        """Approve changed definitions: pin them and make their tools callable again.
+    def accept_changes(
+        self, server: str | DefinitionChange | Iterable[DefinitionChange], tool: str | None = None
+    ) -> list[DefinitionChange]:
+        """Approve changed (or new) definitions: pin them and make their tools callable again.
+
+        Pass the changes a person reviewed (from `pending_changes`) to approve exactly what they saw:
+        a change whose tool the server has changed again since is not accepted, and the tool stays
+        blocked under the newer change. A server's name accepts whatever is pending now, reviewed or
+        not (for scripts that accept every change).
 
         Calls of those tools that were queued before the change and have not started follow the new
         definition: a call queued as a read whose tool now may mutate waits for an exclusive turn at
         its place in the order, and is put to the approver if the approval policy now selects it.
 
         Args:
-            server: The server whose changes to accept.
-            tool: Only this tool's change (by the server's tool name); None accepts all of the server's.
+            server: The reviewed `DefinitionChange` (or several), or the name of the server whose
+                pending changes to accept.
+            tool: With a server's name, only this tool's change (by the server's tool name); None
+                accepts all of the server's.
 
         Returns:
-            The changes accepted.
+            The changes accepted (a reviewed change that is no longer pending is left out).
 
         Raises:
-            ConfigurationError: No server has this name, or `tool` has no pending change.
+            ConfigurationError: No server has this name, `tool` has no pending change, or `server`
+                is neither a name nor changes.
         """
         return self._servers.accept(server, tool)
 
@@ -517,7 +551,8 @@ class Dispatcher:
         """The approved definition hash of every tool seen, as ``{server: {tool: "sha256:..."}}``.
 
         Save it (it is plain JSON) and pass it to `import_pins` in a later run, so that definitions
-        that changed between runs are blocked too.
+        that changed between runs are blocked too, and tools added between runs are reviewed. Tools
+        still awaiting review are left out; a server listed with none approved maps to ``{}``.
         """
         return self._servers.pins.export()
 
@@ -525,7 +560,9 @@ class Dispatcher:
         """Load approvals saved with `export_pins`, replacing the pins of the servers they name.
 
         Import before registering servers: a tool whose definition differs from its imported pin is
-        blocked when first listed. Tools already listed are checked against the imported pins at once.
+        blocked when first listed, and so is a tool the imported pins of its server do not name (a new
+        tool: for an untrusted server, or a trusted one with ``review_new_tools``). Tools already
+        listed are checked against the imported pins at once.
 
         Raises:
             ConfigurationError: `pins` is not in the form `export_pins` returns.

@@ -164,7 +164,8 @@ def test_agent_loop_runs_as_written(
     assert capsys.readouterr().out == f"{ANSWER}\n"
     # set_note may overwrite a note, so the person was asked about it, and only about it.
     assert questions == [
-        "set_note may make destructive changes. Run set_note {'name': 'launch', 'text': 'Launch on Tuesday.'}? [y/N] "
+        "set_note may make destructive changes. Run set_note {'name': 'launch', 'text': 'Launch on Tuesday.'} "
+        "(server 'workspace', trusted)? [y/N] "
     ]
 
 

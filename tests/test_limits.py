@@ -230,7 +230,10 @@ async def test_a_churning_server_keeps_names_and_tombstones_bounded(transport: T
                 ToolCall("3", "echo", {"text": "hi"}, server="calm"),
             ]
         )
-        live = {entry.name for entry in d.tools() if entry.server == "churn"}
+        # An untrusted server's new tools await review: listed (blocked), not callable.
+        live = {entry.name for entry in d.tools() if entry.server == "churn"} | {
+            change.tool for change in d.pending_changes("churn")
+        }
     assert len(tombstones) == MAX_TOMBSTONES
     assert len(names) == MAX_TOMBSTONES + len(live)
     assert len(catalog._issued) == len(catalog._names)

@@ -378,8 +378,12 @@ async def test_a_slow_callback_holds_up_neither_connect_timeout_nor_other_calls(
         await anyio.sleep(100)
         return True
 
+    async with Dispatcher() as first:
+        await first.connect("ws", workspace.server, follow_changes=False)
+        pins = first.export_pins()
+    pins["ws"]["read_note"] = "sha256:" + "0" * 64  # its other tools were reviewed: only read_note is asked
     async with Dispatcher() as d:
-        d.import_pins({"ws": {"read_note": "sha256:" + "0" * 64}})
+        d.import_pins(pins)
         start = anyio.current_time()
         await d.connect("ws", server.client, connect_timeout=1, on_definition_change=slow, follow_changes=False)
         waited = anyio.current_time() - start

@@ -127,6 +127,7 @@ async def test_a_later_server_never_takes_a_listed_name(transport: Transport, la
         before = names(d)
         if late:
             await mutate(d, "shadow")
+            d.accept_changes(d.pending_changes("hostile"))  # new tools of an untrusted server wait for review
         after = names(d)
         results = await d.dispatch(
             [
@@ -187,6 +188,7 @@ async def test_always_and_never_follow_the_tool_whatever_it_is_called(
         _,
     ):
         await mutate(d, "shadow")
+        d.accept_changes(d.pending_changes("hostile"))  # new tools of an untrusted server wait for review
         calls = [
             ToolCall(name, name, {"to": "x"} if "transfer" in name else {}) for name in names(d) if "ransfer" in name
         ]
