@@ -42,8 +42,9 @@ __all__ = ["Timeline", "TimelineRow", "Wait"]
 
 WaitKind = Literal["write", "writes_alone", "limit", "after", "approval", "unrecorded"]
 
-# A call that started within this long of its submission did not wait.
-_WAITED_SECONDS = 0.002
+# A start this soon after submission, with nothing before it that it had to wait for, is the event loop's
+# ordinary delay in starting a task (milliseconds on a busy machine), not a wait.
+_WAITED_SECONDS = 0.02
 # A start within this long of an end (or this share of its wait) follows it; more is shown as unexplained.
 _FOLLOW_SECONDS = 0.01
 _FOLLOW_SHARE = 0.25
@@ -405,7 +406,7 @@ class Timeline:
         handles += [Patch(facecolor=_COLOURS[status], label=status.value) for status in seen]
         if any(row.status is None for row in rows):
             handles.append(Patch(facecolor=_UNFINISHED_COLOUR, label="unfinished"))
-        axes.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=len(handles), frameon=False)
+        figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)
         if title:
             axes.set_title(title)
         if path is not None:
@@ -460,7 +461,7 @@ class Timeline:
                         "cat": "wait",
                         "ph": "X",
                         "ts": micros(row.queued_at),
-                        "dur": round((began - row.queued_at) * 1e6, 3),
+                        "dur": round(max(began - row.queued_at, 0.0) * 1e6, 3),
                         "pid": pid,
                         "tid": tid,
                         "args": args,
@@ -472,7 +473,7 @@ class Timeline:
                     "cat": args["status"],
                     "ph": "X" if row.started_at is not None else "i",
                     "ts": micros(began),
-                    **({"dur": round((end - began) * 1e6, 3)} if row.started_at is not None else {"s": "t"}),
+                    **({"dur": round(max(end - began, 0.0) * 1e6, 3)} if row.started_at is not None else {"s": "t"}),
                     "pid": pid,
                     "tid": tid,
                     "args": args,
@@ -508,21 +509,25 @@ def _stdout_is_terminal() -> bool:
 
 
 def _axis(span: float, width: int) -> list[str]:
-    """Two lines: tick labels in ms over a ruler of `width` characters between bars."""
-    ticks = [round(share * width) for share in (0.0, 0.25, 0.5, 0.75)]
+    """Two lines: tick labels in ms at round values, over a ruler of `width` cells between bars."""
+    span_ms = span * 1000
+    # The round step (1, 2 or 5 times a power of ten) that gives about four ticks.
+    raw = span_ms / 4
+    power = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
     labels = list(" " * (width + 2))
     ruler = ["-"] * width
-    for position in ticks:
-        label = f"{position / width * span * 1000:.0f}"
+    tick = 0.0
+    while tick <= span_ms * (1 + 1e-9):
+        position = min(width - 1, round(tick / span_ms * width)) if span_ms > 0 else 0
         ruler[position] = "+"
+        label = f"{tick:g}"
         at = position + 1
-        if all(cell == " " for cell in labels[max(at - 1, 0) : at + len(label) + 1]):
+        if all(cell == " " for cell in labels[max(at - 1, 0) : at + len(label) + 1]) and at + len(label) <= width + 1:
             labels[at : at + len(label)] = label
-    end = f"{span * 1000:.0f} ms"
-    return [
-        "".join(labels).rstrip() + " " * max(1, width + 2 - len("".join(labels).rstrip())) + end,
-        "|" + "".join(ruler) + "|",
-    ]
+        tick += step
+    head = "".join(labels).rstrip()
+    return [f"{head}{' ' * max(1, width + 3 - len(head))}ms", "|" + "".join(ruler) + "|"]
 
 
 def _from_result(result: ToolResult, batch: int) -> _Record:
@@ -635,29 +640,31 @@ def _wait(record: _Record, position: int, ordered: Sequence[_Record], ends: Sequ
             return Wait(kind="approval", seconds=record.finished_at - record.queued_at)
         return None
     waited = record.started_at - record.queued_at
-    if waited <= _WAITED_SECONDS:
+    if waited <= 0:
         return None
-    # The calls that ended while it waited, oldest end first.
+    # The calls that ended while it waited are ends[low:high], oldest end first; read from the newest.
     low = bisect.bisect_right(ends, (record.queued_at, math.inf))
     high = bisect.bisect_right(ends, (record.started_at, math.inf))
-    window = [(end, other) for end, other in ends[low:high] if other != position]
+    window = [i for i in range(high - 1, max(low, high - _SEARCH) - 1, -1) if ends[i][1] != position]
     if not window:
-        return Wait(kind="unrecorded", seconds=waited, unexplained=waited)
-    last_end, last_position = window[-1]
+        return _unrecorded(waited)
+    last_end, last_position = ends[window[0]]
     last = ordered[last_position]
     # The last call to end that the rule made it wait for: submitted before it, conflicting with it. A
     # conflicting end far back in the window did not decide when it started, so the search stops there.
-    binding = None
-    for _, other in reversed(window[-_SEARCH:]):
-        if other < position and _conflict(ordered[other], record):
-            binding = ordered[other]
-            break
+    binding = next(
+        (ordered[ends[i][1]] for i in window if ends[i][1] < position and _conflict(ordered[ends[i][1]], record)),
+        None,
+    )
+    if binding is None and waited <= _WAITED_SECONDS:
+        # Nothing held it by the rule, and it started within the event loop's ordinary delay.
+        return None
     if binding is not last:
         # Only a call that ran held a place under a limit: a refused call's end freed none.
-        ran = [(end, other) for end, other in window if ordered[other].started_at is not None]
-        if not ran:
-            return Wait(kind="unrecorded", seconds=waited, unexplained=waited)
-        last_end, last_position = ran[-1]
+        ran = next((i for i in window if ordered[ends[i][1]].started_at is not None), None)
+        if ran is None:
+            return _unrecorded(waited)
+        last_end, last_position = ends[ran]
         last = ordered[last_position]
     gap = record.started_at - last_end
     if binding is last:
@@ -672,4 +679,9 @@ def _wait(record: _Record, position: int, ordered: Sequence[_Record], ends: Sequ
     if gap <= max(_FOLLOW_SECONDS, _FOLLOW_SHARE * waited):
         # Nothing it conflicts with held it: the end of a call that did not conflict freed its place.
         return Wait(kind="limit", seconds=waited, after=(last.call.id,), unexplained=gap)
-    return Wait(kind="unrecorded", seconds=waited, unexplained=waited)
+    return _unrecorded(waited)
+
+
+def _unrecorded(waited: float) -> Wait | None:
+    """A wait with no recorded cause, or None for a start within the event loop's ordinary delay."""
+    return Wait(kind="unrecorded", seconds=waited, unexplained=waited) if waited > _WAITED_SECONDS else None

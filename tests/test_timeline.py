@@ -21,6 +21,12 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 pytestmark = pytest.mark.anyio
+# The real backends, and trio's virtual clock where every time is exact (a busy machine can delay a start
+# on a real clock by more than the 20 ms the timeline takes for the event loop's ordinary delay).
+BACKENDS = pytest.mark.parametrize(
+    "anyio_backend",
+    ["asyncio", "trio", pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")],
+)
 
 LATENCY = 0.05
 # One turn: a write, three reads that must see it (the server lets two run at once), a write after them,
@@ -55,12 +61,14 @@ def _by_id(timeline: Timeline) -> dict[str, TimelineRow]:
     return {row.call.id: row for row in timeline.rows}
 
 
-async def test_events_say_what_each_call_waited_for() -> None:
+@BACKENDS
+async def test_events_say_what_each_call_waited_for(virtual_clock: bool) -> None:
     """From events, each wait is named: the write before it, a server's limit, the reads a write waits for."""
     _, (events,) = await _run_turns(TURN)
     rows = _by_id(Timeline.from_events(events))
     assert [row.call.id for row in Timeline.from_events(events).rows] == [call.id for call in TURN]
-    assert rows["c1"].wait is None and rows["c1"].exclusive is True
+    assert rows["c1"].exclusive is True
+    assert rows["c1"].wait is None or (not virtual_clock and rows["c1"].wait.kind == "unrecorded")
     assert rows["c2"].wait is not None and (rows["c2"].wait.kind, rows["c2"].wait.after) == ("write", ("c1",))
     assert rows["c3"].wait is not None and (rows["c3"].wait.kind, rows["c3"].wait.after) == ("write", ("c1",))
     # c4's turn came when c1 ended, but two reads already held the server's two places.
@@ -71,6 +79,14 @@ async def test_events_say_what_each_call_waited_for() -> None:
     assert rows["c6"].status is CallStatus.FAILED and rows["c6"].started_at is None and rows["c6"].wait is None
     # The waits are as long as the calls ahead ran: one, two, then three calls of LATENCY.
     assert c4.seconds >= 2 * LATENCY and c5.seconds >= 3 * LATENCY
+    if virtual_clock:
+        waits = {call_id: row.wait for call_id, row in rows.items() if row.wait is not None}
+        assert {call_id: (w.seconds, w.unexplained) for call_id, w in waits.items()} == {
+            "c2": (LATENCY, 0.0),
+            "c3": (LATENCY, 0.0),
+            "c4": (2 * LATENCY, 0.0),
+            "c5": (3 * LATENCY, 0.0),
+        }
 
 
 async def test_results_name_the_call_a_start_followed_and_nothing_more() -> None:
@@ -89,7 +105,8 @@ async def test_results_name_the_call_a_start_followed_and_nothing_more() -> None
     assert rows[1, "c1"].queued_at >= max(result.finished_at for result in results)
 
 
-async def test_text_has_an_axis_a_row_per_call_and_letters_by_status() -> None:
+@BACKENDS
+async def test_text_has_an_axis_a_row_per_call_and_letters_by_status(virtual_clock: bool) -> None:
     """The text timeline: a ruler in ms, one row per call with its bar, status letter and wait, a legend."""
     (results,), (events,) = await _run_turns(TURN)
     text = Timeline.from_events(events).text(width=40, color=False)
@@ -100,9 +117,11 @@ async def test_text_has_an_axis_a_row_per_call_and_letters_by_status() -> None:
     bars = [re.search(r"\|(.{40})\|", line) for line in rows]
     assert all(bar is not None for bar in bars)
     c1, c2, *_, c6 = (bar.group(1) for bar in bars if bar is not None)
-    assert set(c1.strip()) == {"o"} and c1.startswith("o")  # ran at once
+    assert set(c1.strip()) <= {"-", "o"} and c1.lstrip("-").startswith("o")
+    if virtual_clock:
+        assert c1 == "o" * 10 + " " * 30  # ran at once, first of four calls of LATENCY
     assert c2.startswith("-") and "o" in c2  # waited, then ran
-    assert c6.strip() == "F"  # never ran
+    assert c6.strip().lstrip("-") == "F"  # never ran: one letter where it ended
     assert "for the write before it (c1)" in rows[1]
     assert lines[-1].strip().startswith("- waiting, o ok")
     # On a terminal the letters are coloured; never in str().
@@ -224,7 +243,7 @@ async def test_chrome_trace_of_a_session() -> None:
         runs = [e for e in events if e["ph"] == "X" and e["cat"] != "wait"]
         assert len(runs) == 7  # every call that ran, in both batches
         c1 = next(e for e in runs if e["args"]["call_id"] == "c1")
-        assert c1["ts"] < 5_000 and c1["dur"] == pytest.approx(LATENCY * 1e6, rel=0.9)
+        assert c1["ts"] < 100_000 and c1["dur"] == pytest.approx(LATENCY * 1e6, rel=0.9)
         waits = [e for e in events if e.get("cat") == "wait"]
         assert {e["args"]["call_id"] for e in waits} >= {"c2", "c3", "c4", "c5"}
         never = [e for e in events if e["ph"] == "i" and e["args"].get("call_id") == "c6"]
