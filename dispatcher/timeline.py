@@ -283,7 +283,8 @@ class Timeline:
             color = _stdout_is_terminal() and not os.environ.get("NO_COLOR")
         if not self.rows:
             return "(no calls)"
-        origin, span = self.origin, max(self.end - self.origin, 1e-9)
+        # A batch that took no time at all is drawn on an axis of 1 ms.
+        origin, span = self.origin, (self.end - self.origin) or 0.001
         label_width = max(len(row.label) for row in self.rows)
         batched = len({row.batch for row in self.rows}) > 1
 

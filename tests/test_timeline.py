@@ -325,3 +325,26 @@ async def test_plot_draws_a_row_per_call_in_status_colours(tmp_path: Path) -> No
     assert bands(colours["ok"]) == sum(row.status is CallStatus.OK for row in timeline.rows)
     assert bands(colours["denied"]) == sum(row.status is CallStatus.DENIED for row in timeline.rows)
     assert any(colours["waiting"]) and not any(colours["tool_error"])
+
+
+def test_the_module_exports_few_names_defined_in_it() -> None:
+    """`dispatcher.timeline` exports three names, sorted, each reporting the module as its home."""
+    import dispatcher.timeline
+
+    assert dispatcher.timeline.__all__ == ["Timeline", "TimelineRow", "Wait"]
+    for name in dispatcher.timeline.__all__:
+        assert getattr(dispatcher.timeline, name).__module__ == "dispatcher.timeline"
+
+
+def test_a_batch_that_took_no_time_is_drawn() -> None:
+    """Calls that start and end at the same instant still get their letter, on an axis of 1 ms."""
+    calls = [ToolCall(f"c{i}", "t", {}) for i in range(3)]
+    results = [
+        ToolResult(call, CallStatus.OK, queued_at=5.0, started_at=5.0, finished_at=5.0, attempts=1) for call in calls
+    ]
+    lines = Timeline.from_results(results).text(color=False).splitlines()
+    assert lines[0].split() == ["0", "0.5", "1", "ms"]  # an axis of 1 ms
+    assert [line.split("|")[1].strip() for line in lines[2:5]] == ["o", "o", "o"]
+    assert all(row.wait is None for row in Timeline.from_results(results).rows)
+    trace = _check_trace_shape(Timeline.from_results(results).chrome_trace())
+    assert {event["dur"] for event in trace if event["ph"] == "X"} == {0.0}
