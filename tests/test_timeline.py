@@ -21,6 +21,14 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 pytestmark = pytest.mark.anyio
+COLOURS = {
+    CallStatus.OK: "#009E73",
+    CallStatus.TOOL_ERROR: "#E69F00",
+    CallStatus.FAILED: "#D55E00",
+    CallStatus.TIMEOUT: "#CC79A7",
+    CallStatus.CANCELLED: "#999999",
+    CallStatus.DENIED: "#0072B2",
+}
 # The real backends, and trio's virtual clock where every time is exact (a busy machine can delay a start
 # on a real clock by more than the 20 ms the timeline takes for the event loop's ordinary delay).
 BACKENDS = pytest.mark.parametrize(
@@ -290,7 +298,13 @@ async def test_plot_draws_a_row_per_call_in_status_colours(tmp_path: Path) -> No
 
     _, (events,) = await _run_turns(TURN, approve=person)
     timeline = Timeline.from_events(events)
-    assert {row.status for row in timeline.rows} == {CallStatus.OK, CallStatus.DENIED, CallStatus.FAILED}
+    # The refused writes never ran, so the reads of their note are tool errors.
+    assert {row.status for row in timeline.rows} == {
+        CallStatus.OK,
+        CallStatus.TOOL_ERROR,
+        CallStatus.DENIED,
+        CallStatus.FAILED,
+    }
     path = tmp_path / "batch.png"
     figure = timeline.plot(path, title="one turn")
     axes = figure.axes[0]
@@ -308,23 +322,17 @@ async def test_plot_draws_a_row_per_call_in_status_colours(tmp_path: Path) -> No
     top, bottom = round(pixels.shape[0] - box.y1), round(pixels.shape[0] - box.y0)
     left, right = round(box.x0), round(box.x1)
     inside = [line[left:right:2] for line in pixels[top:bottom]]
-    colours = {
-        name: [any(near(p, hex_colour) for p in line) for line in inside]
-        for name, hex_colour in {
-            "ok": "#009E73",
-            "waiting": "#DDDDDD",
-            "denied": "#0072B2",
-            "tool_error": "#E69F00",
-        }.items()
-    }
+    wanted = {status.value: colour for status, colour in COLOURS.items()} | {"waiting": "#DDDDDD"}
+    colours = {name: [any(near(p, hex_colour) for p in line) for line in inside] for name, hex_colour in wanted.items()}
 
     def bands(flags: list[bool]) -> int:
         return sum(1 for i, here in enumerate(flags) if here and (i == 0 or not flags[i - 1]))
 
-    # One green band per call that ran OK (the reads c2, c3, c4), a denied mark per refused write.
-    assert bands(colours["ok"]) == sum(row.status is CallStatus.OK for row in timeline.rows)
-    assert bands(colours["denied"]) == sum(row.status is CallStatus.DENIED for row in timeline.rows)
-    assert any(colours["waiting"]) and not any(colours["tool_error"])
+    # One band of its colour per call of each status: a run's bar, or the cross of a call that never ran.
+    # (Only the statuses present: antialiased grey lines pass through every grey, cancelled's included.)
+    for status in {row.status for row in timeline.rows if row.status is not None}:
+        assert bands(colours[status.value]) == sum(row.status is status for row in timeline.rows), status
+    assert any(colours["waiting"])
 
 
 def test_the_module_exports_few_names_defined_in_it() -> None:
@@ -348,3 +356,59 @@ def test_a_batch_that_took_no_time_is_drawn() -> None:
     assert all(row.wait is None for row in Timeline.from_results(results).rows)
     trace = _check_trace_shape(Timeline.from_results(results).chrome_trace())
     assert {event["dur"] for event in trace if event["ph"] == "X"} == {0.0}
+
+
+class _Recorder:
+    """Stands in for a matplotlib object: records every call made on it (and on what they return)."""
+
+    def __init__(self, log: list[tuple[str, tuple[Any, ...], dict[str, Any]]], name: str = "") -> None:
+        self._log, self._name = log, name
+
+    def __getattr__(self, attribute: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> _Recorder:
+            self._log.append((attribute, args, kwargs))
+            return _Recorder(self._log, attribute)
+
+        return call
+
+
+async def test_plot_draws_what_the_rows_say_whatever_the_renderer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without matplotlib to render, the drawing instructions still match the rows: bars, colours, marks, arrows.
+
+    The pixel test above checks the rendered picture where the `plot` extra is installed; this one checks,
+    everywhere, what plot() asks matplotlib to draw, through a recording stand-in for its two classes.
+    """
+    import types
+
+    log: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+    figure_module = types.ModuleType("matplotlib.figure")
+    figure_module.Figure = lambda **kwargs: _Recorder(log, "figure")  # type: ignore[attr-defined]
+    patches = types.ModuleType("matplotlib.patches")
+    patches.Patch = lambda **kwargs: kwargs  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "matplotlib", types.ModuleType("matplotlib"))
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", figure_module)
+    monkeypatch.setitem(sys.modules, "matplotlib.patches", patches)
+
+    async def person(request: Any) -> bool:
+        return False
+
+    _, (events,) = await _run_turns(TURN, approve=person)
+    timeline = Timeline.from_events(events)
+    timeline.plot("unused.png", title="one turn")
+    bars = [(args, kwargs["facecolors"]) for name, args, kwargs in log if name == "broken_barh"]
+    ran = [row for row in timeline.rows if row.started_at is not None]
+    runs = [(args[1][0] + 0.4, colour) for args, colour in bars if args[1][1] == 0.8]
+    # One bar per call that ran, in its status's colour (the reads of a note never written are tool errors).
+    assert runs == [(float(timeline.rows.index(row)), COLOURS[row.status]) for row in ran]  # type: ignore[index]
+    assert {row.status for row in ran} == {CallStatus.OK, CallStatus.TOOL_ERROR}
+    waits = [args[1][0] + 0.3 for args, colour in bars if colour == "#DDDDDD"]
+    began = [row.started_at if row.started_at is not None else row.finished_at for row in timeline.rows]
+    assert waits == [float(i) for i, row in enumerate(timeline.rows) if (began[i] or 0.0) > row.queued_at]
+    marks = [(args[1][0], kwargs["color"]) for name, args, kwargs in log if name == "plot" and kwargs.get("marker")]
+    never = [(float(i), row.status) for i, row in enumerate(timeline.rows) if row.started_at is None]
+    assert marks == [(y, COLOURS[status]) for y, status in never]  # type: ignore[index]
+    arrows = [kwargs for name, _, kwargs in log if name == "annotate"]
+    assert len(arrows) == sum(1 for row in timeline.rows if row.wait is not None and row.wait.after)
+    (ticks,) = [args for name, args, _ in log if name == "set_yticks"]
+    assert list(ticks[1]) == [row.label for row in timeline.rows]
+    assert ("savefig", ("unused.png",), {}) in log
