@@ -412,3 +412,36 @@ async def test_plot_draws_what_the_rows_say_whatever_the_renderer(monkeypatch: p
     (ticks,) = [args for name, args, _ in log if name == "set_yticks"]
     assert list(ticks[1]) == [row.label for row in timeline.rows]
     assert ("savefig", ("unused.png",), {}) in log
+
+
+async def test_a_wait_on_another_agents_write_is_named_when_both_are_recorded() -> None:
+    """Two agents dispatching at once on one dispatcher: a read of one waits for the other's write, and says so."""
+    events: list[CallEvent] = []
+    results: dict[str, list[ToolResult]] = {}
+    write_started = anyio.Event()
+
+    def record(event: CallEvent) -> None:
+        events.append(event)
+        if event.kind == "started" and event.call.id == "a1":
+            write_started.set()
+
+    async with (
+        Client(Workspace(latency=LATENCY).server) as client,
+        Dispatcher(on_event=record) as d,
+    ):
+        await d.add_mcp_server("notes", client, trusted=True)
+
+        async def agent(name: str, calls: list[ToolCall]) -> None:
+            results[name] = await d.dispatch(calls)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(agent, "a", [ToolCall("a1", "set_note", {"name": "plan", "text": "Tuesday"})])
+            await write_started.wait()
+            group.start_soon(agent, "b", [ToolCall("b1", "read_note", {"name": "plan"})])
+    both = _by_id(Timeline.from_events(events))
+    wait = both["b1"].wait
+    assert wait is not None and (wait.kind, wait.after) == ("write", ("a1",))
+    # Given only its own batch, the read's wait has no recorded cause: the other agent's write is not in it.
+    alone = Timeline.from_results(results["b"]).rows[0].wait
+    assert alone is None or alone.kind == "unrecorded"
+    assert Timeline.from_results(results["a"], results["b"]).rows[1].wait.after == ("a1",)  # type: ignore[union-attr]
