@@ -326,7 +326,8 @@ class Timeline:
             if row.untrusted_content:
                 notes.append("untrusted content")
             if row.wait is not None:
-                notes.append(row.wait.describe())
+                # It names other calls by their ids, which the model chose.
+                notes.append(_printable(row.wait.describe(), limit=400))
             lines.append(f"{row.label.ljust(label_width)} |{bar}| {times}  {'; '.join(notes)}")
         legend = ", ".join(f"{letter} {status.value}" for status, letter in _LETTERS.items())
         lines.append(f"{' ' * (label_width + 2)}- waiting, {legend}, : retry")

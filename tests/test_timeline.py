@@ -267,6 +267,11 @@ def test_hostile_labels_cannot_reach_the_terminal_or_break_the_picture() -> None
     text = Timeline.from_results([result]).text(color=True)
     assert "\x1b[2J" not in text and "\x07" not in text and "\n" not in text.splitlines()[2]
     assert "\\x1b[2J" in text and len(Timeline.from_results([result]).rows[0].label) == 60
+    # A call waiting on it names it in its wait, written out too.
+    later = ToolResult(ToolCall("b", "t", {}), CallStatus.OK, queued_at=1.0, started_at=2.0, finished_at=3.0)
+    ended = ToolResult(call, CallStatus.OK, queued_at=1.0, started_at=1.0, finished_at=2.0)
+    text = Timeline.from_results([ended, later]).text(color=False)
+    assert "\x1b" not in text and "\x07" not in text and "until x\\x1b[2J" in text
 
 
 def test_bad_input_is_a_clear_error() -> None:
