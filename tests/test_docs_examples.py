@@ -53,6 +53,11 @@ def _integrations() -> set[str]:
     run = {test_integrations_docs._scenario()}
     for heading in test_integrations_docs.FRAMEWORKS:
         run.add(test_integrations_docs._blocks(sections[heading], "python")[-1])
+    # Each framework's own tools on the same turn, where the guide measures them (test_the_native_turn_...).
+    native = getattr(test_integrations_docs, "_native", None)
+    if native is not None:
+        for section in native().values():
+            run.update(test_integrations_docs._blocks(section, "python"))
     return run
 
 
