@@ -122,6 +122,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "dispatcher.cli._workloads",
             "dispatcher.tuning",
             "dispatcher.formats",
+            "dispatcher.timeline",
             "dispatcher.integrations",
             "dispatcher.integrations._common",
             "dispatcher.integrations.claude_agent_sdk",

@@ -1,6 +1,10 @@
-"""The agent loops of docs/agent-loop.md run as written, against scripted fakes of the model SDKs.
+"""The agent loops of docs/agent-loop.md run as written: with the real SDKs over HTTP, and against fakes.
 
-Each fake stands in for the `anthropic` or `openai` package: it answers the first request with a turn
+With the real `anthropic` or `openai` package (where installed), each loop runs unchanged against
+`tests.model_api.ModelAPI`, a stand-in of the model API on 127.0.0.1 reached through the SDK's base-URL
+variable, with the key in the variable the doc names.
+
+Each fake stands in for the `anthropic` or `openai` package itself: it answers the first request with a turn
 of three tool calls (a write, then two reads that must see it) as the SDK's response objects, checks
 that the next request answers every call, and then ends the conversation with a text that quotes a
 tool result, so the test sees that the results reached the model. The person at the terminal is a
@@ -21,6 +25,8 @@ from typing import Any
 
 import anyio
 import pytest
+
+from tests.model_api import ModelAPI
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "agent-loop.md"
 PROMPT = "Note that the launch moved to Tuesday, then tell me what my notes say."
@@ -197,3 +203,62 @@ def test_readme_shows_the_tested_loops_under_their_own_labels() -> None:
         heading = README_LOOPS[label]
         assert code == _loop(heading), f"the README's {label} loop is not docs/agent-loop.md's {heading} loop"
         assert int(lines) == len(code.strip().splitlines()), f"the README says {lines} lines for {label}"
+
+
+# The real SDKs against a stand-in of the model API on 127.0.0.1 -----------------------------------
+
+# heading -> (the SDK's module, the pip package, the key variable, the base-URL variable, the URL's suffix)
+SDKS = {
+    "Anthropic Messages": ("anthropic", "anthropic", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", ""),
+    "OpenAI Chat Completions": ("openai", "openai", "OPENAI_API_KEY", "OPENAI_BASE_URL", "/v1"),
+    "OpenAI Responses": ("openai", "openai", "OPENAI_API_KEY", "OPENAI_BASE_URL", "/v1"),
+}
+KEY = "sk-stand-in-0123456789"
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("heading", list(SDKS))
+def test_agent_loop_runs_with_the_real_sdk_against_a_local_model_api(
+    heading: str, backend: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The loop, unchanged, drives the real SDK over HTTP to a stand-in API on 127.0.0.1: two requests, the answer."""
+    module, _, key_variable, url_variable, suffix = SDKS[heading]
+    pytest.importorskip(module, reason=f"the {module} package is not installed")
+    code = _loop(heading)
+    monkeypatch.setattr(anyio, "run", functools.partial(anyio.run, backend=backend))
+    monkeypatch.setattr(builtins, "input", lambda question: "y")
+    for variable in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    with ModelAPI(TURN, _final_answer, KEY) as api:
+        monkeypatch.setenv(url_variable, api.url + suffix)
+        monkeypatch.setenv(key_variable, KEY)
+        exec(compile(code, f"docs/agent-loop.md ({heading})", "exec"), {"__name__": "__main__"})
+    assert api.errors == []
+    assert capsys.readouterr().out == f"{ANSWER}\n"
+    assert len(api.requests) == 2 and all(body["model"] for _, body in api.requests)
+
+
+def test_the_stand_in_refuses_a_request_without_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stand-in checks the key the SDK sends, so a loop run without the documented variable fails."""
+    openai = pytest.importorskip("openai")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+
+    async def ask(url: str) -> None:
+        model = openai.AsyncOpenAI(api_key="sk-wrong", base_url=url + "/v1", max_retries=0)
+        await model.chat.completions.create(model="m", tools=[], messages=[{"role": "user", "content": "hi"}])
+
+    with ModelAPI(TURN, _final_answer, KEY) as api, pytest.raises(openai.BadRequestError):
+        anyio.run(ask, api.url)
+    assert api.errors == ["/v1/chat/completions: PermissionError: the API key header was 'Bearer sk-wrong'"]
+
+
+@pytest.mark.parametrize("heading", list(SDKS))
+def test_each_loop_names_the_package_and_the_key_it_needs(heading: str) -> None:
+    """The text before each loop says which package to install and which variable holds the API key."""
+    _, package, key_variable, _, _ = SDKS[heading]
+    section = _section(DOC.read_text(), heading)
+    before = section[: section.index("```python")]
+    hint = f'pip install "mcp-dispatcher[{package}]"'
+    assert hint in before, f"{heading}: say `{hint}`"
+    assert key_variable in before, f"{heading}: say the key goes in {key_variable}"

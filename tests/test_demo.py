@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from trio.testing import MockClock
 
-from dispatcher.examples.demo import SCRIPT, ScriptedModel, run, timeline
+from dispatcher.examples.demo import SCRIPT, ScriptedModel, run, waves
+from dispatcher.timeline import Timeline
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,27 +45,34 @@ async def test_demo_timeline_on_a_virtual_clock() -> None:
     lines: list[str] = []
     await run(latency=0.1, out=lines.append)
     turn_2 = lines[lines.index("turn 2: 6 calls") + 1 :]
-    assert turn_2[:6] == [
-        "  toolu_05 append_note  |##########                              |     0 ->   100 ms  ok",
-        "  toolu_06 set_note     |          ##########                    |   100 ->   200 ms  ok",
-        "  toolu_07 read_note    |                    ##########          |   200 ->   300 ms  ok",
-        "  toolu_08 search_notes |                    ##########          |   200 ->   300 ms  ok",
-        "  toolu_09 read_note    |                    ##########          |   200 ->   300 ms  ok",
-        "  toolu_10 delete_note  |                              ##########|   300 ->   400 ms  ok",
+    assert turn_2[0].split() == ["0", "100", "200", "300", "ms"]
+    assert turn_2[2:8] == [
+        "  toolu_05 append_note  |oooooooooo                              |      0 ->    100 ms  ok",
+        "  toolu_06 set_note     |----------oooooooooo                    |    100 ->    200 ms  ok; "
+        "waited 100 ms for the write before it (toolu_05)",
+        "  toolu_07 read_note    |--------------------oooooooooo          |    200 ->    300 ms  ok; "
+        "waited 200 ms for the write before it (toolu_06)",
+        "  toolu_08 search_notes |--------------------oooooooooo          |    200 ->    300 ms  ok; "
+        "waited 200 ms for the write before it (toolu_06)",
+        "  toolu_09 read_note    |--------------------oooooooooo          |    200 ->    300 ms  ok; "
+        "waited 200 ms for the write before it (toolu_06)",
+        "  toolu_10 delete_note  |------------------------------oooooooooo|    300 ->    400 ms  ok; "
+        "waited 300 ms: runs alone, after the calls before it (the last: toolu_09)",
     ]
-    assert turn_2[10:14] == [
+    assert turn_2[13:17] == [
         "  approval for toolu_06 asked at 0 ms: approved",
         "    because set_note may make destructive changes",
         "  approval for toolu_10 asked at 0 ms: approved",
         "    because delete_note may make destructive changes",
     ]
-    assert "  toolu_04 fetch_url    |" + "#" * 40 + "|     0 ->   300 ms  ok, untrusted content" in lines
+    assert "  toolu_04 fetch_url    |" + "o" * 40 + "|      0 ->    300 ms  ok; untrusted content" in lines
     turn_4 = lines[lines.index("turn 4: 1 call") + 1 :]
-    assert turn_4[:2] == [
-        "  toolu_12 send_message |" + " " * 40 + "| never ran: denied",
-        "  approval for toolu_12 asked at 0 ms: denied",
-    ]
-    assert turn_4[2].startswith("    because send_message can send data to an open world, and this session has read")
+    assert turn_4[2] == (
+        "  toolu_12 send_message |" + "-" * 39 + "D|        never ran  denied; "
+        "waited 100 ms for an approval that was not given"
+    )
+    assert turn_4[4] == "  approval for toolu_12 asked at 0 ms: denied"
+    assert turn_4[5].startswith("    because send_message can send data to an open world, and this session has read")
 
 
 def test_scripted_model_rejects_unanswered_tool_uses() -> None:
@@ -76,9 +84,26 @@ def test_scripted_model_rejects_unanswered_tool_uses() -> None:
         model.respond([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01"}]}], tools)
 
 
-def test_timeline_of_a_turn_without_calls() -> None:
-    """An empty turn says so."""
-    assert timeline([]) == ["  (no calls)"]
+def test_waves_of_a_turn_without_calls() -> None:
+    """A turn without calls has no waves."""
+    assert waves(Timeline([])) == []
+
+
+@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+@pytest.mark.anyio
+async def test_demo_writes_the_session_as_a_chrome_trace(tmp_path: Path) -> None:
+    """`--trace` writes the whole session, one process per turn, every call of every turn a thread."""
+    import json
+
+    path = tmp_path / "session.json"
+    lines: list[str] = []
+    turns = await run(latency=0.1, out=lines.append, trace=path)
+    trace = json.loads(path.read_text())
+    names = [e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"]
+    assert names == [f"batch {n}" for n in range(1, len(turns) + 1)]
+    threads = [e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"]
+    assert threads == [f"{r.call_id} {r.tool}" for turn in turns for r in turn]
+    assert lines[-1].endswith(str(path))
 
 
 def test_make_demo_runs_the_module() -> None:
@@ -93,5 +118,6 @@ def test_make_demo_runs_the_module() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "wave 3 (together): toolu_07 read_note, toolu_08 search_notes, toolu_09 read_note" in done.stdout
-    assert "toolu_12 send_message" in done.stdout and "never ran: denied" in done.stdout
+    assert "toolu_12 send_message" in done.stdout and "never ran  denied" in done.stdout
+    assert "\x1b[" not in done.stdout  # not a terminal: no colour
     assert "demo:" in (ROOT / "Makefile").read_text()

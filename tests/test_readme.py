@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -35,6 +37,51 @@ def test_readme_agent_turn_runs() -> None:
     ]
 
 
+TIMELINE_EXAMPLE = (
+    r"### What ran when: a timeline of any batch\n\n.*?```python\n(.*?)```\n\nprints .*?```text\n(.*?)```"
+)
+
+
+def test_readme_timeline_example_prints_what_the_readme_shows(tmp_path: Path) -> None:
+    """The timeline example prints, on a virtual clock, exactly the timeline shown, and writes a trace."""
+    match = re.search(TIMELINE_EXAMPLE, README.read_text(), re.S)
+    assert match is not None, "the README lost its timeline example"
+    code, shown = match.groups()
+    # The same script on trio's virtual clock, where the 50 ms calls take exactly 50 ms.
+    runner = (
+        "import anyio, trio.testing\n"
+        "_run = anyio.run\n"
+        "clock = {'clock': trio.testing.MockClock(autojump_threshold=0)}\n"
+        "anyio.run = lambda f: _run(f, backend='trio', backend_options=clock)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", runner + code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(README.parent)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == shown
+    trace = json.loads((tmp_path / "batch.trace.json").read_text())
+    threads = [event["args"]["name"] for event in trace["traceEvents"] if event["name"] == "thread_name"]
+    assert threads == ["c1 set_note", "c2 read_note", "c3 search_notes", "c4 read_note", "c5 append_note"]
+    # On the real clock, as written, it runs too.
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(README.parent)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "for the write before it (c1)" in done.stdout
+
+
 def _python_blocks(text: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
 
@@ -53,8 +100,9 @@ def test_every_python_snippet_is_run_or_says_it_is_a_fragment() -> None:
             for label in ("Anthropic Messages", "OpenAI Chat Completions")
         },
     }
+    run_by_tests["timeline"] = re.search(TIMELINE_EXAMPLE, text, re.S)
     tested = {match.group(1) for match in run_by_tests.values() if match is not None}
-    assert len(tested) == 3, "the README lost one of its tested examples"
+    assert len(tested) == 4, "the README lost one of its tested examples"
     for block in _python_blocks(text):
         if block in tested:
             continue

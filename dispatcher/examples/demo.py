@@ -3,8 +3,10 @@
 Run it with ``python -m dispatcher.examples.demo``. No network and no API key: the "model" is a script of
 realistic Anthropic Messages responses, each turn asking for several tools at once, and the tools are the
 bundled `Workspace` MCP server with a little simulated latency. After each turn the demo prints a
-timeline of the calls (from each result's ``started_at`` and ``finished_at``) and which of them ran
-together: the reads of a turn overlap, every write runs alone, in the order the model asked.
+`dispatcher.timeline.Timeline` of the calls (from the dispatcher's events: what ran when, what each
+call waited for) and which of them ran together: the reads of a turn overlap, every write runs alone,
+in the order the model asked. ``--trace PATH`` writes the whole session as a Chrome trace (Perfetto,
+chrome://tracing), ``--plot PATH`` as a picture (the ``plot`` extra).
 
 A scripted person answers the approvals: destructive calls are confirmed (all of a turn's requests
 arrive at once, while other calls run), and a `SessionGuard` stops the exfiltration that a prompt
@@ -15,6 +17,9 @@ content, sending a message out needs approval, which the person refuses.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -23,17 +28,17 @@ from mcp import Client
 
 from dispatcher import Dispatcher, SessionGuard
 from dispatcher.formats import anthropic_calls, anthropic_results, anthropic_tools
+from dispatcher.timeline import Timeline
 
 from ._workspace import Workspace
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from dispatcher import ApprovalRequest, ToolResult
+    from dispatcher import ApprovalRequest, CallEvent, ToolResult
+    from dispatcher.timeline import TimelineRow
 
-__all__ = ["ScriptedModel", "ScriptedPerson", "main", "run", "timeline"]
-
-_BAR_WIDTH = 40
+__all__ = ["ScriptedModel", "ScriptedPerson", "main", "run", "waves"]
 
 # What the user asked, and what the scripted model answers turn by turn (Anthropic content blocks).
 PROMPT = "Get my launch notes in order and check them against the public launch page."
@@ -147,68 +152,54 @@ class ScriptedPerson:
         return approved
 
 
-def timeline(results: Sequence[ToolResult], width: int = _BAR_WIDTH) -> list[str]:
-    """Lines that draw when each call ran, then which calls ran together ("waves").
-
-    Calls whose run times overlap (directly or through another call) form one wave.
-    """
-    if not results:
-        return ["  (no calls)"]
-    ran = [result for result in results if result.started_at is not None]
-    origin = min(result.queued_at for result in results)
-    end = max(result.finished_at for result in results)
-    span = max(end - origin, 1e-9)
-    name_width = max(len(f"{result.call_id} {result.call.name}") for result in results)
+def waves(timeline: Timeline) -> list[str]:
+    """Which calls ran together: calls whose run times overlap (directly or through another) form a wave."""
+    found: list[list[TimelineRow]] = []
+    wave_end = float("-inf")
+    ran = [row for row in timeline.rows if row.started_at is not None and row.finished_at is not None]
+    for row in sorted(ran, key=lambda row: (row.started_at, row.finished_at)):
+        assert row.started_at is not None and row.finished_at is not None
+        if found and row.started_at < wave_end:
+            found[-1].append(row)
+            wave_end = max(wave_end, row.finished_at)
+        else:
+            found.append([row])
+            wave_end = row.finished_at
+    order = {id(row): position for position, row in enumerate(timeline.rows)}
     lines = []
-    for result in results:
-        label = f"{result.call_id} {result.call.name}".ljust(name_width)
-        if result.started_at is None:
-            lines.append(f"  {label} |{' ' * width}| never ran: {result.status.value}")
-            continue
-        first = min(width - 1, round((result.started_at - origin) / span * width))
-        last = max(first + 1, round((result.finished_at - origin) / span * width))
-        bar = " " * first + "#" * (last - first) + " " * (width - last)
-        start_ms = (result.started_at - origin) * 1000
-        end_ms = (result.finished_at - origin) * 1000
-        marks = ", untrusted content" if result.untrusted_content else ""
-        lines.append(f"  {label} |{bar[:width]}| {start_ms:5.0f} -> {end_ms:5.0f} ms  {result.status.value}{marks}")
-    order = {id(result): position for position, result in enumerate(results)}
-    for number, wave in enumerate(_waves(ran), start=1):
+    for number, wave in enumerate(found, start=1):
+        wave.sort(key=lambda row: order[id(row)])
         how = "together" if len(wave) > 1 else "alone"
-        wave.sort(key=lambda result: order[id(result)])
-        names = ", ".join(f"{result.call_id} {result.call.name}" for result in wave)
-        lines.append(f"  wave {number} ({how}): {names}")
+        lines.append(f"wave {number} ({how}): {', '.join(row.label for row in wave)}")
     return lines
 
 
-def _waves(ran: list[ToolResult]) -> list[list[ToolResult]]:
-    waves: list[list[ToolResult]] = []
-    wave_end = float("-inf")
-    for result in sorted(ran, key=lambda result: (result.started_at, result.finished_at)):
-        assert result.started_at is not None
-        if waves and result.started_at < wave_end:
-            waves[-1].append(result)
-            wave_end = max(wave_end, result.finished_at)
-        else:
-            waves.append([result])
-            wave_end = result.finished_at
-    return waves
-
-
-async def run(*, latency: float = 0.1, out: Callable[[str], None] = print) -> list[list[ToolResult]]:
+async def run(
+    *,
+    latency: float = 0.1,
+    out: Callable[[str], None] = print,
+    color: bool = False,
+    trace: str | os.PathLike[str] | None = None,
+    picture: str | os.PathLike[str] | None = None,
+) -> list[list[ToolResult]]:
     """Run the scripted conversation and print what happened; returns each turn's results.
 
     Args:
         latency: Seconds each note tool takes; fetching a page takes three times as long.
         out: Where each line of the report goes.
+        color: Colour the timelines' bars (ANSI escapes).
+        trace: Where to write the session's Chrome trace (JSON for Perfetto or chrome://tracing).
+        picture: Where to save a picture of the session's timeline (PNG; needs the ``plot`` extra).
     """
     workspace = Workspace(latency=latency, latency_by_tool={"fetch_url": 3 * latency})
     model = ScriptedModel(SCRIPT)
     person = ScriptedPerson(DECISIONS, delay=latency)
     turns: list[list[ToolResult]] = []
+    events: list[CallEvent] = []  # the current turn's, from the dispatcher's event hook
+    session: list[list[CallEvent]] = []
     async with (
         Client(workspace.server) as client,
-        Dispatcher(approve=person, guard=SessionGuard()) as dispatcher,
+        Dispatcher(approve=person, guard=SessionGuard(), on_event=events.append) as dispatcher,
     ):
         for name, text in SEED_NOTES.items():
             await client.call_tool("set_note", {"name": name, "text": text})
@@ -226,11 +217,14 @@ async def run(*, latency: float = 0.1, out: Callable[[str], None] = print) -> li
             if not calls:
                 break
             asked = len(person.log)
+            events.clear()
             results = await dispatcher.dispatch(calls)
             turns.append(results)
+            session.append(list(events))
             out(f"turn {len(turns)}: {len(calls)} call{'s' if len(calls) > 1 else ''}")
-            for line in timeline(results):
-                out(line)
+            timeline = Timeline.from_events(events)
+            for line in [*timeline.text(color=color).splitlines(), *waves(timeline)]:
+                out(f"  {line}")
             origin = min(result.queued_at for result in results)
             position = {call.id: index for index, call in enumerate(calls)}
             for at, request, approved in sorted(person.log[asked:], key=lambda entry: position[entry[1].call.id]):
@@ -238,6 +232,13 @@ async def run(*, latency: float = 0.1, out: Callable[[str], None] = print) -> li
                 out(f"  approval for {request.call.id} asked at {(at - origin) * 1000:.0f} ms: {answer}")
                 out(f"    because {request.reason}")
             messages.append({"role": "user", "content": anthropic_results(results)})
+    whole = Timeline.from_events(*session)
+    if trace is not None:
+        await anyio.Path(trace).write_text(json.dumps(whole.chrome_trace()), encoding="utf-8")
+        out(f"the session's trace (open it in https://ui.perfetto.dev or chrome://tracing): {trace}")
+    if picture is not None:
+        whole.plot(picture, title=PROMPT)
+        out(f"the session's timeline: {picture}")
     return turns
 
 
@@ -246,10 +247,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m dispatcher.examples.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--latency", type=float, default=0.1, metavar="S", help="seconds per note tool call")
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    parser.add_argument("--trace", metavar="PATH", help="write the session's Chrome trace (JSON) there")
+    parser.add_argument("--plot", metavar="PATH", help="save a picture of the session there (the plot extra)")
+    color = parser.add_mutually_exclusive_group()
+    color.add_argument("--color", action="store_true", default=None, help="colour the bars (default: on a terminal)")
+    color.add_argument("--no-color", dest="color", action="store_false")
     args = parser.parse_args(argv)
     if not args.latency >= 0:
         parser.error(f"--latency must be >= 0, got {args.latency}")
-    anyio.run(lambda: run(latency=args.latency), backend=args.backend)
+    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        parser.error('--plot needs matplotlib: pip install "mcp-dispatcher[plot]"')
+    if args.color is None:
+        args.color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    anyio.run(
+        lambda: run(latency=args.latency, color=args.color, trace=args.trace, picture=args.plot),
+        backend=args.backend,
+    )
 
 
 if __name__ == "__main__":
