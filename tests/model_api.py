@@ -71,7 +71,10 @@ class ModelAPI:
                         api._check_key(self.headers.get("Authorization"), f"Bearer {api.key}")
                         reply = api._responses(body)
                     elif self.path == "/v1/messages":
-                        api._check_key(self.headers.get("x-api-key"), api.key)
+                        # Older anthropic clients send the key as x-api-key, newer ones as a bearer token.
+                        bearer = self.headers.get("Authorization")
+                        sent = self.headers.get("x-api-key") or (bearer.removeprefix("Bearer ") if bearer else None)
+                        api._check_key(sent, api.key)
                         reply = api._messages(body)
                     else:
                         raise LookupError(f"no such endpoint: {self.path}")
