@@ -10,6 +10,7 @@ import re
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 
 import anyio
 import pytest
@@ -22,6 +23,7 @@ from trio.testing import MockClock
 import dispatcher
 from dispatcher import ConfigurationError, Dispatcher, ToolCall
 from dispatcher.cli import main
+from dispatcher.cli._measure import combine
 from dispatcher.cli._tune_command import doubling
 from dispatcher.examples import Workspace
 from dispatcher.tuning import (
@@ -71,8 +73,8 @@ def by_limit(report: TuneReport) -> dict[int, SettingResult]:
 # The recommendation ------------------------------------------------------------------------------
 
 
-def test_recommends_the_smallest_setting_within_five_percent_of_the_best() -> None:
-    """The smallest setting at >= 95% of the best wins, and the sentence says what larger ones cost."""
+def test_recommends_the_knee_of_throughput_and_run_time() -> None:
+    """The smallest setting within 5% of the best throughput per run time wins, and the sentence says why."""
     settings = [setting(1, 20), setting(4, 80), setting(8, 153, 0.05), setting(16, 158, 0.1), setting(32, 160, 0.2)]
     recommended, best, why = recommend(list(reversed(settings)))
     assert (recommended, best) == (8, 32)
@@ -80,20 +82,50 @@ def test_recommends_the_smallest_setting_within_five_percent_of_the_best() -> No
         "8 gives 96% of the best throughput (160 calls/s at 32); beyond it, each call's p95 run time grows "
         "from 50.0 ms to 200 ms (at 32) for at most 5% more throughput."
     )
-    assert recommend(settings, tolerance=0.01)[0] == 32
+    # Throughput creeping up past the knee (round trips hidden by more calls) does not move it.
+    creeping = [setting(4, 76, 0.05), setting(8, 140, 0.055), setting(16, 152, 0.1), setting(32, 159, 0.2)]
+    assert recommend(creeping)[0] == 8
+    # The old rule (smallest within 5% of the best throughput) would say 16 here: 2x above the knee.
+    assert next(s.limit for s in creeping if s.throughput >= 0.95 * 159) == 16
 
 
 def test_explanations_for_the_edges_of_the_range() -> None:
-    """A best setting at the top asks for a wider range; a flat profile recommends the smallest."""
+    """A best setting at the top asks for a wider range only while throughput still grows; flat says so."""
     _, _, growing = recommend([setting(1, 20), setting(2, 40)])
     assert growing.startswith("2 gives the best throughput (40.0 calls/s), 100% more than 1; it is the largest")
     assert "try a wider range" in growing
-    assert recommend([setting(1, 20), setting(4, 20.1)]) == (
-        1,
-        4,
-        "1 gives the best throughput to within 1% (20.1 calls/s at 4); larger settings give no more throughput.",
-    )
+    _, _, stopped = recommend([setting(1, 20), setting(2, 40)], planned_top=8)
+    assert stopped.endswith("the sweep stopped before the larger settings were measured.")
+    assert "wider" not in stopped
     assert recommend([setting(8, 0, calls=0)])[:2] == (None, None)
+
+
+def test_flat_throughput_with_growing_latency_says_no_setting_matters() -> None:
+    """Flat throughput and growing run time (a server that serializes): the smallest, never a wider range."""
+    flat = [setting(limit, 20.0 + limit / 64, 0.05 * limit) for limit in (1, 2, 4, 8, 16)]
+    recommended, best, why = recommend(flat)
+    assert (recommended, best) == (1, 16)
+    assert why.startswith("no setting matters here: throughput stays at 20.0 to 20.2 calls/s from 1 to 16")
+    assert "grows from 50.0 ms to 800 ms" in why
+    assert "wider" not in why
+    # Within the spread of the repeats counts as flat too, even when the medians differ by more than 10%.
+    noisy = [
+        replace(setting(1, 20), throughput_range=(15, 26)),
+        replace(setting(4, 25, 0.2), throughput_range=(24, 30)),
+    ]
+    assert recommend(noisy)[2].startswith("no setting matters here")
+
+
+def test_combine_takes_medians_and_ranges() -> None:
+    """Repeats combine into medians (one disturbed repeat moves nothing), summed counts and the range."""
+    runs = [setting(4, 80), replace(setting(4, 20, 0.5), cut_off=2), setting(4, 82)]
+    combined = combine(runs)
+    assert (combined.throughput, combined.run_p95, combined.repeats) == (80, 0.05, 3)
+    assert (combined.calls, combined.cut_off, combined.throughput_range) == (300, 2, (20, 82))
+    assert combined.spread == pytest.approx(31 / 80)
+    assert combined.to_json()["throughput_range"] == [20, 82]
+    with pytest.raises(ValueError, match="one setting"):
+        combine([setting(1, 1), setting(2, 1)])
 
 
 # Workloads ---------------------------------------------------------------------------------------
@@ -214,7 +246,7 @@ async def test_per_server_limit_and_time_budget() -> None:
     assert (report.knob, report.recommended) == ("per_server", 8)
     assert report.how_to_apply == "add_mcp_server(..., max_concurrency=8)"
     for result in report.settings:
-        assert result.elapsed == pytest.approx(1.0)
+        assert result.elapsed == pytest.approx(3 * 1.0)  # three repeats of a 1 s window
         assert result.throughput == pytest.approx(min(result.limit, 8) / 0.05, rel=0.01)
 
 
@@ -257,7 +289,14 @@ async def test_a_workload_of_calls_with_failures() -> None:
     workload = load_workload(['{"name": "search_notes", "arguments": {"query": "a"}}', '{"name": "search_notes"}'])
     progress: list[TuneProgress] = []
     report = await tune(
-        Workspace(latency=0.05).server, workload, (2,), trusted=True, calls=10, warmup=0, progress=progress.append
+        Workspace(latency=0.05).server,
+        workload,
+        (2,),
+        trusted=True,
+        calls=10,
+        warmup=0,
+        progress=progress.append,
+        repeats=1,
     )
     [result] = report.settings
     assert result.errors == 5
@@ -281,7 +320,7 @@ async def test_a_sweep_in_real_time_with_an_entered_client() -> None:
     """
     workspace = Workspace(latency=0.1, saturation=8)
     async with Client(workspace.server) as client:
-        report = await tune(client, "reads", (4, 8, 16), trusted=True, calls=16)
+        report = await tune(client, "reads", (4, 8, 16), trusted=True, calls=16, repeats=1)
         assert [(s.limit, s.calls, s.errors) for s in report.settings] == [(4, 16, 0), (8, 16, 0), (16, 16, 0)]
         assert report.recommended in (4, 8, 16), render_table(report)
         assert report.target == "an entered mcp.Client"
@@ -326,6 +365,7 @@ def test_table_rendering() -> None:
     assert lines[3].split() == [
         "max_concurrency",
         "calls/s",
+        "spread",
         "of",
         "best",
         "in",
@@ -338,9 +378,25 @@ def test_table_rendering() -> None:
         "p50",
         "queue",
         "p95",
+        "cut",
+        "off",
         "errors",
     ]
-    assert lines[5].split() == ["8", "160", "100%", "8.00", "50.0", "50.0", "0.00", "0.00", "0", "<-", "recommended"]
+    assert lines[5].split() == [
+        "8",
+        "160",
+        "-",
+        "100%",
+        "8.00",
+        "50.0",
+        "50.0",
+        "0.00",
+        "0.00",
+        "0",
+        "0",
+        "<-",
+        "recommended",
+    ]
     assert "recommended: Dispatcher(max_concurrency=8)" in lines
     assert lines[-1] == "note: a note"
     assert report.to_json()["settings"][1]["run_p95_ms"] == 50.0
@@ -359,6 +415,7 @@ def test_cli_over_stdio_reports_the_sweep(tmp_path: pathlib.Path) -> None:
     server = f"{WORKSPACE} --latency 0.15 --saturation 8"
     out, plot = tmp_path / "tune.json", tmp_path / "tune.png"
     argv = ["--stdio", server, "--trusted", "--synthetic", "reads", "--range", "2,4,8,16,32", "--calls", "24"]
+    argv += ["--repeats", "1"]
     done = subprocess.run(
         [sys.executable, "-m", "dispatcher", "tune", *argv, "--json", str(out), "--plot", str(plot)],
         capture_output=True,
@@ -378,7 +435,8 @@ def test_cli_over_stdio_reports_the_sweep(tmp_path: pathlib.Path) -> None:
     assert f"recommended: Dispatcher(max_concurrency={report['recommended']})" in done.stdout
     row = next(line for line in done.stdout.splitlines() if line.endswith("<- recommended"))
     assert row.split()[0] == str(report["recommended"])
-    assert "setting 5/5: 32 ..." in done.stderr
+    assert "probing: calling each tool of the synthetic workload once" in done.stderr
+    assert "setting 5/5 (32): warming up" in done.stderr and "setting 5/5 (32): measuring" in done.stderr
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -410,6 +468,8 @@ def test_cli_workload_file_per_server(tmp_path: pathlib.Path, capsys: pytest.Cap
             "2",
             "--calls",
             "10",
+            "--repeats",
+            "1",
             "--per-server",
             "--json",
             str(out),
@@ -536,7 +596,9 @@ async def test_calls_that_fail_are_errors_not_throughput() -> None:
     assert "tool_error: Error executing tool read_note: there is no note named 'missing'" in text
     half = load_workload(['{"name": "read_note", "arguments": {"name": "missing"}}', '{"name": "search_notes"}'])
     half = [*half[:1], ToolCall("1", "search_notes", {"query": "x"})]
-    [mixed] = (await tune(Workspace(latency=0.05).server, half, (2,), trusted=True, calls=20, warmup=0)).settings
+    [mixed] = (
+        await tune(Workspace(latency=0.05).server, half, (2,), trusted=True, calls=20, warmup=0, repeats=1)
+    ).settings
     assert mixed.calls == mixed.errors == 10
     assert mixed.throughput == pytest.approx(1 / 0.05)  # the successful half of 2 slots of 50 ms calls
 

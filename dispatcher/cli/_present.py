@@ -34,6 +34,7 @@ __all__ = [
     "INSTALL_HINT",
     "ProgressBar",
     "clean",
+    "describe_step",
     "inspect_lines",
     "print_lines",
     "render_inspect",
@@ -45,7 +46,18 @@ __all__ = [
 
 INSTALL_HINT = "the dispatcher command line needs rich: pip install 'mcp-dispatcher[cli]'"
 
-_TUNE_HEADERS = ("calls/s", "of best", "in flight", "run p50", "run p95", "queue p50", "queue p95", "errors")
+_TUNE_HEADERS = (
+    "calls/s",
+    "spread",
+    "of best",
+    "in flight",
+    "run p50",
+    "run p95",
+    "queue p50",
+    "queue p95",
+    "cut off",
+    "errors",
+)
 _INSPECT_HEADERS = ("TOOL", "DECLARED", "EFFECTIVE", "SCHEDULING", "RETRYABLE", "KEYS")
 # How much of a server's text `inspect` shows without --full: in the table, and under "what the model reads".
 _CELL = 40
@@ -107,14 +119,16 @@ def _tune_rows(report: TuneReport) -> list[list[str]]:
     best = max((s.throughput for s in report.settings if math.isfinite(s.throughput)), default=0.0)
     return [
         [
-            str(s.limit),
+            str(s.limit) if s.repeats == report.repeats else f"{s.limit} ({s.repeats}x)",
             format_number(s.throughput),
+            f"±{s.spread:.0%}" if s.repeats > 1 else "-",
             f"{s.throughput / best:.0%}" if best > 0 and math.isfinite(s.throughput) else "-",
             format_number(s.in_flight),
             format_number(s.run_p50 * 1000),
             format_number(s.run_p95 * 1000),
             format_number(s.queue_p50 * 1000),
             format_number(s.queue_p95 * 1000),
+            str(s.cut_off),
             str(s.errors),
             "<- recommended" if s.limit == report.recommended else "",
         ]
@@ -137,14 +151,25 @@ def _tune_heading(report: TuneReport) -> list[str]:
     amount = f"{report.calls} measured calls" if report.calls is not None else "measured calls"
     if report.duration is not None:
         amount += f" (at most {report.duration:g} s)"
-    return [
+    times = f", {report.repeats} times" if report.repeats > 1 else ""
+    lines = [
         f"tuning {knob} against {report.target} ({trust})",
-        f"workload: {report.workload}; {report.clients} callers; {amount} per setting after a warm-up",
+        f"workload: {report.workload}; {report.clients} callers; {amount} per setting after a warm-up{times}",
     ]
+    if report.cut_short is not None:
+        why = "interrupted" if report.cut_short == "interrupted" else "cut short by --max-time"
+        lines.append(f"{why}: the settings measured so far")
+    return lines
 
 
 def _tune_conclusion(report: TuneReport) -> list[str]:
     lines = ["times in ms; run = from a call's start to its result, queue = waiting for a slot in the dispatcher"]
+    if report.repeats > 1:
+        lines.append(
+            f"each figure is the median of {report.repeats} measurements; spread = half their range of calls/s"
+        )
+    if any(s.cut_off for s in report.settings):
+        lines.append("cut off = calls still running when the window closed, left to finish and timed in run/queue")
     if report.errors:
         lines.append(f"warning: {report.errors} measured calls failed; they are counted as errors, not throughput")
     if report.recommended is not None:
@@ -311,6 +336,14 @@ def print_lines(lines: Sequence[Any], stream: TextIO) -> None:
 # Progress ---------------------------------------------------------------------------------------------
 
 
+def describe_step(step: TuneProgress) -> str:
+    """What the sweep is doing, in words: "probing the tools", or the setting, the repeat and the phase."""
+    if step.phase == "probing":
+        return "probing: calling each tool of the synthetic workload once"
+    repeat = f", repeat {step.repeat + 1}/{step.repeats}" if step.repeats > 1 else ""
+    return f"setting {step.index + 1}/{step.total} ({step.limit}){repeat}: {step.phase}"
+
+
 class ProgressBar:
     """A sweep's progress on a stream: rich's bar on a terminal, a line per setting elsewhere (logs).
 
@@ -322,6 +355,7 @@ class ProgressBar:
         self._enabled = enabled
         self._tty = stream.isatty()
         self._index = -1
+        self._last: tuple[int, str] = (-1, "")
         self._started = time.perf_counter()
         self._bar: Any = None
         if enabled and self._tty:
@@ -337,19 +371,23 @@ class ProgressBar:
     def __call__(self, step: TuneProgress) -> None:
         if not self._enabled:
             return
+        where = describe_step(step)
+        position = step.repeat * step.total + step.index
         if self._bar is None:
-            if step.index != self._index:
-                self._index = step.index
-                self._stream.write(f"setting {step.index + 1}/{step.total}: {step.limit} ...\n")
+            if (position, step.phase) != self._last:
+                self._index = position
+                self._last = (position, step.phase)
+                self._stream.write(where + "\n")
                 self._stream.flush()
             return
-        self._index = step.index
+        self._index = position
         share = step.completed / step.planned if step.planned else 0.0
         planned = f"/{step.planned}" if step.planned is not None else ""
+        calls = f": {step.completed}{planned} calls" if step.phase != "probing" else ""
         self._bar.update(
             self._task,
-            completed=(step.index + min(share, 1.0)) / step.total,
-            description=f"setting {step.index + 1}/{step.total} ({step.limit}): {step.completed}{planned} calls",
+            completed=(position + min(share, 1.0)) / (step.total * step.repeats),
+            description=where + calls,
         )
 
     def close(self) -> None:
