@@ -98,6 +98,15 @@ def test_explanations_for_the_edges_of_the_range() -> None:
     assert stopped.endswith("the sweep stopped before the larger settings were measured.")
     assert "wider" not in stopped
     assert recommend([setting(8, 0, calls=0)])[:2] == (None, None)
+    # A knee well below the best throughput says what the best would cost per call, and lets the user choose.
+    soft = [setting(1, 100, 0.004), setting(4, 300, 0.02), setting(16, 460, 0.034)]
+    assert recommend(soft) == (
+        1,
+        16,
+        "1 is the knee: the most throughput per unit of run time (100 calls/s at a median run time of 4.00 ms); "
+        "16 gives 360% more (460 calls/s) with each call taking 8.5x as long (34.0 ms): set it instead if "
+        "throughput matters more to you than each call's latency.",
+    )
 
 
 def test_flat_throughput_with_growing_latency_says_no_setting_matters() -> None:
@@ -728,3 +737,231 @@ def test_ctrl_c_ends_the_sweep_with_one_line(
     monkeypatch.setattr(dispatcher.cli._tune_command, "tune", interrupted)
     assert main(["tune", "--url", "http://127.0.0.1:9/mcp", "--synthetic", "reads", "--quiet"]) == 130
     assert capsys.readouterr().err == "dispatcher tune: interrupted\n"
+
+
+# Advice that holds: repeats, windows, early ends, slow defaults --------------------------------
+
+
+def slow_server(seconds: float) -> MCPServer:
+    """A server whose one read-only tool takes `seconds`."""
+    server = MCPServer("slow")
+
+    async def crawl(key: str) -> str:
+        """Takes its time."""
+        await anyio.sleep(seconds)
+        return key
+
+    server.add_tool(crawl, annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    return server
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_a_duration_window_closes_on_time_and_times_the_calls_it_cut_off() -> None:
+    """Calls slower than the window: it closes on time, and the calls running then are timed, as cut off."""
+    workload = [ToolCall("1", "crawl", {"key": "k"})]
+    report = await tune(slow_server(3.0), workload, (2,), trusted=True, calls=None, duration=1.0, warmup=0, repeats=1)
+    [result] = report.settings
+    assert result.elapsed == pytest.approx(1.0)  # not 3 s: no call had to complete to close it
+    assert (result.calls, result.cut_off, result.errors) == (0, 2, 0)
+    assert result.run_p50 == pytest.approx(3.0)  # their whole run time, not a column of "-"
+    assert result.throughput == pytest.approx(2 / 3)  # a third of each call fell inside the window
+    assert "cut off = calls still running when the window closed" in render_table(report)
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_the_warm_up_of_a_timed_window_ends_on_time_too() -> None:
+    """With a duration, a warm-up of slow calls lasts at most that long: a setting takes 2 windows, not 2 calls."""
+    workload = [ToolCall("1", "crawl", {"key": "k"})]
+    started = anyio.current_time()
+    report = await tune(slow_server(10.0), workload, (1,), trusted=True, calls=None, duration=1.0, repeats=1)
+    # The warm-up (2 calls of 10 s) is cut at 1 s, the window at 2 s; the call running then finishes at 10 s.
+    assert anyio.current_time() - started == pytest.approx(10.0)
+    [result] = report.settings
+    assert result.elapsed == pytest.approx(1.0)
+    assert result.cut_off == 1
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_repeats_run_in_rounds_and_the_progress_says_what_happens() -> None:
+    """Every setting once per round; progress says probing, then warming up and measuring, setting and repeat."""
+    progress: list[TuneProgress] = []
+    report = await tune(
+        Workspace(latency=0.05, saturation=2).server,
+        "reads",
+        (1, 2),
+        trusted=True,
+        calls=8,
+        repeats=2,
+        progress=progress.append,
+    )
+    assert progress[0].phase == "probing"
+    steps = list(dict.fromkeys((p.repeat, p.index, p.phase) for p in progress[1:]))
+    assert steps == [
+        (0, 0, "warming up"),
+        (0, 0, "measuring"),
+        (0, 1, "warming up"),
+        (0, 1, "measuring"),
+        (1, 0, "warming up"),
+        (1, 0, "measuring"),
+        (1, 1, "warming up"),
+        (1, 1, "measuring"),
+    ]
+    assert all(p.repeats == 2 and p.total == 2 for p in progress)
+    assert [(s.repeats, s.calls) for s in report.settings] == [(2, 16), (2, 16)]
+    assert report.to_json()["repeats"] == 2
+    from dispatcher.cli._present import describe_step
+
+    assert describe_step(TuneProgress(8, 3, 7, 5, 100, 1, 3, "measuring")) == "setting 4/7 (8), repeat 2/3: measuring"
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_a_time_budget_reports_the_settings_measured_so_far() -> None:
+    """max_time ends the sweep with the settings done so far, says so, and asks for no wider range."""
+    # At 50 ms a call: the setting 1 takes 22 calls (1.1 s), 2 takes 0.6 s, 4 would end at 2.1 s.
+    report = await tune(
+        Workspace(latency=0.05).server, "reads", (1, 2, 4, 8), trusted=True, calls=20, repeats=1, max_time=2.0
+    )
+    assert report.cut_short == "max_time"
+    assert [s.limit for s in report.settings] == [1, 2]
+    assert report.recommended == 2
+    assert report.explanation.endswith("the sweep stopped before the larger settings were measured.")
+    assert any("cut short by the time budget (2 s)" in n and "not measured: [4, 8]" in n for n in report.notes)
+    assert "cut short by --max-time: the settings measured so far" in render_table(report)
+    assert report.to_json()["cut_short"] == "max_time"
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_setting_stop_ends_the_sweep_with_what_it_measured() -> None:
+    """The stop event (Ctrl-C on the command line) keeps the settings finished before it was set."""
+    stop = anyio.Event()
+
+    def on_progress(step: TuneProgress) -> None:
+        if step.index == 1 and step.phase == "measuring":
+            stop.set()
+
+    report = await tune(
+        Workspace(latency=0.05).server,
+        "reads",
+        (1, 2, 4),
+        trusted=True,
+        calls=10,
+        repeats=1,
+        progress=on_progress,
+        stop=stop,
+    )
+    assert report.cut_short == "interrupted"
+    assert [s.limit for s in report.settings] == [1]
+    empty = await tune(Workspace().server, "reads", (1,), trusted=True, calls=5, stop=_set_event())
+    assert (empty.settings, empty.recommended, empty.cut_short) == ((), None, "interrupted")
+    assert empty.explanation.startswith("the sweep was cut short before any setting was measured")
+
+
+def _set_event() -> anyio.Event:
+    event = anyio.Event()
+    event.set()
+    return event
+
+
+def test_cli_max_time_writes_what_it_measured_and_exits_124(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-time: the table and the JSON of the settings done, and an exit status that says cut short."""
+    out = tmp_path / "tune.json"
+    argv = ["tune", "--stdio", f"{WORKSPACE} --latency 0.05", "--env", f"PYTHONPATH={PYTHONPATH}", "--trusted"]
+    argv += ["--synthetic", "reads", "--range", "1,2,4", "--calls", "40", "--max-time", "2.5", "--quiet"]
+    assert main([*argv, "--json", str(out)]) == 124
+    report = json.loads(out.read_text())
+    assert report["cut_short"] == "max_time" and len(report["settings"]) < 3
+    assert "cut short by --max-time" in capsys.readouterr().out
+
+
+def test_cli_ctrl_c_reports_the_settings_measured_so_far(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A first Ctrl-C (a real SIGINT) ends the sweep: the table of what was measured, and exit status 130."""
+    import signal
+
+    import dispatcher.cli._tune_command
+
+    real = dispatcher.tuning.tune
+
+    async def interrupted_after_the_first_setting(*args: object, **kwargs: object) -> TuneReport:
+        def on_progress(step: TuneProgress) -> None:
+            if step.index == 1:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        kwargs["progress"] = on_progress
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dispatcher.cli._tune_command, "tune", interrupted_after_the_first_setting)
+    argv = ["tune", "--stdio", f"{WORKSPACE} --latency 0.01", "--env", f"PYTHONPATH={PYTHONPATH}", "--trusted"]
+    assert main([*argv, "--synthetic", "reads", "--range", "1,2", "--calls", "5", "--repeats", "1", "--quiet"]) == 130
+    captured = capsys.readouterr()
+    assert "interrupted; reporting the settings measured so far" in captured.err
+    assert "interrupted: the settings measured so far" in captured.out
+    assert "not measured: [2]" in captured.out
+
+
+def test_synthetic_arguments_skip_defaults_that_make_calls_slow() -> None:
+    """duration=10 or steps=5 as defaults: generated calls set the smallest allowed value instead."""
+    from dispatcher.cli._workloads import fast_value
+
+    assert fast_value("duration", {"type": "number", "default": 10}) == 0
+    assert fast_value("steps", {"type": "integer", "default": 5}) == 1
+    assert fast_value("sleepMs", {"type": "integer", "default": 500, "minimum": 10}) == 10
+    assert fast_value("delay_seconds", {"type": "number", "default": 2, "exclusiveMinimum": 0}) == 0.001
+    assert fast_value("count", {"type": "integer", "default": 1}) is None  # already the smallest
+    assert fast_value("name", {"type": "integer", "default": 10}) is None  # not a time or a count
+    assert fast_value("duration", {"type": "string", "default": "10s"}) is None
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_a_synthetic_workload_does_not_inherit_a_slow_default_and_says_so() -> None:
+    """A tool whose optional duration defaults to 10 s is measured at its fastest, with a note saying so."""
+    server = MCPServer("operations")
+
+    async def operation(label: str, duration: float = 10.0, steps: int = 5) -> str:
+        """Runs `steps` steps over `duration` seconds (and 10 ms of its own)."""
+        await anyio.sleep(0.01 + duration)
+        return f"{label}: {steps} steps"
+
+    server.add_tool(operation, annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    report = await tune(server, "reads", (1, 2), trusted=True, calls=5, repeats=1)
+    assert all(s.run_p95 < 0.1 for s in report.settings), report.settings  # not 10 s a call
+    note = next(n for n in report.notes if n.startswith("the synthetic calls of operation"))
+    assert "set duration=0, steps=1 instead of the schema's defaults (duration=10.0, steps=5)" in note
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_a_synthetic_write_that_did_nothing_is_reported() -> None:
+    """A mixed workload's write that succeeds saying it changed nothing gets a note; one that acts does not."""
+    server = MCPServer("tags")
+    closed = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    additive = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
+
+    async def list_tags(prefix: str) -> str:
+        """Lists tags."""
+        return prefix
+
+    async def tag(name: str) -> str:
+        """Tags a note."""
+        return f"nothing to tag: no note named {name}"
+
+    async def log(text: str) -> str:
+        """Appends to the log."""
+        return "appended"
+
+    server.add_tool(list_tags, annotations=closed)
+    server.add_tool(tag, annotations=additive)
+    server.add_tool(log, annotations=additive)
+    report = await tune(server, "mixed", (1,), trusted=True, calls=5, repeats=1)
+    [note] = [n for n in report.notes if n.startswith("the synthetic write")]
+    assert note.startswith("the synthetic write tag succeeded but answered 'nothing to tag: no note named tune-")
+    assert "as if it did nothing" in note

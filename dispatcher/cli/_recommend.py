@@ -98,6 +98,18 @@ def recommend(
                 f"{head}; it is the largest setting tried and throughput was still growing, so try a wider range.",
             )
         return top.limit, best.limit, f"{head}; it is the largest setting tried."
+    if chosen.throughput < (1 - tolerance) * best.throughput:
+        # The knee is well below the best throughput: say what the rest would cost, and let the user choose.
+        speed = best.run_p50 / chosen.run_p50 if chosen.run_p50 > 0 else math.inf
+        return (
+            chosen.limit,
+            best.limit,
+            f"{chosen.limit} is the knee: the most throughput per unit of run time ({_rate(chosen)} at a median "
+            f"run time of {format_ms(chosen.run_p50)}); {best.limit} gives "
+            f"{_percent(best.throughput / chosen.throughput - 1)} more ({_rate(best)}) with each call taking "
+            f"{speed:.1f}x as long ({format_ms(best.run_p50)}): set it instead if throughput matters more to you "
+            "than each call's latency.",
+        )
     if chosen is best:
         head = f"{chosen.limit} gives the best throughput ({_rate(best)})"
     else:
