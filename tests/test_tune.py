@@ -965,3 +965,18 @@ async def test_a_synthetic_write_that_did_nothing_is_reported() -> None:
     [note] = [n for n in report.notes if n.startswith("the synthetic write")]
     assert note.startswith("the synthetic write tag succeeded but answered 'nothing to tag: no note named tune-")
     assert "as if it did nothing" in note
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_an_override_is_measured_before_it_is_written_into_code() -> None:
+    """An untrusted server with no hints: overriding search_notes as read-only makes concurrency count."""
+    workspace = Workspace(latency=0.05, saturation=4)
+    for tool in workspace.offered_tools:
+        workspace.set_annotations(tool, None)
+    with pytest.raises(ConfigurationError, match="declares no read-only"):
+        await tune(workspace.server, "reads", (1, 4), calls=10, repeats=1)
+    overrides = {"search_notes": ToolAnnotations(read_only_hint=True)}
+    report = await tune(workspace.server, "reads", (1, 4, 16), calls=40, repeats=1, overrides=overrides)
+    assert report.concurrent_share == 1.0 and report.recommended == 4
+    assert report.workload == "synthetic reads (search_notes)"

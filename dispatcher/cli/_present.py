@@ -197,6 +197,46 @@ def _flag(value: bool | None) -> str:
     return "-" if value is None else "T" if value else "F"
 
 
+def _flags(hints: dict[str, bool | None] | dict[str, bool]) -> str:
+    """The four hints as letters; destructive as "n" (not applicable) when the tool is read-only."""
+    read_only = hints.get("readOnlyHint") is True
+    return " ".join("n" if read_only and hint == "destructiveHint" else _flag(value) for hint, value in hints.items())
+
+
+def _overrides(report: Report) -> list[str]:
+    items = [
+        f"{tool.tool}="
+        + ",".join(
+            hint.removesuffix("Hint") if v else "!" + hint.removesuffix("Hint") for hint, v in tool.override.items()
+        )
+        for tool in report.tools
+        if tool.override is not None
+    ]
+    return [f"overrides (yours, trusted; EFFECTIVE shows them): {' '.join(items)}"] if items else []
+
+
+def _warning_lines(report: Report) -> list[str]:
+    """Each warning on a line, those of an untrusted server's read-only tools grouped into one."""
+    serialized = [tool.name for tool in report.tools if any(w.code == "untrusted_serialized" for w in tool.warnings)]
+    lines = [
+        f"  {tool.name}: {w.message}"
+        for tool in report.tools
+        for w in tool.warnings
+        if w.code != "untrusted_serialized"
+    ]
+    if serialized:
+        example = serialized[0]
+        lines.insert(
+            0,
+            f"  untrusted: {len(serialized)} tool{'s' if len(serialized) != 1 else ''} declared read-only "
+            f"run{'s' if len(serialized) == 1 else ''} exclusive because the server is untrusted "
+            f"({', '.join(serialized)}); trust the server (--trusted) or declare them yourself "
+            f"(--override {example}=readOnly, or add_mcp_server(overrides=...))",
+        )
+    lines.extend(f"  toolset: {w.message}" for w in report.warnings)
+    return lines
+
+
 def _inspect_heading(report: Report) -> str:
     # The name the server is registered under (the user's) comes first, as in every error message; the
     # name a server gives itself is a self-report: shown last, quoted, never used as its identity.
@@ -273,8 +313,8 @@ def inspect_lines(report: Report, *, full: bool = False) -> list[Any]:
     rows = [
         (
             tool.name,
-            " ".join(_flag(v) for v in tool.declared.values()),
-            " ".join(_flag(v) for v in tool.effective.values()),
+            _flags(tool.declared),
+            _flags(tool.effective),
             tool.scheduling,
             "yes" if tool.retryable else "no",
             tool.keys,
@@ -284,19 +324,25 @@ def inspect_lines(report: Report, *, full: bool = False) -> list[Any]:
         for tool in report.tools
     ]
     lines: list[Any] = [_inspect_heading(report), "", _table(headers, rows, right=False), ""]
-    lines.append("hints in order ro de id ow (readOnly, destructive, idempotent, openWorld): T true, F false, - unset")
+    lines.append(
+        "hints in order ro de id ow (readOnly, destructive, idempotent, openWorld): T true, F false, - unset, "
+        "n not applicable (destructive means nothing for a read-only tool)"
+    )
+    lines.extend(_overrides(report))
     lines.append("keys: root waits for every call; a domain only for calls in it and on root (docs/conflicts.md)")
     lines.append("")
     lines.extend(_reads(report, full=full))
     if pinned:
         lines.append("")
         lines.extend(_pins(report))
-    warnings = [(tool.name, w) for tool in report.tools for w in tool.warnings]
-    warnings += [("toolset", w) for w in report.warnings]
+    if report.notes:
+        lines.append("")
+        lines.extend(f"note: {n.message}" for n in report.notes)
+    warnings = _warning_lines(report)
     if warnings:
         lines.append("")
         lines.append(f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''}:")
-        lines.extend(f"  {where}: {w.message}" for where, w in warnings)
+        lines.extend(warnings)
     else:
         lines.append("no warnings")
     return lines

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio
+from mcp.types import ToolAnnotations
 
+from dispatcher._annotations import HINTS
 from dispatcher._dispatcher import Dispatcher
 from dispatcher._errors import ConfigurationError, DispatcherError
 
@@ -32,9 +34,10 @@ from ._recommend import TOLERANCE, format_number, recommend
 from ._workloads import resolve_workload
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from dispatcher._calls import ToolCall
+    from dispatcher._catalog import ToolEntry
 
     from ._connection import Target
     from ._measure import SettingResult
@@ -183,6 +186,7 @@ async def tune(
     repeats: int = DEFAULT_REPEATS,
     max_time: float | None = None,
     stop: anyio.Event | None = None,
+    overrides: Mapping[str, ToolAnnotations] | None = None,
 ) -> TuneReport:
     """Run a workload under each setting of a concurrency limit and recommend one.
 
@@ -224,6 +228,9 @@ async def tune(
         max_time: Seconds the whole sweep may take (probing included), or None. When it runs out, the
             measurement under way is abandoned and the report holds the settings measured so far, with
             `cut_short` "max_time".
+        overrides: Your own annotations for some of the server's tools, as `add_mcp_server(overrides=...)`
+            takes them (trusted even for an untrusted server): measure what declaring a tool read-only
+            would do before writing it into code.
         stop: An event that ends the sweep early when set (the command line sets it on Ctrl-C): as with
             `max_time`, with `cut_short` "interrupted".
 
@@ -262,6 +269,8 @@ async def tune(
             )
         if per_server:
             raise ConfigurationError("a fleet sweep tunes the fleet-wide limit; per_server does not apply")
+        if overrides:
+            raise ConfigurationError("a fleet sweep does not take overrides yet; sweep without --fleet to try them")
         if not isinstance(processes, int) or isinstance(processes, bool) or not 1 <= processes <= _MAX_PROCESSES:
             raise ConfigurationError(
                 f"processes must be an int from 1 to {_MAX_PROCESSES} (one Python process each), got {processes!r}"
@@ -302,13 +311,17 @@ async def tune(
                     # Raised once out of the task groups (the dispatcher's and the client's), which would wrap it.
                     try:
                         entries = await dispatcher.add_mcp_server(
-                            server, client, trusted=trusted, max_concurrency=limit if per_server else None
+                            server,
+                            client,
+                            trusted=trusted,
+                            max_concurrency=limit if per_server else None,
+                            overrides=overrides,
                         )
                         if not pattern:
                             if progress is not None and isinstance(workload, str):
                                 progress(TuneProgress(limit, index, len(limits), 0, None, 0, repeats, "probing"))
                             pattern, description = await resolve_workload(
-                                dispatcher, workload, entries, seed=seed, notes=notes
+                                dispatcher, workload, _as_declared(entries, overrides or {}), seed=seed, notes=notes
                             )
                             by_name = {entry.name: entry for entry in entries}
                             share = sum(by_name[call.name].concurrent for call in pattern) / len(pattern)
@@ -414,6 +427,29 @@ async def tune(
         repeats=repeats,
         cut_short=cut_short,
     )
+
+
+def _as_declared(entries: Sequence[ToolEntry], overrides: Mapping[str, ToolAnnotations]) -> list[ToolEntry]:
+    """The entries with the user's overrides laid over what the server declares.
+
+    A synthetic workload picks tools by what is declared about them; the user's own declaration counts
+    first, so that `--override search=readOnly` on a server that declares nothing makes search a read.
+    """
+    if not overrides:
+        return list(entries)
+    merged = []
+    for entry in entries:
+        override = overrides.get(entry.tool)
+        if override is None:
+            merged.append(entry)
+            continue
+        declared = entry.declared_annotations
+        hints = {
+            attr: getattr(override, attr) if getattr(override, attr) is not None else getattr(declared, attr, None)
+            for _, attr in HINTS
+        }
+        merged.append(replace(entry, declared_annotations=ToolAnnotations.model_validate(hints)))
+    return merged
 
 
 def _cut_short_note(

@@ -18,7 +18,7 @@ from ._machine import machine_info
 from ._present import ProgressBar, print_lines, tune_lines
 from ._recommend import TOLERANCE
 from ._sweep import DEFAULT_REPEATS, DEFAULT_SETTINGS, tune
-from ._targets import UsageError, add_target_options, target_from_args
+from ._targets import UsageError, add_target_options, parse_overrides, target_from_args
 from ._workloads import load_workload
 
 if TYPE_CHECKING:
@@ -155,6 +155,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError("--processes applies to a --fleet sweep only")
     settings = _settings(args)
     workload = _workload(args)
+    overrides = parse_overrides(args.override)
     if args.plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -188,6 +189,7 @@ def _run(args: argparse.Namespace) -> int:
             processes=args.processes,
             repeats=args.repeats,
             max_time=args.max_time,
+            overrides=overrides,
         )
         try:
             report = anyio.run(_until_interrupted, run, bar)
