@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import pathlib
@@ -14,7 +15,7 @@ from dataclasses import replace
 
 import anyio
 import pytest
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
@@ -27,6 +28,7 @@ from dispatcher.cli._measure import combine
 from dispatcher.cli._tune_command import doubling
 from dispatcher.examples import Workspace
 from dispatcher.tuning import (
+    DEFAULT_SETTINGS,
     SettingResult,
     TuneProgress,
     TuneReport,
@@ -980,3 +982,86 @@ async def test_an_override_is_measured_before_it_is_written_into_code() -> None:
     report = await tune(workspace.server, "reads", (1, 4, 16), calls=40, repeats=1, overrides=overrides)
     assert report.concurrent_share == 1.0 and report.recommended == 4
     assert report.workload == "synthetic reads (search_notes)"
+
+
+# Stable advice: three runs agree within one setting ---------------------------------------------
+
+
+def agree_within_one_setting(recommended: list[int | None], scale: tuple[int, ...]) -> bool:
+    """Whether every recommendation is a setting of the sweep, all within one step of each other on its scale."""
+    if any(r is None for r in recommended):
+        return False
+    steps = [scale.index(r) for r in recommended if r is not None]
+    return max(steps) - min(steps) <= 1
+
+
+def test_the_agreement_check_catches_advice_that_jumps() -> None:
+    """The oracle of the stability tests: 64, 64, 16 (what the time server got before) do not agree."""
+    assert not agree_within_one_setting([64, 64, 16], DEFAULT_SETTINGS)
+    assert not agree_within_one_setting([8, None, 8], DEFAULT_SETTINGS)
+    assert agree_within_one_setting([4, 8, 8], DEFAULT_SETTINGS)
+
+
+@pytest.mark.anyio
+async def test_three_runs_against_the_example_server_agree_near_its_saturation() -> None:
+    """Real time: a server saturating at 8 gets 4 or 8 from each of three runs, never 16 or more."""
+    scale = (4, 8, 16)  # 16 is the old advice, 2x above the knee
+    runs = []
+    for _ in range(3):
+        workspace = Workspace(latency=0.03, saturation=8)
+        runs.append(await tune(workspace.server, "reads", scale, trusted=True, calls=24))
+    recommended = [report.recommended for report in runs]
+    tables = "\n\n".join(render_table(report) for report in runs)
+    assert agree_within_one_setting(recommended, scale), tables
+    assert set(recommended) <= {4, 8}, tables
+
+
+def reference(module: str, *args: str) -> StdioServerParameters:
+    """A reference server from the package index, run with this interpreter over stdio."""
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed: pip install -e '.[reference-servers]'")
+    return StdioServerParameters(command=sys.executable, args=["-m", module, *args])
+
+
+@pytest.mark.reference_servers
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_three_runs_against_the_time_server_agree() -> None:
+    """mcp-server-time over stdio, three sweeps: the advice agrees within one setting (it jumped 64/64/16)."""
+    server = reference("mcp_server_time")
+    workload = load_workload(['{"name": "get_current_time", "arguments": {"timezone": "UTC"}}'])
+    scale = (1, 2, 4, 8, 16)
+    runs = [await tune(server, workload, scale, trusted=True, calls=30) for _ in range(3)]
+    tables = "\n\n".join(render_table(report) for report in runs)
+    assert agree_within_one_setting([report.recommended for report in runs], scale), tables
+    assert all(s.errors == 0 and s.repeats == 3 for report in runs for s in report.settings), tables
+
+
+@pytest.fixture
+def repository(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A git repository with five commits."""
+    git = ["git", "-C", str(tmp_path), "-c", "user.email=t@example.com", "-c", "user.name=T"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    for number in range(5):
+        (tmp_path / f"f{number}.txt").write_text(f"{number}\n")
+        subprocess.run([*git, "add", "."], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", f"commit {number}"], check=True)
+    return tmp_path
+
+
+# One backend each: stability is the server's property and the sweep's, and three sweeps over stdio are the
+# longest tests here; every other test of the sweep runs on both.
+@pytest.mark.reference_servers
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_three_runs_against_the_git_server_agree_and_never_ask_for_a_wider_range(
+    repository: pathlib.Path,
+) -> None:
+    """mcp-server-git, whose throughput stays flat as latency grows: stable advice, no "try a wider range"."""
+    server = reference("mcp_server_git", "--repository", str(repository))
+    workload = load_workload([json.dumps({"name": "git_status", "arguments": {"repo_path": str(repository)}})])
+    scale = (1, 2, 4, 8, 16)
+    runs = [await tune(server, workload, scale, trusted=True, calls=16) for _ in range(3)]
+    tables = "\n\n".join(render_table(report) for report in runs)
+    assert agree_within_one_setting([report.recommended for report in runs], scale), tables
+    assert not any("wider range" in report.explanation for report in runs), tables
