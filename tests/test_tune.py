@@ -125,6 +125,8 @@ def test_flat_throughput_with_growing_latency_says_no_setting_matters() -> None:
         replace(setting(4, 25, 0.2), throughput_range=(24, 30)),
     ]
     assert recommend(noisy)[2].startswith("no setting matters here")
+    same = [setting(1, 20), setting(2, 20.5)]
+    assert "and each call's p95 run time stays near 50.0 ms;" in recommend(same)[2]
 
 
 def test_combine_takes_medians_and_ranges() -> None:
@@ -858,6 +860,24 @@ async def test_setting_stop_ends_the_sweep_with_what_it_measured() -> None:
     )
     assert report.cut_short == "interrupted"
     assert [s.limit for s in report.settings] == [1]
+    # Set once the sweep is over, it cuts nothing short.
+    stop_late = anyio.Event()
+
+    def stop_at_the_last_call(step: TuneProgress) -> None:
+        if step.completed == step.planned:
+            stop_late.set()
+
+    done = await tune(
+        Workspace(latency=0.05).server,
+        "reads",
+        (1,),
+        trusted=True,
+        calls=4,
+        repeats=1,
+        progress=stop_at_the_last_call,
+        stop=stop_late,
+    )
+    assert done.cut_short is None and [s.limit for s in done.settings] == [1]
     empty = await tune(Workspace().server, "reads", (1,), trusted=True, calls=5, stop=_set_event())
     assert (empty.settings, empty.recommended, empty.cut_short) == ((), None, "interrupted")
     assert empty.explanation.startswith("the sweep was cut short before any setting was measured")

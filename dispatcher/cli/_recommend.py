@@ -76,13 +76,17 @@ def recommend(
     peak = max(power(s) for s in measured)
     chosen = next((s for s in measured if power(s) >= (1 - tolerance) * peak), low) if peak > 0 else low
     if len(measured) > 1 and _flat(low, best):
+        latency = (
+            f"while each call's p95 run time grows from {format_ms(low.run_p95)} to {format_ms(top.run_p95)}"
+            if top.run_p95 > 1.1 * low.run_p95
+            else f"and each call's p95 run time stays near {format_ms(low.run_p95)}"
+        )
         return (
             low.limit,
             best.limit,
             f"no setting matters here: throughput stays at {format_number(low.throughput)} to "
             f"{format_number(best.throughput)} calls/s from {low.limit} to {top.limit} (within the spread of "
-            f"the measurements) while each call's p95 run time grows from {format_ms(low.run_p95)} to "
-            f"{format_ms(top.run_p95)}; the server (or this machine) does not run more calls at once any "
+            f"the measurements) {latency}; the server (or this machine) does not run more calls at once any "
             f"faster. {low.limit}, the smallest setting, keeps calls fastest.",
         )
     if chosen is top and len(measured) > 1:

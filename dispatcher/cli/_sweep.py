@@ -370,11 +370,14 @@ async def tune(
 
     async with connected(target, mode=mode, connect_timeout=connect_timeout) as client:
         deadline = math.inf if max_time is None else anyio.current_time() + max_time
+        interrupted = False
         async with anyio.create_task_group() as tg:
 
             async def watch() -> None:
+                nonlocal interrupted
                 assert stop is not None
                 await stop.wait()
+                interrupted = True
                 tg.cancel_scope.cancel()
 
             if stop is not None:
@@ -384,8 +387,10 @@ async def tune(
             if budget.cancelled_caught:
                 cut_short = "max_time"
             tg.cancel_scope.cancel()
-        if tg.cancel_scope.cancelled_caught and stop is not None and stop.is_set() and cut_short is None:
+        if interrupted and cut_short is None:
             cut_short = "interrupted"
+    if all(len(measured[limit]) == repeats for limit in limits):
+        cut_short = None  # stopped while closing up after the last measurement: nothing is missing
     if failure is not None:
         raise failure
     if not pattern:
