@@ -1085,3 +1085,12 @@ async def test_three_runs_against_the_git_server_agree_and_never_ask_for_a_wider
     tables = "\n\n".join(render_table(report) for report in runs)
     assert agree_within_one_setting([report.recommended for report in runs], scale), tables
     assert not any("wider range" in report.explanation for report in runs), tables
+
+
+def test_cli_tune_override_mistakes_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad --override item exits 2 before anything connects, saying what the hints are."""
+    argv = ["tune", "--url", "http://127.0.0.1:9/mcp", "--synthetic", "reads", "--override", "search=fast"]
+    assert main(argv) == 2
+    assert (
+        "unknown hint 'fast'; the hints are readOnly, destructive, idempotent and openWorld" in capsys.readouterr().err
+    )

@@ -4,7 +4,11 @@ For each tool: the hints the server declares, the hints the dispatcher will act 
 trust, whether its calls run concurrently or exclusively, and whether they may be retried. Warnings
 point at hints that contradict each other, names that model APIs reject, tools serialized only because
 the server is untrusted, and a toolset that combines the three legs of the lethal trifecta (judged as
-`SessionGuard` judges a session, see `dispatcher._trifecta`).
+`SessionGuard` judges a session, see `dispatcher._trifecta`), and tools that need MCP tasks
+(`execution.taskSupport` "required", which the dispatcher does not send, so their calls fail). A note
+says when tools declare no annotations at all: every call of theirs runs alone. The user's own
+overrides (`add_mcp_server(overrides=...)`, ``--override TOOL=HINTS``) are applied, so their effect
+shows before any code is written.
 
 It also shows what the model will read: each tool's title, description and input schema as the
 catalogue holds them (what `dispatcher.formats` sends), and each definition's pin, the hash

@@ -2,9 +2,11 @@
 
 For each setting of the limit (`Dispatcher(max_concurrency=...)`, or the per-server limit of
 `add_mcp_server`), a fresh dispatcher runs the same workload on one shared connection, so what changes
-between settings is the limit and nothing else. Each setting is measured by a closed loop of callers
-(`_measure`); the recommendation (`_recommend`) is the smallest setting whose throughput is within 5% of
-the best: past it, more calls in flight only make each call slower. When no call of the workload may
+between settings is the limit and nothing else. Each setting is measured `repeats` times, in rounds
+over the settings, by a closed loop of callers (`_measure`), and the repeats are combined into medians
+with their range; the recommendation (`_recommend`) is the knee, where throughput per unit of run time
+peaks: past it, more calls in flight only make each call slower. A time budget or a stop event ends
+the sweep early with the settings measured so far. When no call of the workload may
 run concurrently (an untrusted server, a workload of writes), no limit can matter, and nothing is
 recommended.
 
@@ -69,7 +71,7 @@ class TuneReport:
         workload: A description of the workload.
         concurrent_share: The share of the workload's calls that may run concurrently.
         clients: Callers kept waiting on the dispatcher (the offered concurrency).
-        calls: Measured calls per setting (None: measured for `duration` instead).
+        calls: Measured calls per measurement (None: measured for `duration` instead).
         duration: The time budget of each setting's measurement, if any.
         settings: One result per setting, in increasing order.
         recommended: The recommended setting, or None when no setting got a successful answer or no
@@ -170,7 +172,7 @@ async def tune(
     *,
     trusted: bool = False,
     per_server: bool = False,
-    calls: int | None = 200,
+    calls: int | None = 100,
     duration: float | None = None,
     warmup: int | None = None,
     clients: int | None = None,
@@ -208,7 +210,8 @@ async def tune(
             limit can matter, and nothing is recommended.
         per_server: Sweep the per-server limit (`add_mcp_server(max_concurrency=...)`, with no
             dispatcher-wide limit) instead of `Dispatcher(max_concurrency=...)`.
-        calls: Measured calls per setting, after the warm-up; None to measure for `duration` only.
+        calls: Measured calls per measurement (each repeat), after the warm-up; None to measure for
+            `duration` only.
         duration: Seconds each setting's measurement may last (whichever of the two ends first).
         warmup: Calls completed before measuring; None: two per slot of the setting being measured.
         clients: Callers kept waiting on the dispatcher; None: the largest setting.
