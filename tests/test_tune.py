@@ -902,10 +902,14 @@ def test_cli_max_time_writes_what_it_measured_and_exits_124(
     assert "cut short by --max-time" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("presses", [1, 2])
 def test_cli_ctrl_c_reports_the_settings_measured_so_far(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    presses: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A first Ctrl-C (a real SIGINT) ends the sweep: the table of what was measured, and exit status 130."""
+    """A first Ctrl-C (a real SIGINT) ends the sweep with the table of what was measured; a second quits now.
+
+    Both exit 130; the second prints one line, not a traceback and not the table.
+    """
     import signal
 
     import dispatcher.cli._tune_command
@@ -913,9 +917,14 @@ def test_cli_ctrl_c_reports_the_settings_measured_so_far(
     real = dispatcher.tuning.tune
 
     async def interrupted_after_the_first_setting(*args: object, **kwargs: object) -> TuneReport:
+        sent = False
+
         def on_progress(step: TuneProgress) -> None:
-            if step.index == 1:
-                os.kill(os.getpid(), signal.SIGINT)
+            nonlocal sent
+            if step.index == 1 and not sent:
+                sent = True
+                for _ in range(presses):
+                    os.kill(os.getpid(), signal.SIGINT)
 
         kwargs["progress"] = on_progress
         return await real(*args, **kwargs)  # type: ignore[arg-type]
@@ -925,8 +934,13 @@ def test_cli_ctrl_c_reports_the_settings_measured_so_far(
     assert main([*argv, "--synthetic", "reads", "--range", "1,2", "--calls", "5", "--repeats", "1", "--quiet"]) == 130
     captured = capsys.readouterr()
     assert "interrupted; reporting the settings measured so far" in captured.err
-    assert "interrupted: the settings measured so far" in captured.out
-    assert "not measured: [2]" in captured.out
+    assert "Traceback" not in captured.err
+    if presses == 1:
+        assert "interrupted: the settings measured so far" in captured.out
+        assert "not measured: [2]" in captured.out
+    else:
+        assert captured.out == ""
+        assert captured.err.endswith("(Ctrl-C again to quit now)\ndispatcher tune: interrupted\n")
 
 
 def test_synthetic_arguments_skip_defaults_that_make_calls_slow() -> None:

@@ -192,7 +192,10 @@ def _run(args: argparse.Namespace) -> int:
             overrides=overrides,
         )
         try:
-            report = anyio.run(_until_interrupted, run, bar)
+            finished = anyio.run(_until_interrupted, run, bar)
+            if finished is None:
+                raise KeyboardInterrupt  # a second Ctrl-C: quit now, with one line
+            report = finished
         except ConfigurationError:
             raise
         except DispatcherError as exc:
@@ -225,11 +228,19 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _until_interrupted(run: Callable[..., Awaitable[TuneReport]], bar: ProgressBar) -> TuneReport:
-    """Run the sweep; the first Ctrl-C ends it with the settings measured so far, a second one at once."""
-    stop = anyio.Event()
+async def _until_interrupted(run: Callable[..., Awaitable[TuneReport]], bar: ProgressBar) -> TuneReport | None:
+    """Run the sweep; the first Ctrl-C ends it with the settings measured so far, a second one at once (None).
 
-    async def watch() -> None:
+    A KeyboardInterrupt raised inside the event loop would end its tasks in disorder; the second Ctrl-C
+    cancels the sweep instead, and the caller raises it outside the loop.
+    """
+    stop = anyio.Event()
+    quit_now = False
+    report: TuneReport | None = None
+    failure: Exception | None = None
+
+    async def watch(scope: anyio.CancelScope) -> None:
+        nonlocal quit_now
         try:
             receiver = anyio.open_signal_receiver(signal.SIGINT)
         except (NotImplementedError, ValueError, RuntimeError):  # no signals here (Windows, not the main thread)
@@ -237,7 +248,9 @@ async def _until_interrupted(run: Callable[..., Awaitable[TuneReport]], bar: Pro
         with receiver as signals:
             async for _ in signals:
                 if stop.is_set():
-                    raise KeyboardInterrupt
+                    quit_now = True
+                    scope.cancel()
+                    return
                 stop.set()
                 bar.close()
                 print(
@@ -245,22 +258,17 @@ async def _until_interrupted(run: Callable[..., Awaitable[TuneReport]], bar: Pro
                     file=sys.stderr,
                 )
 
-    report: TuneReport | None = None
-    failure: Exception | None = None
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch)
-            try:
-                report = await run(stop=stop)
-            except Exception as exc:  # raised below, out of the task group that would wrap it
-                failure = exc
-            tg.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        # A second Ctrl-C, raised in the watcher, comes out of the task group wrapped.
-        if group.subgroup(KeyboardInterrupt) is not None:
-            raise KeyboardInterrupt from None
-        raise
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch, tg.cancel_scope)
+        try:
+            report = await run(stop=stop)
+        except KeyboardInterrupt:  # before the watcher took over SIGINT: quit now
+            quit_now = True
+        except Exception as exc:  # raised below, out of the task group that would wrap it
+            failure = exc
+        tg.cancel_scope.cancel()
+    if quit_now:
+        return None
     if failure is not None:
         raise failure
-    assert report is not None
     return report
