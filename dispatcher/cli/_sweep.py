@@ -292,7 +292,12 @@ async def tune(
         if progress is None:
             return None, None
         where = functools.partial(TuneProgress, limit, index, len(limits), repeat=repeat, repeats=repeats)
-        state: dict[str, Any] = {"phase": "measuring", "completed": 0, "planned": None}
+        warm = 2 * limit if warmup is None else warmup
+        state: dict[str, Any] = {
+            "phase": "measuring",
+            "completed": 0,
+            "planned": None if calls is None else warm + calls,
+        }
 
         def on_call(completed: int, planned: int | None) -> None:
             state["completed"], state["planned"] = completed, planned
