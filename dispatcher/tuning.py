@@ -1,14 +1,17 @@
 """Find the concurrency limit that suits a server: sweep `max_concurrency`, measure, recommend.
 
-`tune` runs a workload against one server under each setting, over one connection, and measures
-throughput and p50/p95 run and queue times; `TuneReport.recommended` is the smallest setting within 5%
-of the best throughput. The `dispatcher tune` command is the same from a terminal (docs/tuning.md).
+`tune` runs a workload against one server under each setting, over one connection, several times
+(`repeats`), and measures throughput and p50/p95 run and queue times, with their spread;
+`TuneReport.recommended` is the knee: the smallest setting within 5% of the best throughput per unit of
+run time, or the smallest setting when no setting matters (throughput flat while latency grows). The
+`dispatcher tune` command is the same from a terminal (docs/tuning.md).
 `render_table` needs `rich` (``pip install 'mcp-dispatcher[cli]'``).
 """
 
 from .cli._measure import SettingResult as SettingResult
 from .cli._present import render_tune as render_table
 from .cli._recommend import recommend as recommend
+from .cli._sweep import DEFAULT_REPEATS as DEFAULT_REPEATS
 from .cli._sweep import DEFAULT_SETTINGS as DEFAULT_SETTINGS
 from .cli._sweep import TuneProgress as TuneProgress
 from .cli._sweep import TuneReport as TuneReport
@@ -17,6 +20,7 @@ from .cli._workloads import load_workload as load_workload
 from .cli._workloads import synthetic_workload as synthetic_workload
 
 __all__ = [
+    "DEFAULT_REPEATS",
     "DEFAULT_SETTINGS",
     "SettingResult",
     "TuneProgress",

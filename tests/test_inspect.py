@@ -17,7 +17,7 @@ import pytest
 from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
 
-from dispatcher import ApprovalPolicy, CallStatus, Dispatcher, SessionGuard, ToolCall, ToolEntry
+from dispatcher import ApprovalPolicy, CallStatus, ConfigurationError, Dispatcher, SessionGuard, ToolCall, ToolEntry
 from dispatcher._annotations import effective_annotations
 from dispatcher._hostile import POISON
 from dispatcher.cli import main
@@ -220,9 +220,10 @@ def test_table_rendering() -> None:
     lines = text.splitlines()
     assert lines[0] == "server 's': cmd (untrusted, protocol 2026-07-28, root key)"
     assert lines[2].split() == ["TOOL", "DECLARED", "EFFECTIVE", "SCHEDULING", "RETRYABLE", "KEYS", "DESCRIPTION"]
-    assert lines[3].split() == ["a", "T", "-", "-", "F", "F", "T", "F", "T", "exclusive", "no", "root", "-"]
+    # Declared read-only: its destructive hint is not applicable (n); effective (untrusted) it is not read-only.
+    assert lines[3].split() == ["a", "T", "n", "-", "F", "F", "T", "F", "T", "exclusive", "no", "root", "-"]
     assert "1 warning:" in lines
-    assert lines[-1].startswith("  a: declared read-only, but runs exclusive")
+    assert lines[-1].startswith("  untrusted: 1 tool declared read-only runs exclusive because the server is untrusted")
 
 
 # The command line ------------------------------------------------------------------------------
@@ -250,6 +251,8 @@ def test_cli_stdio_json(capsys: pytest.CaptureFixture[str]) -> None:
         "input_schema": fetch["input_schema"],
         "output_schema": None,
         "pin": fetch["pin"],
+        "override": None,
+        "task_support": None,
     }
     assert fetch["description"].startswith("Fetch a web page")
     assert fetch["input_schema"]["properties"]["url"]["type"] == "string"
@@ -271,8 +274,10 @@ async def test_cli_url_table(mode: Mode, capsys: pytest.CaptureFixture[str]) -> 
         rf"server 'server': {re.escape(url)} \(untrusted, protocol [\d-]+, root key, calls itself 'workspace'( \S+)?\)",
         header,
     )
-    assert "search_notes  T - - F   F T F T    exclusive   no" in out
-    assert "4 warnings:" in out and "toolset: lethal trifecta" in out
+    assert "search_notes  T n - F   F T F T    exclusive   no" in out
+    # The three read-only tools serialized by the server's trust make one line, not three.
+    assert "2 warnings:" in out and "toolset: lethal trifecta" in out
+    assert "  untrusted: 3 tools declared read-only run exclusive because the server is untrusted (" in out
 
 
 @pytest.mark.parametrize(
@@ -494,3 +499,124 @@ def test_cli_bad_pins_are_a_usage_error(
     assert message in capsys.readouterr().err
     assert main(["inspect", "--stdio", "never-run", "--pins", str(tmp_path / "missing.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+# What a user needs to know: no annotations, MCP tasks, overrides ------------------------------
+
+
+def bare_server() -> MCPServer:
+    """A server whose tools declare no annotations at all."""
+    server = MCPServer("bare")
+
+    async def search(query: str) -> str:
+        """Searches."""
+        return query
+
+    async def save(text: str) -> str:
+        """Saves."""
+        return text
+
+    server.add_tool(search)
+    server.add_tool(save)
+    return server
+
+
+@pytest.mark.anyio
+async def test_a_server_without_annotations_gets_a_note_on_how_to_override() -> None:
+    """No hint anywhere: a note says every call runs alone and how to declare a tool yourself."""
+    report = await inspect_server(bare_server(), trusted=True)
+    [note] = report.notes
+    assert note.code == "no_annotations"
+    assert note.message.startswith("the server declares no annotations, so every call will run alone")
+    assert "--override search=readOnly" in note.message
+    assert 'overrides={"search": ToolAnnotations(readOnlyHint=True)}' in note.message
+    assert "note: the server declares no annotations" in render_table(report)
+    assert report.to_json()["notes"][0]["code"] == "no_annotations"
+    # Covered by an override, a tool no longer counts; the rest are named.
+    partly = await inspect_server(
+        bare_server(), trusted=True, overrides={"search": ToolAnnotations(read_only_hint=True)}
+    )
+    [left] = partly.notes
+    assert left.message.startswith("1 of 2 tools declare no annotations (save)")
+    assert (await inspect_server(Workspace().server, trusted=True)).notes == ()
+
+
+@pytest.mark.anyio
+async def test_an_override_shows_its_effect_before_any_code_is_written() -> None:
+    """--override search=readOnly,idempotent: the tool runs concurrent and retryable, even untrusted."""
+    overrides = {"search": ToolAnnotations(read_only_hint=True, idempotent_hint=True)}
+    report = await inspect_server(bare_server(), overrides=overrides)
+    search = next(tool for tool in report.tools if tool.tool == "search")
+    assert (search.scheduling, search.retryable) == ("concurrent", True)
+    assert search.override == {"readOnlyHint": True, "idempotentHint": True}
+    save = next(tool for tool in report.tools if tool.tool == "save")
+    assert (save.scheduling, save.override) == ("exclusive", None)
+    text = render_table(report)
+    assert "overrides (yours, trusted; EFFECTIVE shows them): search=readOnly,idempotent" in text
+    with pytest.raises(ConfigurationError, match="nope"):
+        await inspect_server(bare_server(), overrides={"nope": ToolAnnotations(read_only_hint=True)})
+
+
+def test_override_items_parse_into_add_mcp_server_overrides() -> None:
+    """TOOL=HINTS: spec names with or without Hint, ! or =false for false; mistakes are usage errors."""
+    from dispatcher.cli._targets import UsageError, parse_overrides
+
+    parsed = parse_overrides(["search=readOnly,idempotentHint", "send=!openWorld,destructive=false"])
+    assert parsed == {
+        "search": ToolAnnotations(read_only_hint=True, idempotent_hint=True),
+        "send": ToolAnnotations(open_world_hint=False, destructive_hint=False),
+    }
+    for bad, message in [
+        ("search", "TOOL=HINTS"),
+        ("search=fast", "unknown hint 'fast'"),
+        ("search=readOnly=maybe", "must be true or false"),
+    ]:
+        with pytest.raises(UsageError, match=message):
+            parse_overrides([bad])
+    with pytest.raises(UsageError, match="twice"):
+        parse_overrides(["a=readOnly", "a=idempotent"])
+
+
+def test_cli_override_for_inspect(capsys: pytest.CaptureFixture[str]) -> None:
+    """`inspect --override` over stdio: the JSON shows the tool concurrent; a bad item exits 2."""
+    argv = ["inspect", "--stdio", WORKSPACE, "--env", PYTHONPATH, "--json"]
+    assert main([*argv, "--override", "append_note=readOnly"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    append = next(tool for tool in report["tools"] if tool["tool"] == "append_note")
+    assert append["scheduling"] == "concurrent" and append["override"] == {"readOnlyHint": True}
+    assert main([*argv, "--override", "append_note=quick"]) == 2
+    assert "unknown hint 'quick'" in capsys.readouterr().err
+
+
+def task_server() -> Any:
+    """A low-level server with one tool that requires MCP tasks and one that does not."""
+    from mcp.server.lowlevel import Server
+    from mcp.types import CallToolResult, ListToolsResult, TextContent, Tool, ToolExecution
+
+    async def list_tools(ctx: Any, params: Any) -> ListToolsResult:
+        schema = {"type": "object", "properties": {}}
+        return ListToolsResult(
+            tools=[
+                Tool(name="research", input_schema=schema, execution=ToolExecution(task_support="required")),
+                Tool(name="quick", input_schema=schema, execution=ToolExecution(task_support="optional")),
+            ]
+        )
+
+    async def call_tool(ctx: Any, params: Any) -> CallToolResult:
+        return CallToolResult(content=[TextContent(type="text", text="done")])
+
+    return Server("tasks", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+@pytest.mark.anyio
+async def test_tools_that_need_mcp_tasks_are_flagged() -> None:
+    """execution.taskSupport "required" gets a warning that its calls will fail; "optional" does not.
+
+    On 2025-11-25 connections: in 2026-07-28 tasks became an extension, and the SDK drops `execution`.
+    """
+    report = await inspect_server(task_server(), trusted=True, mode="legacy")
+    by_tool = {tool.tool: tool for tool in report.tools}
+    assert [w.code for w in by_tool["research"].warnings] == ["needs_tasks"]
+    assert by_tool["quick"].warnings == () and by_tool["quick"].task_support == "optional"
+    assert "research: needs MCP tasks (execution.taskSupport is 'required')" in render_table(report)
+    assert report.to_json()["tools"][0]["task_support"] == "required"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import pathlib
@@ -10,10 +11,11 @@ import re
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 
 import anyio
 import pytest
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
@@ -22,9 +24,11 @@ from trio.testing import MockClock
 import dispatcher
 from dispatcher import ConfigurationError, Dispatcher, ToolCall
 from dispatcher.cli import main
+from dispatcher.cli._measure import combine
 from dispatcher.cli._tune_command import doubling
 from dispatcher.examples import Workspace
 from dispatcher.tuning import (
+    DEFAULT_SETTINGS,
     SettingResult,
     TuneProgress,
     TuneReport,
@@ -71,8 +75,8 @@ def by_limit(report: TuneReport) -> dict[int, SettingResult]:
 # The recommendation ------------------------------------------------------------------------------
 
 
-def test_recommends_the_smallest_setting_within_five_percent_of_the_best() -> None:
-    """The smallest setting at >= 95% of the best wins, and the sentence says what larger ones cost."""
+def test_recommends_the_knee_of_throughput_and_run_time() -> None:
+    """The smallest setting within 5% of the best throughput per run time wins, and the sentence says why."""
     settings = [setting(1, 20), setting(4, 80), setting(8, 153, 0.05), setting(16, 158, 0.1), setting(32, 160, 0.2)]
     recommended, best, why = recommend(list(reversed(settings)))
     assert (recommended, best) == (8, 32)
@@ -80,20 +84,61 @@ def test_recommends_the_smallest_setting_within_five_percent_of_the_best() -> No
         "8 gives 96% of the best throughput (160 calls/s at 32); beyond it, each call's p95 run time grows "
         "from 50.0 ms to 200 ms (at 32) for at most 5% more throughput."
     )
-    assert recommend(settings, tolerance=0.01)[0] == 32
+    # Throughput creeping up past the knee (round trips hidden by more calls) does not move it.
+    creeping = [setting(4, 76, 0.05), setting(8, 140, 0.055), setting(16, 152, 0.1), setting(32, 159, 0.2)]
+    assert recommend(creeping)[0] == 8
+    # The old rule (smallest within 5% of the best throughput) would say 16 here: 2x above the knee.
+    assert next(s.limit for s in creeping if s.throughput >= 0.95 * 159) == 16
 
 
 def test_explanations_for_the_edges_of_the_range() -> None:
-    """A best setting at the top asks for a wider range; a flat profile recommends the smallest."""
+    """A best setting at the top asks for a wider range only while throughput still grows; flat says so."""
     _, _, growing = recommend([setting(1, 20), setting(2, 40)])
     assert growing.startswith("2 gives the best throughput (40.0 calls/s), 100% more than 1; it is the largest")
     assert "try a wider range" in growing
-    assert recommend([setting(1, 20), setting(4, 20.1)]) == (
-        1,
-        4,
-        "1 gives the best throughput to within 1% (20.1 calls/s at 4); larger settings give no more throughput.",
-    )
+    _, _, stopped = recommend([setting(1, 20), setting(2, 40)], planned_top=8)
+    assert stopped.endswith("the sweep stopped before the larger settings were measured.")
+    assert "wider" not in stopped
     assert recommend([setting(8, 0, calls=0)])[:2] == (None, None)
+    # A knee well below the best throughput says what the best would cost per call, and lets the user choose.
+    soft = [setting(1, 100, 0.004), setting(4, 300, 0.02), setting(16, 460, 0.034)]
+    assert recommend(soft) == (
+        1,
+        16,
+        "1 is the knee: the most throughput per unit of run time (100 calls/s at a median run time of 4.00 ms); "
+        "16 gives 360% more (460 calls/s) with each call taking 8.5x as long (34.0 ms): set it instead if "
+        "throughput matters more to you than each call's latency.",
+    )
+
+
+def test_flat_throughput_with_growing_latency_says_no_setting_matters() -> None:
+    """Flat throughput and growing run time (a server that serializes): the smallest, never a wider range."""
+    flat = [setting(limit, 20.0 + limit / 64, 0.05 * limit) for limit in (1, 2, 4, 8, 16)]
+    recommended, best, why = recommend(flat)
+    assert (recommended, best) == (1, 16)
+    assert why.startswith("no setting matters here: throughput stays at 20.0 to 20.2 calls/s from 1 to 16")
+    assert "grows from 50.0 ms to 800 ms" in why
+    assert "wider" not in why
+    # Within the spread of the repeats counts as flat too, even when the medians differ by more than 10%.
+    noisy = [
+        replace(setting(1, 20), throughput_range=(15, 26)),
+        replace(setting(4, 25, 0.2), throughput_range=(24, 30)),
+    ]
+    assert recommend(noisy)[2].startswith("no setting matters here")
+    same = [setting(1, 20), setting(2, 20.5)]
+    assert "and each call's p95 run time stays near 50.0 ms;" in recommend(same)[2]
+
+
+def test_combine_takes_medians_and_ranges() -> None:
+    """Repeats combine into medians (one disturbed repeat moves nothing), summed counts and the range."""
+    runs = [setting(4, 80), replace(setting(4, 20, 0.5), cut_off=2), setting(4, 82)]
+    combined = combine(runs)
+    assert (combined.throughput, combined.run_p95, combined.repeats) == (80, 0.05, 3)
+    assert (combined.calls, combined.cut_off, combined.throughput_range) == (300, 2, (20, 82))
+    assert combined.spread == pytest.approx(31 / 80)
+    assert combined.to_json()["throughput_range"] == [20, 82]
+    with pytest.raises(ValueError, match="one setting"):
+        combine([setting(1, 1), setting(2, 1)])
 
 
 # Workloads ---------------------------------------------------------------------------------------
@@ -214,7 +259,7 @@ async def test_per_server_limit_and_time_budget() -> None:
     assert (report.knob, report.recommended) == ("per_server", 8)
     assert report.how_to_apply == "add_mcp_server(..., max_concurrency=8)"
     for result in report.settings:
-        assert result.elapsed == pytest.approx(1.0)
+        assert result.elapsed == pytest.approx(3 * 1.0)  # three repeats of a 1 s window
         assert result.throughput == pytest.approx(min(result.limit, 8) / 0.05, rel=0.01)
 
 
@@ -257,7 +302,14 @@ async def test_a_workload_of_calls_with_failures() -> None:
     workload = load_workload(['{"name": "search_notes", "arguments": {"query": "a"}}', '{"name": "search_notes"}'])
     progress: list[TuneProgress] = []
     report = await tune(
-        Workspace(latency=0.05).server, workload, (2,), trusted=True, calls=10, warmup=0, progress=progress.append
+        Workspace(latency=0.05).server,
+        workload,
+        (2,),
+        trusted=True,
+        calls=10,
+        warmup=0,
+        progress=progress.append,
+        repeats=1,
     )
     [result] = report.settings
     assert result.errors == 5
@@ -281,7 +333,7 @@ async def test_a_sweep_in_real_time_with_an_entered_client() -> None:
     """
     workspace = Workspace(latency=0.1, saturation=8)
     async with Client(workspace.server) as client:
-        report = await tune(client, "reads", (4, 8, 16), trusted=True, calls=16)
+        report = await tune(client, "reads", (4, 8, 16), trusted=True, calls=16, repeats=1)
         assert [(s.limit, s.calls, s.errors) for s in report.settings] == [(4, 16, 0), (8, 16, 0), (16, 16, 0)]
         assert report.recommended in (4, 8, 16), render_table(report)
         assert report.target == "an entered mcp.Client"
@@ -326,6 +378,7 @@ def test_table_rendering() -> None:
     assert lines[3].split() == [
         "max_concurrency",
         "calls/s",
+        "spread",
         "of",
         "best",
         "in",
@@ -338,9 +391,25 @@ def test_table_rendering() -> None:
         "p50",
         "queue",
         "p95",
+        "cut",
+        "off",
         "errors",
     ]
-    assert lines[5].split() == ["8", "160", "100%", "8.00", "50.0", "50.0", "0.00", "0.00", "0", "<-", "recommended"]
+    assert lines[5].split() == [
+        "8",
+        "160",
+        "-",
+        "100%",
+        "8.00",
+        "50.0",
+        "50.0",
+        "0.00",
+        "0.00",
+        "0",
+        "0",
+        "<-",
+        "recommended",
+    ]
     assert "recommended: Dispatcher(max_concurrency=8)" in lines
     assert lines[-1] == "note: a note"
     assert report.to_json()["settings"][1]["run_p95_ms"] == 50.0
@@ -359,6 +428,7 @@ def test_cli_over_stdio_reports_the_sweep(tmp_path: pathlib.Path) -> None:
     server = f"{WORKSPACE} --latency 0.15 --saturation 8"
     out, plot = tmp_path / "tune.json", tmp_path / "tune.png"
     argv = ["--stdio", server, "--trusted", "--synthetic", "reads", "--range", "2,4,8,16,32", "--calls", "24"]
+    argv += ["--repeats", "1"]
     done = subprocess.run(
         [sys.executable, "-m", "dispatcher", "tune", *argv, "--json", str(out), "--plot", str(plot)],
         capture_output=True,
@@ -378,7 +448,8 @@ def test_cli_over_stdio_reports_the_sweep(tmp_path: pathlib.Path) -> None:
     assert f"recommended: Dispatcher(max_concurrency={report['recommended']})" in done.stdout
     row = next(line for line in done.stdout.splitlines() if line.endswith("<- recommended"))
     assert row.split()[0] == str(report["recommended"])
-    assert "setting 5/5: 32 ..." in done.stderr
+    assert "probing: calling each tool of the synthetic workload once" in done.stderr
+    assert "setting 5/5 (32): warming up" in done.stderr and "setting 5/5 (32): measuring" in done.stderr
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -410,6 +481,8 @@ def test_cli_workload_file_per_server(tmp_path: pathlib.Path, capsys: pytest.Cap
             "2",
             "--calls",
             "10",
+            "--repeats",
+            "1",
             "--per-server",
             "--json",
             str(out),
@@ -536,7 +609,9 @@ async def test_calls_that_fail_are_errors_not_throughput() -> None:
     assert "tool_error: Error executing tool read_note: there is no note named 'missing'" in text
     half = load_workload(['{"name": "read_note", "arguments": {"name": "missing"}}', '{"name": "search_notes"}'])
     half = [*half[:1], ToolCall("1", "search_notes", {"query": "x"})]
-    [mixed] = (await tune(Workspace(latency=0.05).server, half, (2,), trusted=True, calls=20, warmup=0)).settings
+    [mixed] = (
+        await tune(Workspace(latency=0.05).server, half, (2,), trusted=True, calls=20, warmup=0, repeats=1)
+    ).settings
     assert mixed.calls == mixed.errors == 10
     assert mixed.throughput == pytest.approx(1 / 0.05)  # the successful half of 2 slots of 50 ms calls
 
@@ -666,3 +741,370 @@ def test_ctrl_c_ends_the_sweep_with_one_line(
     monkeypatch.setattr(dispatcher.cli._tune_command, "tune", interrupted)
     assert main(["tune", "--url", "http://127.0.0.1:9/mcp", "--synthetic", "reads", "--quiet"]) == 130
     assert capsys.readouterr().err == "dispatcher tune: interrupted\n"
+
+
+# Advice that holds: repeats, windows, early ends, slow defaults --------------------------------
+
+
+def slow_server(seconds: float) -> MCPServer:
+    """A server whose one read-only tool takes `seconds`."""
+    server = MCPServer("slow")
+
+    async def crawl(key: str) -> str:
+        """Takes its time."""
+        await anyio.sleep(seconds)
+        return key
+
+    server.add_tool(crawl, annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    return server
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_a_duration_window_closes_on_time_and_times_the_calls_it_cut_off() -> None:
+    """Calls slower than the window: it closes on time, and the calls running then are timed, as cut off."""
+    workload = [ToolCall("1", "crawl", {"key": "k"})]
+    report = await tune(slow_server(3.0), workload, (2,), trusted=True, calls=None, duration=1.0, warmup=0, repeats=1)
+    [result] = report.settings
+    assert result.elapsed == pytest.approx(1.0)  # not 3 s: no call had to complete to close it
+    assert (result.calls, result.cut_off, result.errors) == (0, 2, 0)
+    assert result.run_p50 == pytest.approx(3.0)  # their whole run time, not a column of "-"
+    assert result.throughput == pytest.approx(2 / 3)  # a third of each call fell inside the window
+    assert "cut off = calls still running when the window closed" in render_table(report)
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_the_warm_up_of_a_timed_window_ends_on_time_too() -> None:
+    """With a duration, a warm-up of slow calls lasts at most that long: a setting takes 2 windows, not 2 calls."""
+    workload = [ToolCall("1", "crawl", {"key": "k"})]
+    started = anyio.current_time()
+    report = await tune(slow_server(10.0), workload, (1,), trusted=True, calls=None, duration=1.0, repeats=1)
+    # The warm-up (2 calls of 10 s) is cut at 1 s, the window at 2 s; the call running then finishes at 10 s.
+    assert anyio.current_time() - started == pytest.approx(10.0)
+    [result] = report.settings
+    assert result.elapsed == pytest.approx(1.0)
+    assert result.cut_off == 1
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_repeats_run_in_rounds_and_the_progress_says_what_happens() -> None:
+    """Every setting once per round; progress says probing, then warming up and measuring, setting and repeat."""
+    progress: list[TuneProgress] = []
+    report = await tune(
+        Workspace(latency=0.05, saturation=2).server,
+        "reads",
+        (1, 2),
+        trusted=True,
+        calls=8,
+        repeats=2,
+        progress=progress.append,
+    )
+    assert progress[0].phase == "probing"
+    steps = list(dict.fromkeys((p.repeat, p.index, p.phase) for p in progress[1:]))
+    assert steps == [
+        (0, 0, "warming up"),
+        (0, 0, "measuring"),
+        (0, 1, "warming up"),
+        (0, 1, "measuring"),
+        (1, 0, "warming up"),
+        (1, 0, "measuring"),
+        (1, 1, "warming up"),
+        (1, 1, "measuring"),
+    ]
+    assert all(p.repeats == 2 and p.total == 2 for p in progress)
+    assert [(s.repeats, s.calls) for s in report.settings] == [(2, 16), (2, 16)]
+    assert report.to_json()["repeats"] == 2
+    from dispatcher.cli._present import describe_step
+
+    assert describe_step(TuneProgress(8, 3, 7, 5, 100, 1, 3, "measuring")) == "setting 4/7 (8), repeat 2/3: measuring"
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_a_time_budget_reports_the_settings_measured_so_far() -> None:
+    """max_time ends the sweep with the settings done so far, says so, and asks for no wider range."""
+    # At 50 ms a call: the setting 1 takes 22 calls (1.1 s), 2 takes 0.6 s, 4 would end at 2.1 s.
+    report = await tune(
+        Workspace(latency=0.05).server, "reads", (1, 2, 4, 8), trusted=True, calls=20, repeats=1, max_time=2.0
+    )
+    assert report.cut_short == "max_time"
+    assert [s.limit for s in report.settings] == [1, 2]
+    assert report.recommended == 2
+    assert report.explanation.endswith("the sweep stopped before the larger settings were measured.")
+    assert any("cut short by the time budget (2 s)" in n and "not measured: [4, 8]" in n for n in report.notes)
+    assert "cut short by --max-time: the settings measured so far" in render_table(report)
+    assert report.to_json()["cut_short"] == "max_time"
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_setting_stop_ends_the_sweep_with_what_it_measured() -> None:
+    """The stop event (Ctrl-C on the command line) keeps the settings finished before it was set."""
+    stop = anyio.Event()
+
+    def on_progress(step: TuneProgress) -> None:
+        if step.index == 1 and step.phase == "measuring":
+            stop.set()
+
+    report = await tune(
+        Workspace(latency=0.05).server,
+        "reads",
+        (1, 2, 4),
+        trusted=True,
+        calls=10,
+        repeats=1,
+        progress=on_progress,
+        stop=stop,
+    )
+    assert report.cut_short == "interrupted"
+    assert [s.limit for s in report.settings] == [1]
+    # Set once the sweep is over, it cuts nothing short.
+    stop_late = anyio.Event()
+
+    def stop_at_the_last_call(step: TuneProgress) -> None:
+        if step.completed == step.planned:
+            stop_late.set()
+
+    done = await tune(
+        Workspace(latency=0.05).server,
+        "reads",
+        (1,),
+        trusted=True,
+        calls=4,
+        repeats=1,
+        progress=stop_at_the_last_call,
+        stop=stop_late,
+    )
+    assert done.cut_short is None and [s.limit for s in done.settings] == [1]
+    empty = await tune(Workspace().server, "reads", (1,), trusted=True, calls=5, stop=_set_event())
+    assert (empty.settings, empty.recommended, empty.cut_short) == ((), None, "interrupted")
+    assert empty.explanation.startswith("the sweep was cut short before any setting was measured")
+
+
+def _set_event() -> anyio.Event:
+    event = anyio.Event()
+    event.set()
+    return event
+
+
+def test_cli_max_time_writes_what_it_measured_and_exits_124(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-time: the table and the JSON of the settings done, and an exit status that says cut short."""
+    out = tmp_path / "tune.json"
+    argv = ["tune", "--stdio", f"{WORKSPACE} --latency 0.05", "--env", f"PYTHONPATH={PYTHONPATH}", "--trusted"]
+    argv += ["--synthetic", "reads", "--range", "1,2,4", "--calls", "40", "--max-time", "2.5", "--quiet"]
+    assert main([*argv, "--json", str(out)]) == 124
+    report = json.loads(out.read_text())
+    assert report["cut_short"] == "max_time" and len(report["settings"]) < 3
+    assert "cut short by --max-time" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_cli_ctrl_c_reports_the_settings_measured_so_far(
+    presses: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A first Ctrl-C (a real SIGINT) ends the sweep with the table of what was measured; a second quits now.
+
+    Both exit 130; the second prints one line, not a traceback and not the table.
+    """
+    import signal
+
+    import dispatcher.cli._tune_command
+
+    real = dispatcher.tuning.tune
+
+    async def interrupted_after_the_first_setting(*args: object, **kwargs: object) -> TuneReport:
+        sent = False
+
+        def on_progress(step: TuneProgress) -> None:
+            nonlocal sent
+            if step.index == 1 and not sent:
+                sent = True
+                for _ in range(presses):
+                    os.kill(os.getpid(), signal.SIGINT)
+
+        kwargs["progress"] = on_progress
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dispatcher.cli._tune_command, "tune", interrupted_after_the_first_setting)
+    argv = ["tune", "--stdio", f"{WORKSPACE} --latency 0.01", "--env", f"PYTHONPATH={PYTHONPATH}", "--trusted"]
+    assert main([*argv, "--synthetic", "reads", "--range", "1,2", "--calls", "5", "--repeats", "1", "--quiet"]) == 130
+    captured = capsys.readouterr()
+    assert "interrupted; reporting the settings measured so far" in captured.err
+    assert "Traceback" not in captured.err
+    if presses == 1:
+        assert "interrupted: the settings measured so far" in captured.out
+        assert "not measured: [2]" in captured.out
+    else:
+        assert captured.out == ""
+        assert captured.err.endswith("(Ctrl-C again to quit now)\ndispatcher tune: interrupted\n")
+
+
+def test_synthetic_arguments_skip_defaults_that_make_calls_slow() -> None:
+    """duration=10 or steps=5 as defaults: generated calls set the smallest allowed value instead."""
+    from dispatcher.cli._workloads import fast_value
+
+    assert fast_value("duration", {"type": "number", "default": 10}) == 0
+    assert fast_value("steps", {"type": "integer", "default": 5}) == 1
+    assert fast_value("sleepMs", {"type": "integer", "default": 500, "minimum": 10}) == 10
+    assert fast_value("delay_seconds", {"type": "number", "default": 2, "exclusiveMinimum": 0}) == 0.001
+    assert fast_value("count", {"type": "integer", "default": 1}) is None  # already the smallest
+    assert fast_value("name", {"type": "integer", "default": 10}) is None  # not a time or a count
+    assert fast_value("duration", {"type": "string", "default": "10s"}) is None
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_a_synthetic_workload_does_not_inherit_a_slow_default_and_says_so() -> None:
+    """A tool whose optional duration defaults to 10 s is measured at its fastest, with a note saying so."""
+    server = MCPServer("operations")
+
+    async def operation(label: str, duration: float = 10.0, steps: int = 5) -> str:
+        """Runs `steps` steps over `duration` seconds (and 10 ms of its own)."""
+        await anyio.sleep(0.01 + duration)
+        return f"{label}: {steps} steps"
+
+    server.add_tool(operation, annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
+    report = await tune(server, "reads", (1, 2), trusted=True, calls=5, repeats=1)
+    assert all(s.run_p95 < 0.1 for s in report.settings), report.settings  # not 10 s a call
+    note = next(n for n in report.notes if n.startswith("the synthetic calls of operation"))
+    assert "set duration=0, steps=1 instead of the schema's defaults (duration=10.0, steps=5)" in note
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_a_synthetic_write_that_did_nothing_is_reported() -> None:
+    """A mixed workload's write that succeeds saying it changed nothing gets a note; one that acts does not."""
+    server = MCPServer("tags")
+    closed = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    additive = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
+
+    async def list_tags(prefix: str) -> str:
+        """Lists tags."""
+        return prefix
+
+    async def tag(name: str) -> str:
+        """Tags a note."""
+        return f"nothing to tag: no note named {name}"
+
+    async def log(text: str) -> str:
+        """Appends to the log."""
+        return "appended"
+
+    server.add_tool(list_tags, annotations=closed)
+    server.add_tool(tag, annotations=additive)
+    server.add_tool(log, annotations=additive)
+    report = await tune(server, "mixed", (1,), trusted=True, calls=5, repeats=1)
+    [note] = [n for n in report.notes if n.startswith("the synthetic write")]
+    assert note.startswith("the synthetic write tag succeeded but answered 'nothing to tag: no note named tune-")
+    assert "as if it did nothing" in note
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_an_override_is_measured_before_it_is_written_into_code() -> None:
+    """An untrusted server with no hints: overriding search_notes as read-only makes concurrency count."""
+    workspace = Workspace(latency=0.05, saturation=4)
+    for tool in workspace.offered_tools:
+        workspace.set_annotations(tool, None)
+    with pytest.raises(ConfigurationError, match="declares no read-only"):
+        await tune(workspace.server, "reads", (1, 4), calls=10, repeats=1)
+    overrides = {"search_notes": ToolAnnotations(read_only_hint=True)}
+    report = await tune(workspace.server, "reads", (1, 4, 16), calls=40, repeats=1, overrides=overrides)
+    assert report.concurrent_share == 1.0 and report.recommended == 4
+    assert report.workload == "synthetic reads (search_notes)"
+
+
+# Stable advice: three runs agree within one setting ---------------------------------------------
+
+
+def agree_within_one_setting(recommended: list[int | None], scale: tuple[int, ...]) -> bool:
+    """Whether every recommendation is a setting of the sweep, all within one step of each other on its scale."""
+    if any(r is None for r in recommended):
+        return False
+    steps = [scale.index(r) for r in recommended if r is not None]
+    return max(steps) - min(steps) <= 1
+
+
+def test_the_agreement_check_catches_advice_that_jumps() -> None:
+    """The oracle of the stability tests: 64, 64, 16 (what the time server got before) do not agree."""
+    assert not agree_within_one_setting([64, 64, 16], DEFAULT_SETTINGS)
+    assert not agree_within_one_setting([8, None, 8], DEFAULT_SETTINGS)
+    assert agree_within_one_setting([4, 8, 8], DEFAULT_SETTINGS)
+
+
+@pytest.mark.anyio
+async def test_three_runs_against_the_example_server_agree_near_its_saturation() -> None:
+    """Real time: a server saturating at 8 gets 4 or 8 from each of three runs, never 16 or more."""
+    scale = (4, 8, 16)  # 16 is the old advice, 2x above the knee
+    runs = []
+    for _ in range(3):
+        workspace = Workspace(latency=0.03, saturation=8)
+        runs.append(await tune(workspace.server, "reads", scale, trusted=True, calls=24))
+    recommended = [report.recommended for report in runs]
+    tables = "\n\n".join(render_table(report) for report in runs)
+    assert agree_within_one_setting(recommended, scale), tables
+    assert set(recommended) <= {4, 8}, tables
+
+
+def reference(module: str, *args: str) -> StdioServerParameters:
+    """A reference server from the package index, run with this interpreter over stdio."""
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed: pip install -e '.[reference-servers]'")
+    return StdioServerParameters(command=sys.executable, args=["-m", module, *args])
+
+
+@pytest.mark.reference_servers
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_three_runs_against_the_time_server_agree() -> None:
+    """mcp-server-time over stdio, three sweeps: the advice agrees within one setting (it jumped 64/64/16)."""
+    server = reference("mcp_server_time")
+    workload = load_workload(['{"name": "get_current_time", "arguments": {"timezone": "UTC"}}'])
+    scale = (1, 2, 4, 8, 16)
+    runs = [await tune(server, workload, scale, trusted=True, calls=30) for _ in range(3)]
+    tables = "\n\n".join(render_table(report) for report in runs)
+    assert agree_within_one_setting([report.recommended for report in runs], scale), tables
+    assert all(s.errors == 0 and s.repeats == 3 for report in runs for s in report.settings), tables
+
+
+@pytest.fixture
+def repository(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A git repository with five commits."""
+    git = ["git", "-C", str(tmp_path), "-c", "user.email=t@example.com", "-c", "user.name=T"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    for number in range(5):
+        (tmp_path / f"f{number}.txt").write_text(f"{number}\n")
+        subprocess.run([*git, "add", "."], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", f"commit {number}"], check=True)
+    return tmp_path
+
+
+# One backend each: stability is the server's property and the sweep's, and three sweeps over stdio are the
+# longest tests here; every other test of the sweep runs on both.
+@pytest.mark.reference_servers
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_three_runs_against_the_git_server_agree_and_never_ask_for_a_wider_range(
+    repository: pathlib.Path,
+) -> None:
+    """mcp-server-git, whose throughput stays flat as latency grows: stable advice, no "try a wider range"."""
+    server = reference("mcp_server_git", "--repository", str(repository))
+    workload = load_workload([json.dumps({"name": "git_status", "arguments": {"repo_path": str(repository)}})])
+    scale = (1, 2, 4, 8, 16)
+    runs = [await tune(server, workload, scale, trusted=True, calls=16) for _ in range(3)]
+    tables = "\n\n".join(render_table(report) for report in runs)
+    assert agree_within_one_setting([report.recommended for report in runs], scale), tables
+    assert not any("wider range" in report.explanation for report in runs), tables
+
+
+def test_cli_tune_override_mistakes_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad --override item exits 2 before anything connects, saying what the hints are."""
+    argv = ["tune", "--url", "http://127.0.0.1:9/mcp", "--synthetic", "reads", "--override", "search=fast"]
+    assert main(argv) == 2
+    assert (
+        "unknown hint 'fast'; the hints are readOnly, destructive, idempotent and openWorld" in capsys.readouterr().err
+    )

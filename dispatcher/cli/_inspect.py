@@ -4,7 +4,11 @@ For each tool: the hints the server declares, the hints the dispatcher will act 
 trust, whether its calls run concurrently or exclusively, and whether they may be retried. Warnings
 point at hints that contradict each other, names that model APIs reject, tools serialized only because
 the server is untrusted, and a toolset that combines the three legs of the lethal trifecta (judged as
-`SessionGuard` judges a session, see `dispatcher._trifecta`).
+`SessionGuard` judges a session, see `dispatcher._trifecta`), and tools that need MCP tasks
+(`execution.taskSupport` "required", which the dispatcher does not send, so their calls fail). A note
+says when tools declare no annotations at all: every call of theirs runs alone. The user's own
+overrides (`add_mcp_server(overrides=...)`, ``--override TOOL=HINTS``) are applied, so their effect
+shows before any code is written.
 
 It also shows what the model will read: each tool's title, description and input schema as the
 catalogue holds them (what `dispatcher.formats` sends), and each definition's pin, the hash
@@ -29,6 +33,7 @@ from dispatcher._catalog import NAME_PATTERN
 from dispatcher._dispatcher import Dispatcher
 from dispatcher._errors import ConfigurationError, DispatcherError
 from dispatcher._keys import rule as key_rule
+from dispatcher._mcp import list_all_tools
 from dispatcher._trifecta import communicates_externally, ingests_untrusted_content, reads_private_data
 
 from ._connection import connected, describe_target
@@ -44,7 +49,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Finding", "Pinned", "Report", "ToolReport", "analyze", "compare", "inspect_server", "load_pins"]
 
-Code = Literal["contradictory_hints", "invalid_name", "untrusted_serialized", "lethal_trifecta"]
+Code = Literal[
+    "contradictory_hints", "invalid_name", "untrusted_serialized", "lethal_trifecta", "needs_tasks", "no_annotations"
+]
 PinStatus = Literal["unchanged", "changed", "new"]
 # The parts of a definition an earlier report holds, compared one by one (annotations hint by hint).
 _PARTS = (
@@ -86,6 +93,10 @@ class ToolReport:
     # Against earlier pins (`compare`): unchanged, changed or new, and what changed when it is known.
     pinned: PinStatus | None = None
     changes: tuple[str, ...] = ()
+    # The hints the user's override sets (spec names), or None without an override.
+    override: dict[str, bool] | None = None
+    # The tool's `execution.taskSupport` ("forbidden", "optional", "required"), None when it declares none.
+    task_support: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +133,7 @@ class Report:
             the root key (its calls that may mutate run alone).
         pins: Where the pins compared against came from, or None when none were given.
         removed: Tools the pins hold that the server no longer lists.
+        notes: What the user should know that is no fault of the server's (tools without annotations).
     """
 
     server: str
@@ -135,6 +147,7 @@ class Report:
     domain: str | None = None
     pins: str | None = None
     removed: tuple[str, ...] = ()
+    notes: tuple[Finding, ...] = ()
 
     @property
     def differs(self) -> bool:
@@ -172,11 +185,14 @@ class Report:
                     "input_schema": dict(tool.input_schema),
                     "output_schema": dict(tool.output_schema) if tool.output_schema is not None else None,
                     "pin": tool.pin,
+                    "override": tool.override,
+                    "task_support": tool.task_support,
                     **({"pinned": tool.pinned, "changes": list(tool.changes)} if self.pins is not None else {}),
                 }
                 for tool in self.tools
             ],
             "warnings": [{"code": w.code, "message": w.message} for w in self.warnings],
+            "notes": [{"code": n.code, "message": n.message} for n in self.notes],
             "pins": pins,
         }
 
@@ -185,8 +201,16 @@ def _hints(annotations: ToolAnnotations | None) -> dict[str, bool | None]:
     return {spec: getattr(annotations, attr) if annotations is not None else None for spec, attr in HINTS}
 
 
-def _tool_findings(entry: ToolEntry) -> list[Finding]:
+def _tool_findings(entry: ToolEntry, task_support: str | None = None) -> list[Finding]:
     findings: list[Finding] = []
+    if task_support == "required":
+        findings.append(
+            Finding(
+                "needs_tasks",
+                "needs MCP tasks (execution.taskSupport is 'required'): the server refuses calls made without a "
+                "task, and the dispatcher makes none, so every call of this tool will fail",
+            )
+        )
     declared = entry.declared_annotations
     # A read-only tool has no effects, so it cannot be destructive, and repeating it cannot add one: it is
     # idempotent. destructiveHint false and idempotentHint true agree with that (and are what careful
@@ -217,6 +241,7 @@ def _tool_findings(entry: ToolEntry) -> list[Finding]:
             )
         )
     if not entry.trusted and declared is not None and declared.read_only_hint and entry.exclusive:
+        # One line for all such tools in the text report (`_present`): the cause is the server's trust.
         findings.append(
             Finding(
                 "untrusted_serialized",
@@ -253,16 +278,53 @@ def _trifecta(entries: Sequence[ToolEntry]) -> Finding | None:
     )
 
 
+def _unannotated(entries: Sequence[ToolEntry], overrides: Mapping[str, ToolAnnotations]) -> Finding | None:
+    """A note when tools declare no hint at all (and no override covers them): their calls all run alone."""
+    bare = [
+        entry
+        for entry in entries
+        if entry.tool not in overrides
+        and (entry.declared_annotations is None or all(v is None for v in _hints(entry.declared_annotations).values()))
+    ]
+    if not bare:
+        return None
+    example = bare[0].tool
+    how = (
+        f"if you know a tool is read-only, say so: --override {example}=readOnly here, "
+        f'add_mcp_server(..., overrides={{"{example}": ToolAnnotations(readOnlyHint=True)}}) in code'
+    )
+    if len(bare) == len(entries):
+        return Finding(
+            "no_annotations",
+            "the server declares no annotations, so every call will run alone (one at a time, in order) and none "
+            f"is retried: the spec's worst case for every tool; {how}",
+        )
+    names = ", ".join(entry.name for entry in bare)
+    return Finding(
+        "no_annotations",
+        f"{len(bare)} of {len(entries)} tools declare no annotations ({names}), so their calls will run alone and "
+        f"are never retried; {how}",
+    )
+
+
 def analyze(
-    entries: Sequence[ToolEntry], pins: Mapping[str, str] | None = None
+    entries: Sequence[ToolEntry],
+    pins: Mapping[str, str] | None = None,
+    *,
+    overrides: Mapping[str, ToolAnnotations] | None = None,
+    task_support: Mapping[str, str | None] | None = None,
 ) -> tuple[tuple[ToolReport, ...], tuple[Finding, ...]]:
     """Report on catalogue entries: each tool, then the warnings about the toolset.
 
     Args:
         entries: The catalogue entries of one server.
         pins: Their pins (tool name on the server -> hash), from `Dispatcher.export_pins`.
+        overrides: The user's overrides they were registered with (by the server's tool name).
+        task_support: Each tool's `execution.taskSupport`, by the server's tool name.
     """
     pins = pins or {}
+    overrides = overrides or {}
+    task_support = task_support or {}
     tools = tuple(
         ToolReport(
             tool=entry.tool,
@@ -272,18 +334,26 @@ def analyze(
             scheduling="concurrent" if entry.concurrent else "exclusive",
             # What a RetryPolicy acts on: the effective idempotentHint, which only trusted sources set.
             retryable=entry.idempotent,
-            warnings=tuple(_tool_findings(entry)),
+            warnings=tuple(_tool_findings(entry, task_support.get(entry.tool))),
             keys=key_rule(entry),
             title=entry.title,
             description=entry.description,
             input_schema=dict(entry.input_schema),
             output_schema=dict(entry.output_schema) if entry.output_schema is not None else None,
             pin=pins.get(entry.tool),
+            override=_set_hints(overrides.get(entry.tool)),
+            task_support=task_support.get(entry.tool),
         )
         for entry in entries
     )
     trifecta = _trifecta(entries)
     return tools, (trifecta,) if trifecta is not None else ()
+
+
+def _set_hints(annotations: ToolAnnotations | None) -> dict[str, bool] | None:
+    if annotations is None:
+        return None
+    return {spec: value for spec, value in _hints(annotations).items() if value is not None}
 
 
 def _show(value: object) -> str:
@@ -375,6 +445,7 @@ async def inspect_server(
     mode: Literal["auto", "legacy"] = "auto",
     connect_timeout: float | None = 30.0,
     pins: Pinned | None = None,
+    overrides: Mapping[str, ToolAnnotations] | None = None,
 ) -> Report:
     """Connect to a server, register it with a dispatcher, and report on its tools.
 
@@ -387,20 +458,31 @@ async def inspect_server(
         mode: The protocol negotiation when `inspect_server` connects.
         connect_timeout: Seconds to connect, or None.
         pins: Earlier pins of this server to compare the tools with (see `load_pins`).
+        overrides: Your own annotations for some of its tools, by the server's tool name, as
+            `add_mcp_server(overrides=...)` takes them: the report shows their effect.
 
     Raises:
         ServerConnectionError: The server could not be reached or listed.
-        ConfigurationError: An argument is invalid.
+        ConfigurationError: An argument is invalid, or an override names a tool the server lacks.
     """
+    overrides = dict(overrides or {})
     failure: DispatcherError | None = None
+    tasks: dict[str, str | None] = {}
     description = f"server {server!r} ({describe_target(target)})"
     async with connected(target, mode=mode, connect_timeout=connect_timeout, description=description) as client:
         async with Dispatcher() as dispatcher:
             try:
-                entries = await dispatcher.add_mcp_server(server, client, trusted=trusted, domain=domain)
+                entries = await dispatcher.add_mcp_server(
+                    server, client, trusted=trusted, domain=domain, overrides=overrides
+                )
                 # Pinned from the same listing as the entries (trust on first use), so a server cannot
                 # show the report one definition and the pin another.
                 hashes = dispatcher.export_pins().get(server, {})
+                # The catalogue keeps no `execution`; the listing does (from the client's cache when it
+                # has one). It only adds a warning, so a server that answers differently fools nobody.
+                for tool in await list_all_tools(client):
+                    if tool.execution is not None and tool.execution.task_support is not None:
+                        tasks[tool.name] = str(tool.execution.task_support)
             except DispatcherError as exc:
                 # Raised once the dispatcher is closed: its task group would wrap it in an exception group.
                 failure = exc
@@ -408,7 +490,8 @@ async def inspect_server(
         protocol = client.protocol_version
     if failure is not None:
         raise failure
-    tools, warnings = analyze(entries, hashes)
+    tools, warnings = analyze(entries, hashes, overrides=overrides, task_support=tasks)
+    note = _unannotated(entries, overrides)
     removed: tuple[str, ...] = ()
     if pins is not None:
         tools, removed = compare(tools, pins)
@@ -424,4 +507,5 @@ async def inspect_server(
         domain=domain,
         pins=pins.source if pins is not None else None,
         removed=removed,
+        notes=(note,) if note is not None else (),
     )

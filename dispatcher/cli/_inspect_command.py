@@ -14,7 +14,7 @@ from dispatcher._errors import ConfigurationError, DispatcherError
 
 from ._inspect import Pinned, inspect_server, load_pins
 from ._present import inspect_lines, print_lines
-from ._targets import add_target_options, target_from_args
+from ._targets import add_target_options, parse_overrides, target_from_args
 
 if TYPE_CHECKING:
     import argparse
@@ -66,6 +66,7 @@ def _pins(args: argparse.Namespace) -> Pinned | None:
 
 def _run(args: argparse.Namespace) -> int:
     pins = _pins(args)
+    overrides = parse_overrides(args.override)
     target = target_from_args(args)
     with target.connect(mode=args.mode) as (connect_to, where_to_look):
         run = functools.partial(
@@ -77,6 +78,7 @@ def _run(args: argparse.Namespace) -> int:
             mode=args.mode,
             connect_timeout=args.timeout if args.timeout > 0 else None,
             pins=pins,
+            overrides=overrides,
         )
         try:
             report = anyio.run(run)

@@ -3,12 +3,13 @@
 A fixed number of callers each submit a call and wait for its result, then submit the next, so the
 dispatcher always has more calls offered than it may run and the limit decides how many are in flight.
 After a warm-up, the measurement window runs from the end of the warm-up to the completion of the last
-measured call (or the end of a time budget):
+measured call, or the end of a time budget (closed by a timer, even when no call completes):
 
 - throughput: successful calls (OK) per second of the window, each call counted for the share of its
   run time inside the window (see `summarise`);
 - run time (`ToolResult.finished_at - started_at`): a started call's time to its result, the server's
-  time plus the round trip of the transport, p50 and p95;
+  time plus the round trip of the transport, p50 and p95, over the successful calls that ended inside
+  the window and those still running when it closed (the cut-off calls, left to finish);
 - queue time (`started_at - queued_at`): how long calls waited in the dispatcher for a slot;
 - calls in flight: the mean number of calls running during the window;
 - errors: calls that ended inside the window without success (a tool error, a failure, a timeout).
@@ -27,13 +28,13 @@ import anyio
 from dispatcher._calls import CallStatus, ToolCall
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Sequence
 
     from dispatcher._batch import Batch, PendingCall
     from dispatcher._calls import ToolResult
     from dispatcher._dispatcher import Dispatcher
 
-__all__ = ["SettingResult", "Window", "closed_loop", "measure", "summarise"]
+__all__ = ["SettingResult", "Window", "closed_loop", "combine", "measure", "summarise"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +55,12 @@ class SettingResult:
         queue_p95: The 95th percentile of that wait.
         in_flight: The mean number of calls running during the window.
         error: The first error among the measured calls, if any.
+        cut_off: Calls still running when the window closed. They were left to finish, and their run
+            and queue times are in the latency figures (leaving them out would drop the slowest calls).
+        repeats: The measurements this result combines (see `combine`): its figures are their medians,
+            its counts their sums.
+        throughput_range: The lowest and highest throughput of those measurements.
+        run_p95_range: The lowest and highest p95 run time of those measurements.
     """
 
     limit: int
@@ -67,6 +74,18 @@ class SettingResult:
     queue_p95: float
     in_flight: float
     error: str | None = None
+    cut_off: int = 0
+    repeats: int = 1
+    throughput_range: tuple[float, float] | None = None
+    run_p95_range: tuple[float, float] | None = None
+
+    @property
+    def spread(self) -> float:
+        """Half the range of the throughputs measured, as a share of the median (0 for one measurement)."""
+        if self.throughput_range is None or not self.throughput > 0 or math.isinf(self.throughput):
+            return 0.0
+        low, high = self.throughput_range
+        return (high - low) / 2 / self.throughput
 
     def to_json(self) -> dict[str, Any]:
         """The figures as JSON data (times in milliseconds; NaN as null)."""
@@ -83,6 +102,10 @@ class SettingResult:
             "queue_p95_ms": _finite(self.queue_p95 * ms),
             "in_flight": _finite(self.in_flight),
             "error": self.error,
+            "cut_off": self.cut_off,
+            "repeats": self.repeats,
+            "throughput_range": None if self.throughput_range is None else [_finite(v) for v in self.throughput_range],
+            "run_p95_range_ms": None if self.run_p95_range is None else [_finite(v * ms) for v in self.run_p95_range],
         }
 
 
@@ -100,10 +123,18 @@ async def measure(
     calls: int | None,
     duration: float | None,
     report: Callable[[int, int | None], None] | None,
+    phase: Callable[[str], None] | None = None,
 ) -> SettingResult:
     """Run one setting's closed loop (`closed_loop`) and summarise its measurement window."""
     window = await closed_loop(
-        dispatcher, workload, clients=clients, warmup=warmup, calls=calls, duration=duration, report=report
+        dispatcher,
+        workload,
+        clients=clients,
+        warmup=warmup,
+        calls=calls,
+        duration=duration,
+        report=report,
+        phase=phase,
     )
     return summarise(limit, window.results, window.start, window.stop, inclusive=window.inclusive)
 
@@ -134,12 +165,17 @@ async def closed_loop(
     calls: int | None,
     duration: float | None,
     report: Callable[[int, int | None], None] | None,
+    phase: Callable[[str], None] | None = None,
 ) -> Window:
     """Run one setting's closed loop: callers each submit a call and wait for it, until the window closes.
 
     Each call is a batch of its own, so that when the measurement ends the calls still queued can be
-    withdrawn without touching those already running at the server. Those are left to finish: they
-    ran during the window, and count for the part of their run time that fell inside it.
+    withdrawn without touching those already running at the server. Those are left to finish (a write
+    is never aborted midway): they ran during the window, count for the part of their run time that
+    fell inside it, and are the window's "cut off" calls.
+
+    With a `duration`, a timer closes the window on time even when no call completes (calls slower
+    than the window), and the warm-up also ends after `duration` seconds at most.
 
     Args:
         dispatcher: An open dispatcher with the server registered under the setting being measured.
@@ -148,19 +184,36 @@ async def closed_loop(
         warmup: Calls completed before the window opens.
         calls: Calls completed inside the window before it closes, or None.
         duration: Seconds the window may last, or None.
-        report: Called with (completed, planned) after every completed call.
+        report: Called with (completed, planned) after every completed call (planned: warm-up included).
+        phase: Called with "warming up" and "measuring" as the loop enters each.
     """
     source = _repeat(workload)
     finished: list[ToolResult] = []  # completed before the measurement stopped
-    tail: list[ToolResult] = []  # running when it stopped
+    tail: list[ToolResult] = []  # running when it stopped: the cut-off calls
     waiting: dict[PendingCall, Batch] = {}
     planned = None if calls is None else warmup + calls
     started = anyio.current_time()
-    window_end = started + duration if warmup == 0 and duration is not None else math.inf
+    window_start: float | None = None
+    window_stop = math.inf
     stop = False
+    before = 0  # calls completed before the window opened
+    opened_by_count = closed_by_count = False
+
+    def open_window(at: float) -> None:
+        nonlocal window_start, before
+        window_start, before = at, len(finished)
+        if phase is not None:
+            phase("measuring")
+
+    def close_window(at: float) -> None:
+        nonlocal stop, window_stop
+        stop, window_stop = True, at
+        for queued, its_batch in list(waiting.items()):
+            if queued.started_at is None:
+                its_batch.cancel()
 
     async def caller() -> None:
-        nonlocal stop, window_end
+        nonlocal opened_by_count, closed_by_count
         while not stop:
             batch = dispatcher.batch()
             pending = batch.submit(next(source))
@@ -168,27 +221,52 @@ async def closed_loop(
             result = await pending.wait()
             del waiting[pending]
             if stop:
-                if result.started_at is not None:
+                if result.started_at is not None and result.finished_at > window_stop:
                     tail.append(result)
+                elif result.started_at is not None:
+                    finished.append(result)
                 return
             finished.append(result)
             done = len(finished)
-            if done == warmup and duration is not None:
-                window_end = result.finished_at + duration
-            if (planned is not None and done >= planned) or result.finished_at >= window_end:
-                stop = True
-                for queued, its_batch in list(waiting.items()):
-                    if queued.started_at is None:
-                        its_batch.cancel()
+            if window_start is None and done >= warmup:
+                opened_by_count = True
+                open_window(result.finished_at)
+            if calls is not None and window_start is not None and done - before >= calls:
+                closed_by_count = True
+                close_window(result.finished_at)
             if report is not None:
                 report(done, planned)
 
-    async with anyio.create_task_group() as tg:
-        for _ in range(clients):
-            tg.start_soon(caller)
+    async def timer() -> None:
+        assert duration is not None
+        if window_start is None:
+            await anyio.sleep_until(started + duration)
+            if window_start is None:
+                open_window(anyio.current_time())
+        assert window_start is not None
+        await anyio.sleep_until(window_start + duration)
+        if not stop:
+            close_window(window_start + duration)
+
+    if phase is not None and warmup:
+        phase("warming up")
+    if not warmup:
+        open_window(started)
+    async with anyio.create_task_group() as outer:
+        if duration is not None:
+            outer.start_soon(timer)
+        async with anyio.create_task_group() as tg:
+            for _ in range(clients):
+                tg.start_soon(caller)
+        outer.cancel_scope.cancel()
     finished.sort(key=lambda r: r.finished_at)
-    window_start = finished[warmup - 1].finished_at if warmup else started
-    window_stop = min(finished[-1].finished_at, window_end)
+    assert window_start is not None
+    # Results are handled in the order the callers wake, which need not be the order the calls ended
+    # in: a window opened or closed by a count of calls is placed by the calls' own times.
+    if warmup and opened_by_count:
+        window_start = finished[warmup - 1].finished_at
+    if closed_by_count:
+        window_stop = finished[-1].finished_at
     return Window(results=[*finished, *tail], start=window_start, stop=window_stop, inclusive=not warmup)
 
 
@@ -214,6 +292,7 @@ def summarise(
         return (start <= r.finished_at if inclusive else start < r.finished_at) and r.finished_at <= stop
 
     measured = [r for r in results if ended_inside(r)]
+    cut_off = [r for r in results if r.started_at is not None and r.started_at < stop < r.finished_at]
     succeeded = [r for r in measured if r.status is CallStatus.OK]
     failed = [r for r in measured if r.status is not CallStatus.OK]
     elapsed = stop - start
@@ -232,8 +311,9 @@ def summarise(
         throughput, in_flight = done / elapsed, busy / elapsed
     else:
         throughput, in_flight = (math.inf if succeeded else 0.0), math.nan
-    runs = [r.run_time for r in succeeded]
-    queues = [r.queue_time for r in succeeded]
+    timed = succeeded + [r for r in cut_off if r.status is CallStatus.OK]
+    runs = [r.run_time for r in timed]
+    queues = [r.queue_time for r in timed]
     return SettingResult(
         limit=limit,
         calls=len(succeeded),
@@ -246,6 +326,52 @@ def summarise(
         queue_p95=_percentile(queues, 95),
         in_flight=in_flight,
         error=f"{failed[0].status.value}: {failed[0].error}" if failed else None,
+        cut_off=len(cut_off),
+        throughput_range=(throughput, throughput),
+        run_p95_range=(_percentile(runs, 95),) * 2,
+    )
+
+
+def combine(measurements: Sequence[SettingResult]) -> SettingResult:
+    """One result for a setting measured several times: the medians of the figures, the sums of the counts.
+
+    The median rather than the mean: one repeat disturbed by something else on the machine moves it
+    least. The ranges keep the lowest and highest of the repeats, for the spread shown beside them.
+
+    Raises:
+        ValueError: No measurements, or measurements of different settings.
+    """
+    if not measurements:
+        raise ValueError("combine needs at least one measurement")
+    limits = {m.limit for m in measurements}
+    if len(limits) != 1:
+        raise ValueError(f"combine takes measurements of one setting, got {sorted(limits)}")
+    if len(measurements) == 1:
+        return measurements[0]
+
+    def median(values: Iterable[float]) -> float:
+        known = [v for v in values if not math.isnan(v)]
+        return statistics.median(known) if known else math.nan
+
+    throughputs = [m.throughput for m in measurements]
+    p95s = [m.run_p95 for m in measurements if not math.isnan(m.run_p95)]
+    errors = next((m.error for m in measurements if m.error is not None), None)
+    return SettingResult(
+        limit=measurements[0].limit,
+        calls=sum(m.calls for m in measurements),
+        errors=sum(m.errors for m in measurements),
+        elapsed=sum(m.elapsed for m in measurements),
+        throughput=median(throughputs),
+        run_p50=median(m.run_p50 for m in measurements),
+        run_p95=median(m.run_p95 for m in measurements),
+        queue_p50=median(m.queue_p50 for m in measurements),
+        queue_p95=median(m.queue_p95 for m in measurements),
+        in_flight=median(m.in_flight for m in measurements),
+        error=errors,
+        cut_off=sum(m.cut_off for m in measurements),
+        repeats=sum(m.repeats for m in measurements),
+        throughput_range=(min(throughputs), max(throughputs)),
+        run_p95_range=(min(p95s), max(p95s)) if p95s else None,
     )
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "INSTALL_HINT",
     "ProgressBar",
     "clean",
+    "describe_step",
     "inspect_lines",
     "print_lines",
     "render_inspect",
@@ -45,7 +46,18 @@ __all__ = [
 
 INSTALL_HINT = "the dispatcher command line needs rich: pip install 'mcp-dispatcher[cli]'"
 
-_TUNE_HEADERS = ("calls/s", "of best", "in flight", "run p50", "run p95", "queue p50", "queue p95", "errors")
+_TUNE_HEADERS = (
+    "calls/s",
+    "spread",
+    "of best",
+    "in flight",
+    "run p50",
+    "run p95",
+    "queue p50",
+    "queue p95",
+    "cut off",
+    "errors",
+)
 _INSPECT_HEADERS = ("TOOL", "DECLARED", "EFFECTIVE", "SCHEDULING", "RETRYABLE", "KEYS")
 # How much of a server's text `inspect` shows without --full: in the table, and under "what the model reads".
 _CELL = 40
@@ -107,14 +119,16 @@ def _tune_rows(report: TuneReport) -> list[list[str]]:
     best = max((s.throughput for s in report.settings if math.isfinite(s.throughput)), default=0.0)
     return [
         [
-            str(s.limit),
+            str(s.limit) if s.repeats == report.repeats else f"{s.limit} ({s.repeats}x)",
             format_number(s.throughput),
+            f"±{s.spread:.0%}" if s.repeats > 1 else "-",
             f"{s.throughput / best:.0%}" if best > 0 and math.isfinite(s.throughput) else "-",
             format_number(s.in_flight),
             format_number(s.run_p50 * 1000),
             format_number(s.run_p95 * 1000),
             format_number(s.queue_p50 * 1000),
             format_number(s.queue_p95 * 1000),
+            str(s.cut_off),
             str(s.errors),
             "<- recommended" if s.limit == report.recommended else "",
         ]
@@ -137,14 +151,25 @@ def _tune_heading(report: TuneReport) -> list[str]:
     amount = f"{report.calls} measured calls" if report.calls is not None else "measured calls"
     if report.duration is not None:
         amount += f" (at most {report.duration:g} s)"
-    return [
+    times = f", {report.repeats} times" if report.repeats > 1 else ""
+    lines = [
         f"tuning {knob} against {report.target} ({trust})",
-        f"workload: {report.workload}; {report.clients} callers; {amount} per setting after a warm-up",
+        f"workload: {report.workload}; {report.clients} callers; {amount} per setting after a warm-up{times}",
     ]
+    if report.cut_short is not None:
+        why = "interrupted" if report.cut_short == "interrupted" else "cut short by --max-time"
+        lines.append(f"{why}: the settings measured so far")
+    return lines
 
 
 def _tune_conclusion(report: TuneReport) -> list[str]:
     lines = ["times in ms; run = from a call's start to its result, queue = waiting for a slot in the dispatcher"]
+    if report.repeats > 1:
+        lines.append(
+            f"each figure is the median of {report.repeats} measurements; spread = half their range of calls/s"
+        )
+    if any(s.cut_off for s in report.settings):
+        lines.append("cut off = calls still running when the window closed, left to finish and timed in run/queue")
     if report.errors:
         lines.append(f"warning: {report.errors} measured calls failed; they are counted as errors, not throughput")
     if report.recommended is not None:
@@ -170,6 +195,46 @@ def render_tune(report: TuneReport) -> str:
 
 def _flag(value: bool | None) -> str:
     return "-" if value is None else "T" if value else "F"
+
+
+def _flags(hints: dict[str, bool | None] | dict[str, bool]) -> str:
+    """The four hints as letters; destructive as "n" (not applicable) when the tool is read-only."""
+    read_only = hints.get("readOnlyHint") is True
+    return " ".join("n" if read_only and hint == "destructiveHint" else _flag(value) for hint, value in hints.items())
+
+
+def _overrides(report: Report) -> list[str]:
+    items = [
+        f"{tool.tool}="
+        + ",".join(
+            hint.removesuffix("Hint") if v else "!" + hint.removesuffix("Hint") for hint, v in tool.override.items()
+        )
+        for tool in report.tools
+        if tool.override is not None
+    ]
+    return [f"overrides (yours, trusted; EFFECTIVE shows them): {' '.join(items)}"] if items else []
+
+
+def _warning_lines(report: Report) -> list[str]:
+    """Each warning on a line, those of an untrusted server's read-only tools grouped into one."""
+    serialized = [tool.name for tool in report.tools if any(w.code == "untrusted_serialized" for w in tool.warnings)]
+    lines = [
+        f"  {tool.name}: {w.message}"
+        for tool in report.tools
+        for w in tool.warnings
+        if w.code != "untrusted_serialized"
+    ]
+    if serialized:
+        example = serialized[0]
+        lines.insert(
+            0,
+            f"  untrusted: {len(serialized)} tool{'s' if len(serialized) != 1 else ''} declared read-only "
+            f"run{'s' if len(serialized) == 1 else ''} exclusive because the server is untrusted "
+            f"({', '.join(serialized)}); trust the server (--trusted) or declare them yourself "
+            f"(--override {example}=readOnly, or add_mcp_server(overrides=...))",
+        )
+    lines.extend(f"  toolset: {w.message}" for w in report.warnings)
+    return lines
 
 
 def _inspect_heading(report: Report) -> str:
@@ -248,8 +313,8 @@ def inspect_lines(report: Report, *, full: bool = False) -> list[Any]:
     rows = [
         (
             tool.name,
-            " ".join(_flag(v) for v in tool.declared.values()),
-            " ".join(_flag(v) for v in tool.effective.values()),
+            _flags(tool.declared),
+            _flags(tool.effective),
             tool.scheduling,
             "yes" if tool.retryable else "no",
             tool.keys,
@@ -259,19 +324,25 @@ def inspect_lines(report: Report, *, full: bool = False) -> list[Any]:
         for tool in report.tools
     ]
     lines: list[Any] = [_inspect_heading(report), "", _table(headers, rows, right=False), ""]
-    lines.append("hints in order ro de id ow (readOnly, destructive, idempotent, openWorld): T true, F false, - unset")
+    lines.append(
+        "hints in order ro de id ow (readOnly, destructive, idempotent, openWorld): T true, F false, - unset, "
+        "n not applicable (destructive means nothing for a read-only tool)"
+    )
+    lines.extend(_overrides(report))
     lines.append("keys: root waits for every call; a domain only for calls in it and on root (docs/conflicts.md)")
     lines.append("")
     lines.extend(_reads(report, full=full))
     if pinned:
         lines.append("")
         lines.extend(_pins(report))
-    warnings = [(tool.name, w) for tool in report.tools for w in tool.warnings]
-    warnings += [("toolset", w) for w in report.warnings]
+    if report.notes:
+        lines.append("")
+        lines.extend(f"note: {n.message}" for n in report.notes)
+    warnings = _warning_lines(report)
     if warnings:
         lines.append("")
         lines.append(f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''}:")
-        lines.extend(f"  {where}: {w.message}" for where, w in warnings)
+        lines.extend(warnings)
     else:
         lines.append("no warnings")
     return lines
@@ -311,6 +382,14 @@ def print_lines(lines: Sequence[Any], stream: TextIO) -> None:
 # Progress ---------------------------------------------------------------------------------------------
 
 
+def describe_step(step: TuneProgress) -> str:
+    """What the sweep is doing, in words: "probing the tools", or the setting, the repeat and the phase."""
+    if step.phase == "probing":
+        return "probing: calling each tool of the synthetic workload once"
+    repeat = f", repeat {step.repeat + 1}/{step.repeats}" if step.repeats > 1 else ""
+    return f"setting {step.index + 1}/{step.total} ({step.limit}){repeat}: {step.phase}"
+
+
 class ProgressBar:
     """A sweep's progress on a stream: rich's bar on a terminal, a line per setting elsewhere (logs).
 
@@ -322,6 +401,7 @@ class ProgressBar:
         self._enabled = enabled
         self._tty = stream.isatty()
         self._index = -1
+        self._last: tuple[int, str] = (-1, "")
         self._started = time.perf_counter()
         self._bar: Any = None
         if enabled and self._tty:
@@ -337,19 +417,23 @@ class ProgressBar:
     def __call__(self, step: TuneProgress) -> None:
         if not self._enabled:
             return
+        where = describe_step(step)
+        position = step.repeat * step.total + step.index
         if self._bar is None:
-            if step.index != self._index:
-                self._index = step.index
-                self._stream.write(f"setting {step.index + 1}/{step.total}: {step.limit} ...\n")
+            if (position, step.phase) != self._last:
+                self._index = position
+                self._last = (position, step.phase)
+                self._stream.write(where + "\n")
                 self._stream.flush()
             return
-        self._index = step.index
+        self._index = position
         share = step.completed / step.planned if step.planned else 0.0
         planned = f"/{step.planned}" if step.planned is not None else ""
+        calls = f": {step.completed}{planned} calls" if step.phase != "probing" else ""
         self._bar.update(
             self._task,
-            completed=(step.index + min(share, 1.0)) / step.total,
-            description=f"setting {step.index + 1}/{step.total} ({step.limit}): {step.completed}{planned} calls",
+            completed=(position + min(share, 1.0)) / (step.total * step.repeats),
+            description=where + calls,
         )
 
     def close(self) -> None:

@@ -1,7 +1,23 @@
-"""The recommendation: the smallest setting whose throughput is within a tolerance of the best.
+"""The recommendation: the knee, where more calls in flight stop buying throughput and start costing latency.
 
 A pure function of the measurements (`recommend`), with the sentence that explains the choice, and the
 number formats that sentence and the tables share.
+
+The rule reads throughput and latency together, through Kleinrock's "power": throughput divided by the
+median run time. Below a server's knee, a larger setting raises throughput at the same run time, so power
+grows; past it, throughput stays flat while each call waits longer inside the server, so power falls. The
+recommended setting is the smallest whose power is within `tolerance` of the highest. Two cases read
+differently:
+
+- throughput flat across the range (the smallest setting already gets within the spread of the best)
+  while run time grows: no setting matters here; the smallest is kept, and no wider range is suggested;
+- power still growing at the largest setting, throughput too: the knee lies beyond the range, so try a
+  wider one.
+
+Choosing from power rather than from throughput alone is what keeps the advice stable: throughput keeps
+creeping up past the knee (each round trip leaves a slot idle, and calls beyond the knee hide it), so
+"the smallest setting within 5% of the best throughput" lands one or two settings above the knee on one
+run and on it the next; run time doubles with every setting past the knee, which no noise hides.
 """
 
 from __future__ import annotations
@@ -14,24 +30,38 @@ if TYPE_CHECKING:
 
     from ._measure import SettingResult
 
-__all__ = ["TOLERANCE", "format_ms", "format_number", "recommend"]
+__all__ = ["TOLERANCE", "format_ms", "format_number", "power", "recommend"]
 
 TOLERANCE = 0.05
-"""A setting is good enough when its throughput is within this share of the best."""
+"""A setting is good enough when its power (throughput / run time) is within this share of the best."""
+
+# Throughput within this share of the best (or within the measurements' spread) counts as flat.
+_FLAT = 0.1
 
 
-def recommend(settings: Sequence[SettingResult], *, tolerance: float = TOLERANCE) -> tuple[int | None, int | None, str]:
-    """The smallest setting whose throughput is within `tolerance` of the best, and why.
+def power(setting: SettingResult) -> float:
+    """Throughput divided by the median run time: highest at the knee (0 without a run time)."""
+    if not setting.run_p50 > 0 or math.isinf(setting.throughput):
+        return 0.0
+    return setting.throughput / setting.run_p50
+
+
+def recommend(
+    settings: Sequence[SettingResult], *, tolerance: float = TOLERANCE, planned_top: int | None = None
+) -> tuple[int | None, int | None, str]:
+    """The knee of the measurements, the setting with the best throughput, and why.
 
     Throughput counts successful calls only, so a setting whose calls all failed is never chosen.
 
     Args:
         settings: The measurements, one per setting (any order).
-        tolerance: The share of the best throughput a setting may give up.
+        tolerance: The share of the highest power (throughput / median run time) a setting may give up.
+        planned_top: The largest setting the sweep meant to measure; when it is larger than the largest
+            measured (a sweep cut short), the explanation says so instead of asking for a wider range.
 
     Returns:
-        The recommended setting, the best one, and a sentence or two that explain the choice. Both
-        settings are None when no setting got a single successful answer.
+        The recommended setting, the best one (highest throughput), and a sentence or two that explain
+        the choice. Both settings are None when no setting got a single successful answer.
     """
     ordered = sorted(settings, key=lambda s: s.limit)
     measured = [s for s in ordered if s.calls > 0 and s.throughput > 0]
@@ -42,19 +72,49 @@ def recommend(settings: Sequence[SettingResult], *, tolerance: float = TOLERANCE
             "no setting got a successful answer from the server, so there is nothing to recommend; see the errors",
         )
     best = max(measured, key=lambda s: s.throughput)
-    chosen = next(s for s in measured if s.throughput >= (1 - tolerance) * best.throughput)
-    top = measured[-1]
-    if chosen is best:
-        if chosen is top and len(measured) > 1:
-            before = measured[-2]
-            gain = best.throughput / before.throughput - 1 if before.throughput > 0 else math.inf
+    top, low = measured[-1], measured[0]
+    peak = max(power(s) for s in measured)
+    chosen = next((s for s in measured if power(s) >= (1 - tolerance) * peak), low) if peak > 0 else low
+    if len(measured) > 1 and _flat(low, best):
+        latency = (
+            f"while each call's p95 run time grows from {format_ms(low.run_p95)} to {format_ms(top.run_p95)}"
+            if top.run_p95 > 1.1 * low.run_p95
+            else f"and each call's p95 run time stays near {format_ms(low.run_p95)}"
+        )
+        return (
+            low.limit,
+            best.limit,
+            f"no setting matters here: throughput stays at {format_number(low.throughput)} to "
+            f"{format_number(best.throughput)} calls/s from {low.limit} to {top.limit} (within the spread of "
+            f"the measurements) {latency}; the server (or this machine) does not run more calls at once any "
+            f"faster. {low.limit}, the smallest setting, keeps calls fastest.",
+        )
+    if chosen is top and len(measured) > 1:
+        before = measured[-2]
+        gain = top.throughput / before.throughput - 1 if before.throughput > 0 else math.inf
+        head = f"{top.limit} gives the best throughput ({_rate(top)}), {_percent(gain)} more than {before.limit}"
+        if planned_top is not None and planned_top > top.limit:
+            return top.limit, best.limit, f"{head}; the sweep stopped before the larger settings were measured."
+        if gain > _FLAT:
             return (
-                chosen.limit,
+                top.limit,
                 best.limit,
-                f"{chosen.limit} gives the best throughput ({_rate(best)}), {_percent(gain)} more than "
-                f"{before.limit}; it is the largest setting tried and throughput was still growing, so try a "
-                "wider range.",
+                f"{head}; it is the largest setting tried and throughput was still growing, so try a wider range.",
             )
+        return top.limit, best.limit, f"{head}; it is the largest setting tried."
+    if chosen.throughput < (1 - tolerance) * best.throughput:
+        # The knee is well below the best throughput: say what the rest would cost, and let the user choose.
+        speed = best.run_p50 / chosen.run_p50 if chosen.run_p50 > 0 else math.inf
+        return (
+            chosen.limit,
+            best.limit,
+            f"{chosen.limit} is the knee: the most throughput per unit of run time ({_rate(chosen)} at a median "
+            f"run time of {format_ms(chosen.run_p50)}); {best.limit} gives "
+            f"{_percent(best.throughput / chosen.throughput - 1)} more ({_rate(best)}) with each call taking "
+            f"{speed:.1f}x as long ({format_ms(best.run_p50)}): set it instead if throughput matters more to you "
+            "than each call's latency.",
+        )
+    if chosen is best:
         head = f"{chosen.limit} gives the best throughput ({_rate(best)})"
     else:
         share = chosen.throughput / best.throughput
@@ -75,6 +135,16 @@ def recommend(settings: Sequence[SettingResult], *, tolerance: float = TOLERANCE
         )
     more = "no more throughput" if same else f"at most {_percent(gain)} more throughput"
     return chosen.limit, best.limit, f"{head}; larger settings give {more}."
+
+
+def _flat(low: SettingResult, best: SettingResult) -> bool:
+    """Whether the smallest setting's throughput is as good as the best's, given the spread of both."""
+    if best.throughput <= (1 + _FLAT) * low.throughput:
+        return True
+    # The ranges of the repeats overlap: the difference is within the noise of the measurements.
+    if low.throughput_range is None or best.throughput_range is None:
+        return False
+    return low.throughput_range[1] >= best.throughput_range[0]
 
 
 def _rate(setting: SettingResult) -> str:

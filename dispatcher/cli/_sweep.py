@@ -2,9 +2,11 @@
 
 For each setting of the limit (`Dispatcher(max_concurrency=...)`, or the per-server limit of
 `add_mcp_server`), a fresh dispatcher runs the same workload on one shared connection, so what changes
-between settings is the limit and nothing else. Each setting is measured by a closed loop of callers
-(`_measure`); the recommendation (`_recommend`) is the smallest setting whose throughput is within 5% of
-the best: past it, more calls in flight only make each call slower. When no call of the workload may
+between settings is the limit and nothing else. Each setting is measured `repeats` times, in rounds
+over the settings, by a closed loop of callers (`_measure`), and the repeats are combined into medians
+with their range; the recommendation (`_recommend`) is the knee, where throughput per unit of run time
+peaks: past it, more calls in flight only make each call slower. A time budget or a stop event ends
+the sweep early with the settings measured so far. When no call of the workload may
 run concurrently (an untrusted server, a workload of writes), no limit can matter, and nothing is
 recommended.
 
@@ -17,34 +19,44 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal, cast
 
+import anyio
+from mcp.types import ToolAnnotations
+
+from dispatcher._annotations import HINTS
 from dispatcher._dispatcher import Dispatcher
 from dispatcher._errors import ConfigurationError, DispatcherError
 
 from ._connection import connected, describe_target
 from ._fleet_tune import check_redis, fleet_measure
-from ._measure import measure
+from ._measure import combine, measure
 from ._recommend import TOLERANCE, format_number, recommend
 from ._workloads import resolve_workload
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from dispatcher._calls import ToolCall
+    from dispatcher._catalog import ToolEntry
 
     from ._connection import Target
     from ._measure import SettingResult
     from ._workloads import Synthetic
 
-__all__ = ["DEFAULT_SETTINGS", "TuneProgress", "TuneReport", "tune"]
+__all__ = ["DEFAULT_REPEATS", "DEFAULT_SETTINGS", "TuneProgress", "TuneReport", "tune"]
 
 # The most processes a fleet sweep starts: each is a Python interpreter of its own on this machine.
 _MAX_PROCESSES = 256
 
 DEFAULT_SETTINGS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 """The settings swept when none are given."""
+
+DEFAULT_REPEATS = 3
+"""Measurements per setting: three give a median and a spread, and the median shrugs off one bad run."""
+# More would only make a sweep longer than anyone waits.
+_MAX_REPEATS = 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,7 +71,7 @@ class TuneReport:
         workload: A description of the workload.
         concurrent_share: The share of the workload's calls that may run concurrently.
         clients: Callers kept waiting on the dispatcher (the offered concurrency).
-        calls: Measured calls per setting (None: measured for `duration` instead).
+        calls: Measured calls per measurement (None: measured for `duration` instead).
         duration: The time budget of each setting's measurement, if any.
         settings: One result per setting, in increasing order.
         recommended: The recommended setting, or None when no setting got a successful answer or no
@@ -68,6 +80,10 @@ class TuneReport:
         explanation: Why the recommended setting (or why none), in a sentence or two.
         notes: Things the reader should know (an untrusted server, failed calls, a narrow range).
         processes: The processes of a fleet sweep, or None.
+        repeats: The measurements planned per setting (the repeats done are each result's `repeats`).
+        cut_short: Why the sweep ended before measuring everything it planned: "interrupted" (`stop`
+            was set, e.g. on Ctrl-C) or "max_time" (the time budget ran out); None when it finished.
+            The report then holds the settings measured so far.
     """
 
     target: str
@@ -84,6 +100,8 @@ class TuneReport:
     explanation: str
     notes: tuple[str, ...] = ()
     processes: int | None = None
+    repeats: int = 1
+    cut_short: Literal["interrupted", "max_time"] | None = None
 
     @property
     def how_to_apply(self) -> str:
@@ -112,6 +130,8 @@ class TuneReport:
             "concurrent_share": self.concurrent_share,
             "clients": self.clients,
             "calls": self.calls,
+            "repeats": self.repeats,
+            "cut_short": self.cut_short,
             "duration_s": self.duration,
             "settings": [setting.to_json() for setting in self.settings],
             "recommended": self.recommended,
@@ -122,11 +142,17 @@ class TuneReport:
         }
 
 
+Phase = Literal["probing", "warming up", "measuring"]
+
+
 @dataclass(frozen=True, slots=True)
 class TuneProgress:
     """Where a sweep is: setting `index` of `total` (from 0), `completed` of its `planned` calls.
 
-    `planned` is None when the setting runs for a time budget rather than a number of calls.
+    `planned` is None when the setting runs for a time budget rather than a number of calls (and
+    counts the warm-up). `repeat` (from 0) of `repeats` is the round: each round measures every setting
+    once. `phase` is "probing" (the synthetic workload's tools are tried once, before any setting),
+    "warming up" or "measuring".
     """
 
     limit: int
@@ -134,6 +160,9 @@ class TuneProgress:
     total: int
     completed: int
     planned: int | None
+    repeat: int = 0
+    repeats: int = 1
+    phase: Phase = "measuring"
 
 
 async def tune(
@@ -143,7 +172,7 @@ async def tune(
     *,
     trusted: bool = False,
     per_server: bool = False,
-    calls: int | None = 200,
+    calls: int | None = 100,
     duration: float | None = None,
     warmup: int | None = None,
     clients: int | None = None,
@@ -156,12 +185,19 @@ async def tune(
     progress: Callable[[TuneProgress], object] | None = None,
     fleet: str | None = None,
     processes: int = 2,
+    repeats: int = DEFAULT_REPEATS,
+    max_time: float | None = None,
+    stop: anyio.Event | None = None,
+    overrides: Mapping[str, ToolAnnotations] | None = None,
 ) -> TuneReport:
     """Run a workload under each setting of a concurrency limit and recommend one.
 
-    One connection serves every setting; each setting gets a fresh `Dispatcher` (no retries) with the
-    server added through `add_mcp_server`. Throughput counts successful calls only; calls that fail
-    are counted as errors, and a note says so.
+    One connection serves every setting; each measurement gets a fresh `Dispatcher` (no retries) with
+    the server added through `add_mcp_server`. Throughput counts successful calls only; calls that fail
+    are counted as errors, and a note says so. Each setting is measured `repeats` times, in rounds
+    (every setting once, then every setting again), so that a disturbance of the machine or a server
+    warming up falls on every setting alike rather than on the ones measured last; each result holds
+    the medians of its repeats and their range.
 
     Args:
         target: An entered `mcp.Client` (you own it), anything `mcp.Client` connects to (an in-process
@@ -174,7 +210,8 @@ async def tune(
             limit can matter, and nothing is recommended.
         per_server: Sweep the per-server limit (`add_mcp_server(max_concurrency=...)`, with no
             dispatcher-wide limit) instead of `Dispatcher(max_concurrency=...)`.
-        calls: Measured calls per setting, after the warm-up; None to measure for `duration` only.
+        calls: Measured calls per measurement (each repeat), after the warm-up; None to measure for
+            `duration` only.
         duration: Seconds each setting's measurement may last (whichever of the two ends first).
         warmup: Calls completed before measuring; None: two per slot of the setting being measured.
         clients: Callers kept waiting on the dispatcher; None: the largest setting.
@@ -190,6 +227,15 @@ async def tune(
             processes sharing it, each a dispatcher of its own connected to `target`, which must be a
             streamable HTTP URL. Needs the `fleet` extra.
         processes: The processes of a fleet sweep; the callers, warm-up and calls are split among them.
+        repeats: The measurements of each setting (>= 1).
+        max_time: Seconds the whole sweep may take (probing included), or None. When it runs out, the
+            measurement under way is abandoned and the report holds the settings measured so far, with
+            `cut_short` "max_time".
+        overrides: Your own annotations for some of the server's tools, as `add_mcp_server(overrides=...)`
+            takes them (trusted even for an untrusted server): measure what declaring a tool read-only
+            would do before writing it into code.
+        stop: An event that ends the sweep early when set (the command line sets it on Ctrl-C): as with
+            `max_time`, with `cut_short` "interrupted".
 
     Returns:
         The measurements and the recommendation.
@@ -214,6 +260,10 @@ async def tune(
         raise ConfigurationError(f"clients must be an int >= 1 or None, got {clients!r}")
     if not 0 <= tolerance < 1:
         raise ConfigurationError(f"tolerance must be in [0, 1), got {tolerance!r}")
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= _MAX_REPEATS:
+        raise ConfigurationError(f"repeats must be an int from 1 to {_MAX_REPEATS}, got {repeats!r}")
+    if max_time is not None and not (max_time > 0 and math.isfinite(max_time)):
+        raise ConfigurationError(f"max_time must be a positive number of seconds or None, got {max_time!r}")
     callers = clients if clients is not None else limits[-1]
     if fleet is not None:
         if not isinstance(target, str) or not target.startswith(("http://", "https://")):
@@ -222,6 +272,8 @@ async def tune(
             )
         if per_server:
             raise ConfigurationError("a fleet sweep tunes the fleet-wide limit; per_server does not apply")
+        if overrides:
+            raise ConfigurationError("a fleet sweep does not take overrides yet; sweep without --fleet to try them")
         if not isinstance(processes, int) or isinstance(processes, bool) or not 1 <= processes <= _MAX_PROCESSES:
             raise ConfigurationError(
                 f"processes must be an int from 1 to {_MAX_PROCESSES} (one Python process each), got {processes!r}"
@@ -229,76 +281,137 @@ async def tune(
         callers = max(callers, processes)
         await check_redis(fleet, connect_timeout or 30.0)
     notes: list[str] = []
-    results: list[SettingResult] = []
+    measured: dict[int, list[SettingResult]] = {limit: [] for limit in limits}
     failure: DispatcherError | None = None
-    async with connected(target, mode=mode, connect_timeout=connect_timeout) as client:
-        pattern: list[ToolCall] = []  # the workload's calls, repeated by each setting
-        description = ""
-        share = 0.0
-        for index, limit in enumerate(limits):
-            async with Dispatcher(
-                max_concurrency=None if per_server else limit, call_timeout=call_timeout, retry=None
-            ) as dispatcher:
-                # Raised once out of the task groups (the dispatcher's and the client's), which would wrap it.
-                try:
-                    entries = await dispatcher.add_mcp_server(
-                        server, client, trusted=trusted, max_concurrency=limit if per_server else None
-                    )
-                    if index == 0:
-                        pattern, description = await resolve_workload(
-                            dispatcher, workload, entries, seed=seed, notes=notes
+    cut_short: Literal["interrupted", "max_time"] | None = None
+    pattern: list[ToolCall] = []  # the workload's calls, repeated by each setting
+    description = ""
+    share = 0.0
+
+    def report_to(limit: int, index: int, repeat: int) -> tuple[Callable[[int, int | None], None] | None, Any]:
+        if progress is None:
+            return None, None
+        where = functools.partial(TuneProgress, limit, index, len(limits), repeat=repeat, repeats=repeats)
+        warm = 2 * limit if warmup is None else warmup
+        state: dict[str, Any] = {
+            "phase": "measuring",
+            "completed": 0,
+            "planned": None if calls is None else warm + calls,
+        }
+
+        def on_call(completed: int, planned: int | None) -> None:
+            state["completed"], state["planned"] = completed, planned
+            progress(where(completed, planned, phase=state["phase"]))
+
+        def on_phase(phase: str) -> None:
+            state["phase"] = phase
+            progress(where(state["completed"], state["planned"], phase=cast("Phase", phase)))
+
+        return on_call, on_phase
+
+    async def sweep(client: Any) -> None:
+        nonlocal pattern, description, share, failure
+        for repeat in range(repeats):
+            for index, limit in enumerate(limits):
+                async with Dispatcher(
+                    max_concurrency=None if per_server else limit, call_timeout=call_timeout, retry=None
+                ) as dispatcher:
+                    # Raised once out of the task groups (the dispatcher's and the client's), which would wrap it.
+                    try:
+                        entries = await dispatcher.add_mcp_server(
+                            server,
+                            client,
+                            trusted=trusted,
+                            max_concurrency=limit if per_server else None,
+                            overrides=overrides,
                         )
-                        by_name = {entry.name: entry for entry in entries}
-                        share = sum(by_name[call.name].concurrent for call in pattern) / len(pattern)
-                        notes.extend(_workload_notes(share, trusted, callers, limits))
-                    report = (
-                        None
-                        if progress is None
-                        else functools.partial(_report_progress, progress, limit, index, len(limits))
-                    )
-                    if fleet is not None:
-                        assert isinstance(target, str)
-                        results.append(
-                            await fleet_measure(
-                                target,
+                        if not pattern:
+                            if progress is not None and isinstance(workload, str):
+                                progress(TuneProgress(limit, index, len(limits), 0, None, 0, repeats, "probing"))
+                            pattern, description = await resolve_workload(
+                                dispatcher, workload, _as_declared(entries, overrides or {}), seed=seed, notes=notes
+                            )
+                            by_name = {entry.name: entry for entry in entries}
+                            share = sum(by_name[call.name].concurrent for call in pattern) / len(pattern)
+                            notes.extend(_workload_notes(share, trusted, callers, limits))
+                        on_call, on_phase = report_to(limit, index, repeat)
+                        if fleet is not None:
+                            assert isinstance(target, str)
+                            measured[limit].append(
+                                await fleet_measure(
+                                    target,
+                                    pattern,
+                                    redis=fleet,
+                                    processes=processes,
+                                    limit=limit,
+                                    clients=callers,
+                                    warmup=2 * limit if warmup is None else warmup,
+                                    calls=calls,
+                                    duration=duration,
+                                    trusted=trusted,
+                                    server=server,
+                                    mode=mode,
+                                    call_timeout=call_timeout,
+                                    connect_timeout=connect_timeout,
+                                )
+                            )
+                            if on_call is not None:
+                                on_call(calls or 1, calls)
+                            continue
+                        measured[limit].append(
+                            await measure(
+                                dispatcher,
                                 pattern,
-                                redis=fleet,
-                                processes=processes,
                                 limit=limit,
                                 clients=callers,
                                 warmup=2 * limit if warmup is None else warmup,
                                 calls=calls,
                                 duration=duration,
-                                trusted=trusted,
-                                server=server,
-                                mode=mode,
-                                call_timeout=call_timeout,
-                                connect_timeout=connect_timeout,
+                                report=on_call,
+                                phase=on_phase,
                             )
                         )
-                        if report is not None:
-                            report(calls or 1, calls)
-                        continue
-                    results.append(
-                        await measure(
-                            dispatcher,
-                            pattern,
-                            limit=limit,
-                            clients=callers,
-                            warmup=2 * limit if warmup is None else warmup,
-                            calls=calls,
-                            duration=duration,
-                            report=report,
-                        )
-                    )
-                except DispatcherError as exc:
-                    failure = exc
-            if failure is not None:
-                break
+                    except DispatcherError as exc:
+                        failure = exc
+                if failure is not None:
+                    return
+
+    async with connected(target, mode=mode, connect_timeout=connect_timeout) as client:
+        deadline = math.inf if max_time is None else anyio.current_time() + max_time
+        interrupted = False
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                nonlocal interrupted
+                assert stop is not None
+                await stop.wait()
+                interrupted = True
+                tg.cancel_scope.cancel()
+
+            if stop is not None:
+                tg.start_soon(watch)
+            with anyio.CancelScope(deadline=deadline) as budget:
+                await sweep(client)
+            if budget.cancelled_caught:
+                cut_short = "max_time"
+            tg.cancel_scope.cancel()
+        if interrupted and cut_short is None:
+            cut_short = "interrupted"
+    if all(len(measured[limit]) == repeats for limit in limits):
+        cut_short = None  # stopped while closing up after the last measurement: nothing is missing
     if failure is not None:
         raise failure
+    if not pattern:
+        # Cut short before the workload was known (while probing): nothing was measured.
+        description = f"synthetic {workload}" if isinstance(workload, str) else f"{len(workload)} calls"
+    results = [combine(measured[limit]) for limit in limits if measured[limit]]
     notes.extend(_error_notes(results, synthetic=isinstance(workload, str)))
-    if share == 0:
+    if cut_short is not None:
+        notes.append(_cut_short_note(cut_short, max_time, measured, repeats))
+    if not results:
+        recommended, best = None, None
+        explanation = "the sweep was cut short before any setting was measured, so there is nothing to recommend"
+    elif share == 0:
         recommended, best = None, None
         low = min(results, key=lambda s: s.throughput)
         high = max(results, key=lambda s: s.throughput)
@@ -308,7 +421,7 @@ async def tune(
             "which is noise); see the notes"
         )
     else:
-        recommended, best, explanation = recommend(results, tolerance=tolerance)
+        recommended, best, explanation = recommend(results, tolerance=tolerance, planned_top=limits[-1])
     return TuneReport(
         target=describe_target(target),
         trusted=trusted,
@@ -324,13 +437,50 @@ async def tune(
         explanation=explanation,
         notes=tuple(notes),
         processes=processes if fleet is not None else None,
+        repeats=repeats,
+        cut_short=cut_short,
     )
 
 
-def _report_progress(
-    progress: Callable[[TuneProgress], object], limit: int, index: int, total: int, completed: int, planned: int | None
-) -> None:
-    progress(TuneProgress(limit, index, total, completed, planned))
+def _as_declared(entries: Sequence[ToolEntry], overrides: Mapping[str, ToolAnnotations]) -> list[ToolEntry]:
+    """The entries with the user's overrides laid over what the server declares.
+
+    A synthetic workload picks tools by what is declared about them; the user's own declaration counts
+    first, so that `--override search=readOnly` on a server that declares nothing makes search a read.
+    """
+    if not overrides:
+        return list(entries)
+    merged = []
+    for entry in entries:
+        override = overrides.get(entry.tool)
+        if override is None:
+            merged.append(entry)
+            continue
+        declared = entry.declared_annotations
+        hints = {
+            attr: getattr(override, attr) if getattr(override, attr) is not None else getattr(declared, attr, None)
+            for _, attr in HINTS
+        }
+        merged.append(replace(entry, declared_annotations=ToolAnnotations.model_validate(hints)))
+    return merged
+
+
+def _cut_short_note(
+    why: Literal["interrupted", "max_time"],
+    max_time: float | None,
+    measured: dict[int, list[SettingResult]],
+    repeats: int,
+) -> str:
+    cause = "interrupted" if why == "interrupted" else f"cut short by the time budget ({max_time:g} s)"
+    done = [limit for limit, runs in measured.items() if runs]
+    missing = [limit for limit, runs in measured.items() if not runs]
+    fewer = [limit for limit, runs in measured.items() if runs and len(runs) < repeats]
+    parts = [f"{cause}: the table holds the {len(done)} of {len(measured)} settings measured so far"]
+    if missing:
+        parts.append(f"not measured: {missing}")
+    if fewer:
+        parts.append(f"measured fewer than {repeats} times: {fewer}")
+    return "; ".join(parts)
 
 
 def _check_settings(settings: Sequence[int]) -> list[int]:

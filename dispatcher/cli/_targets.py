@@ -1,7 +1,8 @@
 """The server-target options that `inspect` and `tune` share, and the connection they describe.
 
 ``--stdio CMD`` (split like a shell would, with ``--env KEY=VALUE`` for its environment) or ``--url URL``;
-``--trusted``, ``--mode``, ``--name``, ``--timeout``; and ``--server-log PATH``, where a stdio server's
+``--trusted``, ``--override TOOL=HINTS`` (your own annotations for a tool, `parse_overrides`),
+``--mode``, ``--name``, ``--timeout``; and ``--server-log PATH``, where a stdio server's
 stderr goes. By default the stderr is kept out of the terminal (servers can log thousands of lines
 during a sweep) in a temporary file, whose last lines are shown if the command fails.
 """
@@ -17,6 +18,9 @@ from typing import TYPE_CHECKING, Literal, TextIO
 
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.types import ToolAnnotations
+
+from dispatcher._annotations import HINTS
 
 from ._present import clean
 
@@ -24,7 +28,14 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable, Iterator
 
-__all__ = ["ServerTarget", "UsageError", "add_target_options", "target_from_args"]
+__all__ = ["ServerTarget", "UsageError", "add_target_options", "parse_overrides", "target_from_args"]
+
+# Each hint by the names a user may type for it: "readOnly", "readOnlyHint", "read_only", any case.
+_HINT_NAMES = {
+    name.lower(): attr
+    for spec, attr in HINTS
+    for name in (spec, spec.removesuffix("Hint"), attr, attr.removesuffix("_hint"))
+}
 
 _TAIL = 5
 
@@ -43,6 +54,14 @@ def add_target_options(parser: argparse.ArgumentParser) -> None:
     )
     where.add_argument("--url", help="the URL of a streamable HTTP endpoint")
     parser.add_argument("--trusted", action="store_true", help="trust the server's annotations (default: untrusted)")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="TOOL=HINTS",
+        help="your own annotations for a tool, trusted even for an untrusted server, e.g. "
+        "search=readOnly,idempotent or delete=!idempotent (repeatable): add_mcp_server(overrides=...)",
+    )
     conn = parser.add_argument_group("connection")
     conn.add_argument("--mode", choices=("auto", "legacy"), default="auto", help="protocol negotiation")
     conn.add_argument("--name", default="server", help="the name to register the server under")
@@ -55,6 +74,47 @@ def add_target_options(parser: argparse.ArgumentParser) -> None:
         help="append the --stdio server's stderr to PATH (default: kept out of the terminal, and its last "
         "lines shown if the command fails)",
     )
+
+
+def parse_overrides(items: list[str]) -> dict[str, ToolAnnotations]:
+    """``TOOL=HINTS`` items as `add_mcp_server`'s overrides: ``search=readOnly,idempotent``.
+
+    Each hint is named as the spec names it, with or without "Hint" (``readOnly``, ``openWorldHint``, or
+    ``read_only``), set true as it is, false with a ``!`` before it or ``=false`` after it
+    (``!openWorld``, ``destructive=false``). Hints left out fall back to the server's (if trusted) or
+    the spec's defaults, as in code. A tool given twice is a mistake.
+
+    Raises:
+        UsageError: An item is not ``TOOL=HINTS``, names an unknown hint, or repeats a tool.
+    """
+    overrides: dict[str, ToolAnnotations] = {}
+    for item in items:
+        tool, sep, hints = item.partition("=")
+        tool = tool.strip()
+        if not sep or not tool or not hints.strip():
+            raise UsageError(f"--override takes TOOL=HINTS, e.g. search=readOnly,idempotent; got {item!r}")
+        if tool in overrides:
+            raise UsageError(f"--override gives {tool!r} twice; put its hints in one item, separated by commas")
+        values: dict[str, bool] = {}
+        for raw in hints.split(","):
+            word = raw.strip()
+            value = True
+            if word.startswith("!"):
+                word, value = word[1:].strip(), False
+            name, eq, setting = word.partition("=")
+            if eq:
+                if setting.strip().lower() not in ("true", "false"):
+                    raise UsageError(f"--override {tool}: {raw.strip()!r} must be true or false")
+                value = value and setting.strip().lower() == "true"
+            attr = _HINT_NAMES.get(name.strip().lower())
+            if attr is None:
+                raise UsageError(
+                    f"--override {tool}: unknown hint {name.strip()!r}; the hints are readOnly, destructive, "
+                    "idempotent and openWorld (false with a ! before it)"
+                )
+            values[attr] = value
+        overrides[tool] = ToolAnnotations.model_validate(values)
+    return overrides
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -16,14 +17,17 @@ from dispatcher._errors import ConfigurationError, DispatcherError
 from ._machine import machine_info
 from ._present import ProgressBar, print_lines, tune_lines
 from ._recommend import TOLERANCE
-from ._sweep import DEFAULT_SETTINGS, tune
-from ._targets import UsageError, add_target_options, target_from_args
+from ._sweep import DEFAULT_REPEATS, DEFAULT_SETTINGS, tune
+from ._targets import UsageError, add_target_options, parse_overrides, target_from_args
 from ._workloads import load_workload
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Awaitable, Callable
 
     from dispatcher._calls import ToolCall
+
+    from ._sweep import TuneReport
 
 __all__ = ["add_parser", "doubling"]
 
@@ -52,8 +56,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="sweep max_concurrency against an MCP server and recommend a setting",
         description=(
             "Run a workload against an MCP server under each setting of max_concurrency (or of the per-server "
-            "limit), measure throughput and p50/p95 latency, and recommend the smallest setting within "
-            f"{TOLERANCE:.0%} of the best throughput."
+            "limit), each several times, measure throughput and p50/p95 latency, and recommend the knee: the "
+            f"smallest setting within {TOLERANCE:.0%} of the best throughput per unit of run time."
         ),
     )
     add_target_options(parser)
@@ -80,7 +84,23 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "each a dispatcher of its own (needs --url and the fleet extra)",
     )
     sweep.add_argument("--processes", type=int, default=2, metavar="N", help="processes of a --fleet sweep (default 2)")
-    sweep.add_argument("--calls", type=int, default=None, metavar="N", help="measured calls per setting (default 200)")
+    sweep.add_argument(
+        "--calls", type=int, default=None, metavar="N", help="measured calls per measurement (default 100)"
+    )
+    sweep.add_argument(
+        "--repeats",
+        type=int,
+        default=DEFAULT_REPEATS,
+        metavar="N",
+        help=f"measurements per setting, in rounds over the settings; the table shows their median and spread "
+        f"(default {DEFAULT_REPEATS})",
+    )
+    sweep.add_argument(
+        "--max-time",
+        type=float,
+        metavar="S",
+        help="stop after S seconds in all and report the settings measured so far (exit status 124)",
+    )
     sweep.add_argument("--duration", type=float, metavar="S", help="measure each setting for at most S seconds")
     sweep.add_argument("--warmup", type=int, metavar="N", help="calls before measuring (default: twice the setting)")
     sweep.add_argument("--clients", type=int, metavar="N", help="callers offering calls (default: the largest setting)")
@@ -135,6 +155,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError("--processes applies to a --fleet sweep only")
     settings = _settings(args)
     workload = _workload(args)
+    overrides = parse_overrides(args.override)
     if args.plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -154,7 +175,7 @@ def _run(args: argparse.Namespace) -> int:
             settings,
             trusted=args.trusted,
             per_server=args.per_server,
-            calls=args.calls if args.calls is not None or args.duration is not None else 200,
+            calls=args.calls if args.calls is not None or args.duration is not None else 100,
             duration=args.duration,
             warmup=args.warmup,
             clients=args.clients,
@@ -166,9 +187,15 @@ def _run(args: argparse.Namespace) -> int:
             progress=bar,
             fleet=args.fleet,
             processes=args.processes,
+            repeats=args.repeats,
+            max_time=args.max_time,
+            overrides=overrides,
         )
         try:
-            report = anyio.run(run)
+            finished = anyio.run(_until_interrupted, run, bar)
+            if finished is None:
+                raise KeyboardInterrupt  # a second Ctrl-C: quit now, with one line
+            report = finished
         except ConfigurationError:
             raise
         except DispatcherError as exc:
@@ -194,4 +221,54 @@ def _run(args: argparse.Namespace) -> int:
 
         save_plot(report, args.plot)
     print_lines(tune_lines(report), sys.stdout)
+    if report.cut_short == "interrupted":
+        return 130
+    if report.cut_short == "max_time":
+        return 124
     return 0
+
+
+async def _until_interrupted(run: Callable[..., Awaitable[TuneReport]], bar: ProgressBar) -> TuneReport | None:
+    """Run the sweep; the first Ctrl-C ends it with the settings measured so far, a second one at once (None).
+
+    A KeyboardInterrupt raised inside the event loop would end its tasks in disorder; the second Ctrl-C
+    cancels the sweep instead, and the caller raises it outside the loop.
+    """
+    stop = anyio.Event()
+    quit_now = False
+    report: TuneReport | None = None
+    failure: Exception | None = None
+
+    async def watch(scope: anyio.CancelScope) -> None:
+        nonlocal quit_now
+        try:
+            receiver = anyio.open_signal_receiver(signal.SIGINT)
+        except (NotImplementedError, ValueError, RuntimeError):  # no signals here (Windows, not the main thread)
+            return
+        with receiver as signals:
+            async for _ in signals:
+                if stop.is_set():
+                    quit_now = True
+                    scope.cancel()
+                    return
+                stop.set()
+                bar.close()
+                print(
+                    "dispatcher tune: interrupted; reporting the settings measured so far (Ctrl-C again to quit now)",
+                    file=sys.stderr,
+                )
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch, tg.cancel_scope)
+        try:
+            report = await run(stop=stop)
+        except KeyboardInterrupt:  # before the watcher took over SIGINT: quit now
+            quit_now = True
+        except Exception as exc:  # raised below, out of the task group that would wrap it
+            failure = exc
+        tg.cancel_scope.cancel()
+    if quit_now:
+        return None
+    if failure is not None:
+        raise failure
+    return report

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import TYPE_CHECKING, Any, Literal
 
 from dispatcher._calls import CallStatus, ToolCall
@@ -18,13 +19,40 @@ from dispatcher._errors import ConfigurationError
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
+    from dispatcher._calls import ToolResult
     from dispatcher._catalog import ToolEntry
     from dispatcher._dispatcher import Dispatcher
 
-__all__ = ["Synthetic", "load_workload", "resolve_workload", "synthetic_workload"]
+__all__ = ["Synthetic", "fast_value", "load_workload", "resolve_workload", "slow_defaults", "synthetic_workload"]
 
 Synthetic = Literal["reads", "mixed"]
 """The kinds of synthetic workload."""
+
+# Words in a numeric property's name that mark it as making a call slow when large: a time to spend
+# (`duration=10` makes every call last ten seconds) or a number of rounds of work.
+_TIME_WORDS = frozenset(
+    {
+        "duration",
+        "sleep",
+        "delay",
+        "wait",
+        "seconds",
+        "secs",
+        "sec",
+        "ms",
+        "millis",
+        "milliseconds",
+        "interval",
+        "pause",
+    }
+)
+_COUNT_WORDS = frozenset({"count", "steps", "repeat", "repeats", "iterations", "times", "rounds", "loops"})
+# Answers of a write that say it changed nothing (a generated name that matched nothing, say).
+_NOTHING_DONE = re.compile(
+    r"nothing to|no changes?\b|unchanged|already (exists|up to date)|not found|no such|did not|"
+    r"\b0 (files?|rows?|items?|changes?)\b|skipped",
+    re.IGNORECASE,
+)
 
 # The share of reads in the synthetic mixed workload, as in the benchmark suite's mixed turns.
 _MIXED_READ_SHARE = 0.7
@@ -119,6 +147,59 @@ def _declared_read_only(entry: ToolEntry) -> bool:
     return entry.declared_annotations is not None and entry.declared_annotations.read_only_hint is True
 
 
+def _words(name: str) -> set[str]:
+    """The words of a property name: snake_case, camelCase and kebab-case split, lower-cased."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    return {word.lower() for word in re.split(r"[^A-Za-z0-9]+", spaced) if word}
+
+
+def fast_value(name: str, schema: object) -> int | float | None:
+    """The value to use instead of a schema default that would make a call slow, or None.
+
+    A numeric property named as a time to spend (duration, sleep, delay, wait, ...) or a number of
+    rounds (count, steps, repeat, ...) whose default is above the smallest value the schema allows: a
+    synthetic call would inherit the default (`duration=10`: every call lasts ten seconds), so the
+    smallest allowed value is used instead (0 for a time, 1 for a count, when the schema sets no bound).
+    """
+    if not isinstance(schema, dict):
+        return None
+    default = schema.get("default")
+    if not isinstance(default, int | float) or isinstance(default, bool):
+        return None
+    kind = schema.get("type")
+    if kind not in ("integer", "number", None):
+        return None
+    words = _words(name)
+    if words & _TIME_WORDS:
+        floor: float = 0
+    elif words & _COUNT_WORDS:
+        floor = 1
+    else:
+        return None
+    low = schema.get("minimum")
+    above = schema.get("exclusiveMinimum")
+    if isinstance(low, int | float) and not isinstance(low, bool):
+        floor = max(floor, low)
+    elif isinstance(above, int | float) and not isinstance(above, bool) and above >= floor:
+        floor = above + 1 if kind == "integer" else above + 0.001
+    whole = kind == "integer" or (isinstance(default, int) and float(floor).is_integer())
+    value = int(floor) if whole else floor
+    return value if value < default else None
+
+
+def slow_defaults(entry: ToolEntry) -> dict[str, tuple[Any, Any]]:
+    """The top-level arguments whose slow defaults a synthetic call replaces: name -> (default, value used)."""
+    properties = entry.input_schema.get("properties")
+    if not isinstance(properties, dict):
+        return {}
+    found = {}
+    for name, schema in properties.items():
+        value = fast_value(name, schema)
+        if value is not None:
+            found[name] = (schema["default"], value)
+    return found
+
+
 def _arguments(schema: Mapping[str, Any], index: int) -> dict[str, Any]:
     """Arguments for the required properties of an object schema."""
     value = _example(schema, index, schema, depth=0)
@@ -159,11 +240,18 @@ def _example(schema: Any, index: int, root: Mapping[str, Any], *, depth: int) ->
         properties = properties if isinstance(properties, dict) else {}
         required = schema.get("required")
         required = required if isinstance(required, list) else []
-        return {
+        arguments = {
             name: _example(properties.get(name, {}), index, root, depth=depth + 1)
             for name in required
             if isinstance(name, str)
         }
+        # Optional properties are left out (the server applies its defaults), except those whose default
+        # would make the call slow: they are set, to the smallest value allowed.
+        for name, prop in properties.items():
+            fast = fast_value(name, prop) if isinstance(name, str) else None
+            if fast is not None:
+                arguments[name] = fast
+        return arguments
     if kind == "array":
         count = schema.get("minItems", 0)
         count = count if isinstance(count, int) else 0
@@ -230,8 +318,19 @@ async def resolve_workload(
     if isinstance(workload, str):
         entries = await _probe(dispatcher, entries, workload, seed, notes)
         calls = synthetic_workload(entries, workload, seed=seed)
-        tools = ", ".join(dict.fromkeys(call.name for call in calls))
-        return calls, f"synthetic {workload} ({tools})"
+        used = dict.fromkeys(call.name for call in calls)
+        by_name = {entry.name: entry for entry in entries}
+        for name in used:
+            replaced = slow_defaults(by_name[name])
+            if replaced:
+                settings = ", ".join(f"{arg}={value!r}" for arg, (_, value) in replaced.items())
+                defaults = ", ".join(f"{arg}={default!r}" for arg, (default, _) in replaced.items())
+                notes.append(
+                    f"the synthetic calls of {name} set {settings} instead of the schema's defaults ({defaults}), "
+                    "which would make every call slow; write a --workload file to measure the calls as your agent "
+                    "makes them"
+                )
+        return calls, f"synthetic {workload} ({', '.join(used)})"
     calls = list(workload)
     if not calls:
         raise ConfigurationError("the workload has no calls")
@@ -275,7 +374,23 @@ async def _probe(
         for name in first
         if name not in keep
     )
+    for name in first:
+        if name in keep and not _declared_read_only(by_name[name]):
+            answer = _answer_text(results[name])
+            if not answer.strip() or _NOTHING_DONE.search(answer):
+                said = f"answered {_first_line(answer)!r}" if answer.strip() else "answered nothing"
+                notes.append(
+                    f"the synthetic write {name} succeeded but {said}, as if it did nothing: the mixed workload may "
+                    "time writes that change nothing; write a --workload file of writes your agent makes"
+                )
     return [entry for entry in entries if entry.name in keep or entry.name not in first]
+
+
+def _answer_text(result: ToolResult) -> str:
+    """The text blocks of a call's answer, joined (untrusted: only shown, shortened, in a note)."""
+    if result.result is None:
+        return ""
+    return "\n".join(getattr(block, "text", "") for block in result.result.content)
 
 
 def _first_line(text: str | None, limit: int = 200) -> str:

@@ -79,7 +79,9 @@ async def test_a_fleet_sweep_measures_the_fleet_wide_limit_with_several_processe
 ) -> None:
     """Two processes, six callers, settings 1 and 3: the server never sees more than 3, the fleet reaches past 1."""
     url, ledger = workspace
-    report = await tune(url, "reads", [1, 3], trusted=True, calls=24, clients=6, fleet=redis_server.url, processes=2)
+    report = await tune(
+        url, "reads", [1, 3], trusted=True, calls=24, clients=6, fleet=redis_server.url, processes=2, repeats=1
+    )
     assert report.knob == "fleet" and report.processes == 2
     assert report.to_json()["processes"] == 2
     assert "FleetServer(limit=" in report.how_to_apply
@@ -103,7 +105,21 @@ def test_the_fleet_sweep_from_the_command_line(
 ) -> None:
     """`dispatcher tune --fleet URL --processes 2` prints the fleet-wide table and a FleetServer recommendation."""
     url, ledger = workspace
-    argv = ["tune", "--url", url, "--trusted", "--synthetic", "reads", "--range", "2", "--calls", "12", "--quiet"]
+    argv = [
+        "tune",
+        "--url",
+        url,
+        "--trusted",
+        "--synthetic",
+        "reads",
+        "--range",
+        "2",
+        "--calls",
+        "12",
+        "--repeats",
+        "1",
+        "--quiet",
+    ]
     assert main([*argv, "--fleet", redis_server.url, "--processes", "2", "--clients", "4"]) == 0
     out = capsys.readouterr().out
     assert "tuning the fleet-wide limit (2 processes sharing it through Redis)" in out
