@@ -100,8 +100,6 @@ class Executor:
         """The batches that have calls without a result."""
         self._tg: TaskGroup | None = None
         self._open = False
-        # Whether a tool can cancel its own task outside any cancel scope (asyncio's `Task.cancel`).
-        self._strays = False
 
     @property
     def idle(self) -> bool:
@@ -117,8 +115,6 @@ class Executor:
         """Run calls in `tg` from now on."""
         self._tg = tg
         self._open = True
-        # trio has no way to cancel a task but its cancel scopes; asyncio's tasks have `cancel()`.
-        self._strays = anyio.get_cancelled_exc_class().__module__.startswith("asyncio")
 
     def close(self) -> None:
         """Take no more calls; the outstanding ones end as CANCELLED."""
@@ -334,7 +330,7 @@ class Executor:
                 break
             entry = work.entry
             assert entry is not None
-            if request.tool is entry:
+            if self._shown(request, entry):
                 self.gate.release(ticket)
                 work.release()
                 break
@@ -347,6 +343,11 @@ class Executor:
             request = again
         if self._open:
             self._pump()
+
+    @staticmethod
+    def _shown(request: ApprovalRequest, entry: ToolEntry) -> bool:
+        """Whether an approval was asked about the definition the call has now."""
+        return request.tool is entry
 
     async def _approve_at_start(self, work: PendingCall) -> bool:
         """Ask the approval the session guard may now require of a call about to start.
@@ -409,28 +410,49 @@ class Executor:
             ticket = gate.take()
 
     async def _run(self, work: PendingCall, ticket: Ticket[PendingCall]) -> None:
-        """An admitted call's task: run it, and tell the gate it ended."""
-        try:
-            if not self._open:
-                work.settle(Ending.CLOSED, anyio.current_time())
-            else:
-                await self._run_admitted(work)
-        except anyio.get_cancelled_exc_class():
-            # Either the dispatcher is closing (its task group is cancelled: every scope around this
-            # task is), or a cancellation of the task's own that no scope caught (see `_absorb_stray`)
-            # ended the call: the task ends quietly, never cancelling the task group.
-            closing = anyio.current_effective_deadline() == -math.inf
-            self._cut_short(work, closing)
-            if closing:
-                raise
-        finally:
-            self.gate.finish(ticket)
+        """An admitted call's task: run it, tell the gate it ended, and carry on with the next admitted call.
+
+        When its call has ended, the task takes the next call the gate admits, if there is one at
+        that moment, instead of starting a task for it (starting an anyio task costs several times what
+        running a call that does not wait costs: docs/benchmarks.md, "Choosing the executor"); the other
+        calls the gate admits get tasks of their own (`_pump`). Between two calls the task lets the loop
+        run once, as a new task would wait for its first turn: a run of calls that never wait cannot
+        hold the loop, and a cancellation a tool left on its own task lands there (`_absorb_stray`).
+        Each call runs under a cancel scope of its own; nothing of one call is left for the next.
+        """
+        gate = self.gate
+        while True:
+            try:
+                if not self._open:
+                    work.settle(Ending.CLOSED, anyio.current_time())
+                else:
+                    await self._run_admitted(work)
+            except anyio.get_cancelled_exc_class():
+                # Either the dispatcher is closing (its task group is cancelled: every scope around this
+                # task is), or a cancellation of the task's own that no scope caught (see `_absorb_stray`)
+                # ended the call: the task ends quietly, never cancelling the task group.
+                closing = anyio.current_effective_deadline() == -math.inf
+                self._cut_short(work, closing)
+                if closing:
+                    raise
+            finally:
+                gate.finish(ticket)
+            following = gate.take() if self._open else None
+            if following is not None:
+                following.item.admit()
             if self._open:
                 self._pump()
-        if self._strays:
-            # After the gate is told, so the next calls need not wait for it; holding no finished call.
-            del work, ticket
-            await _absorb_stray()
+            del work, ticket  # hold no finished call while the loop runs
+            try:
+                await _absorb_stray()
+            except BaseException:
+                if following is not None:  # the dispatcher is closing: the call taken ends with it
+                    following.item.settle(Ending.CLOSED, anyio.current_time())
+                    gate.finish(following)
+                raise
+            if following is None:
+                return
+            work, ticket = following.item, following
 
     def _cut_short(self, work: PendingCall, closing: bool) -> None:
         """Settle a call whose task a cancellation ended before the call settled."""
@@ -472,12 +494,32 @@ class Executor:
             work.waiting(scope)
             if state is not None and state.recheck and await self._approve_at_start(work):
                 return
-            work.start(started := anyio.current_time())
+            if not work.start(started := anyio.current_time()):
+                return  # settled while it was on its way (its fleet hold lost)
             if retry is None or not eligible(retry, entry):
                 timeout = self._call_timeout
                 if timeout is not None:
                     scope.deadline = started + timeout
-                last = await self._attempt(work, False, started, math.inf)
+                if state is None:
+                    # The common case, inline: one attempt, no hooks to tell.
+                    work.attempted()
+                    impl = work.impl
+                    assert impl is not None
+                    try:
+                        result = await impl.invoke(work.prepared)
+                    except Exception as exc:
+                        last = _failed(exc)
+                    except BaseException as exc:
+                        if not _tool_failure(exc):
+                            raise
+                        last = _failed_base(exc)
+                    else:
+                        work.waiting(None)
+                        error = _error_text(result) if result.is_error else None
+                        work.answered(result, error, anyio.current_time())
+                        return
+                else:
+                    last = await self._attempt(work, False, started, math.inf)
             else:
                 retrier = Retrier(
                     retry,
@@ -534,7 +576,7 @@ class Executor:
             hooks.attempt_finished(state, outcome.status, outcome.error)
         if outcome.error is not None:
             work.failed_attempt(outcome.error)
-        if scoped and self._strays:
+        if scoped:
             # Another attempt may follow, after a wait: not where the tool's own cancellation may land.
             await _absorb_stray()
         return outcome

@@ -258,7 +258,14 @@ class CallRecord:
         self.phase = Phase.ADMITTED
 
     def waiting(self, interrupt: Interrupt | None) -> None:
-        """What to cancel to interrupt what the call waits for or runs under (None: nothing any more)."""
+        """What to cancel to interrupt what the call waits for or runs under (None: nothing any more).
+
+        A settled call waits for nothing: given one, it interrupts it at once.
+        """
+        if self.phase is Phase.SETTLED:
+            if interrupt is not None:
+                interrupt.cancel()
+            return
         self.interrupt = interrupt
 
     def request_cancel(self) -> None:
@@ -272,11 +279,17 @@ class CallRecord:
 
     # Running ---------------------------------------------------------------------------------------
 
-    def start(self, now: float) -> None:
-        """The call's first attempt starts at `now`."""
+    def start(self, now: float) -> bool:
+        """The call's first attempt starts at `now`; False if the call settled before (nothing starts).
+
+        An admitted call can settle before it starts, from outside its task: its fleet hold lost.
+        """
+        if self.phase is Phase.SETTLED:
+            return False
         self._expect(Phase.ADMITTED, what="start")
         self.phase = Phase.RUNNING
         self.started_at = now
+        return True
 
     def attempted(self) -> None:
         """An attempt starts (the first one with `start`)."""
