@@ -1,4 +1,4 @@
-"""Execution: the driver that carries out the gate's decisions, one task per admitted call.
+"""Execution: the driver that carries out the gate's decisions, in tasks that each hold one admitted call.
 
 The gate (`_gate.Gate`) decides which call may start; the lifecycle (`_lifecycle.CallRecord`) holds each
 call's phase and builds its result. This module does the waiting between them, in the shape of anyio's
@@ -8,15 +8,18 @@ may run, nothing clever around it.
 - Submitting a call resolves it, checks its arguments and queues it in the gate (`Executor.submit`);
   a long batch is submitted in slices of a few milliseconds, letting the loop run between them.
 - Whenever the gate may admit calls (a call queued, ended, approved or withdrawn) the driver takes
-  every call it admits and starts one task for each (`_pump`): only admitted calls have a task, so
-  the number of tasks is bounded by the concurrency limit however long the batch.
-- A call's task runs its one attempt, or the retrier's attempts, under one cancel scope (cancelled by
-  `cancel` and at the call timeout), settles the call through its lifecycle, and tells the gate it
-  ended.
+  every call it admits and starts a task for each (`_pump`). Only admitted calls have a task, so the
+  number of tasks is bounded by the concurrency limit however long the batch.
+- A call's task runs its one attempt, or the retrier's attempts, under one cancel scope of the call's
+  own (cancelled by `cancel` and at the call timeout), settles the call through its lifecycle, and
+  tells the gate it ended. It then lets the loop run once and, if the gate admitted another call at
+  the moment its own ended, carries that call out too (`_run`): starting an anyio task costs about
+  twice what running a call that does not wait costs (docs/benchmarks.md, "Choosing the executor").
 
 Failures are results, never exceptions that could cancel siblings. A tool that cancels its own task
 (asyncio's `Task.cancel`, which no cancel scope catches) is absorbed in one place, `_absorb_stray`,
-after every attempt, so that the cancellation lands on neither the next attempt nor the task group.
+after every call and between attempts, so that the cancellation lands on neither the next call or
+attempt nor the task group.
 """
 
 from __future__ import annotations

@@ -190,9 +190,9 @@ def _call_tasks() -> int:
 @pytest.mark.parametrize("limit", [1, 16])
 async def test_a_long_batch_has_no_more_call_tasks_than_its_limit(anyio_backend: Any, limit: int) -> None:
     """20,000 calls that never wait, and as many that wait a turn: only admitted calls get a task, so the
-    tasks of calls never outnumber max_concurrency, however long the batch; on asyncio a call's task lives
-    one more turn of the loop after its call ended and its place was given to the next (to let a tool's
-    cancellation of its own task land there), so twice the limit at most."""
+    tasks of calls never outnumber max_concurrency, however long the batch (twice it at most for one turn
+    of the loop: a call's task lets the loop run once after its call ended and its place went to the
+    next, so that a tool's cancellation of its own task lands there)."""
     counts: list[int] = []
 
     async def count(n: int, wait: bool) -> int:
@@ -212,7 +212,7 @@ async def test_a_long_batch_has_no_more_call_tasks_than_its_limit(anyio_backend:
             await anyio.wait_all_tasks_blocked()
             assert _call_tasks() == 0, "a call's task outlived its call"
     assert len(counts) == 80
-    assert 1 <= max(counts) <= (2 * limit if anyio_backend == "asyncio" else limit), counts
+    assert 1 <= max(counts) <= 2 * limit, counts
 
 
 @pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
