@@ -503,26 +503,7 @@ class Executor:
                 timeout = self._call_timeout
                 if timeout is not None:
                     scope.deadline = started + timeout
-                if state is None:
-                    # The common case, inline: one attempt, no hooks to tell.
-                    work.attempted()
-                    impl = work.impl
-                    assert impl is not None
-                    try:
-                        result = await impl.invoke(work.prepared)
-                    except Exception as exc:
-                        last = _failed(exc)
-                    except BaseException as exc:
-                        if not _tool_failure(exc):
-                            raise
-                        last = _failed_base(exc)
-                    else:
-                        work.waiting(None)
-                        error = _error_text(result) if result.is_error else None
-                        work.answered(result, error, anyio.current_time())
-                        return
-                else:
-                    last = await self._attempt(work, False, started, math.inf)
+                last = await self._attempt(work, False, started, math.inf)
             else:
                 retrier = Retrier(
                     retry,
