@@ -438,6 +438,11 @@ class Executor:
                 self._cut_short(work, closing)
                 if closing:
                     raise
+            except BaseException:
+                # KeyboardInterrupt, SystemExit (or a bug) ends the dispatcher's block: the call still gets
+                # its result, or a caller waiting for it, shielded, would wait forever.
+                work.settle(Ending.CLOSED, anyio.current_time())
+                raise
             finally:
                 gate.finish(ticket)
             following = gate.take() if self._open else None
