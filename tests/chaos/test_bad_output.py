@@ -85,10 +85,13 @@ async def test_bad_answers_fail_their_own_call(anyio_backend: Any, mode: Mode) -
 
 @MODES
 async def test_an_enormous_answer_over_stdio(anyio_backend: Any, mode: Mode) -> None:
-    """A 20 MB result over a stdio pipe arrives whole, and the calls beside it succeed."""
+    """A 20 MB result over a stdio pipe arrives whole under a cap set above it, and the calls beside it succeed.
+
+    The default cap (16 MiB) fails such an answer alone: tests/test_limits.py.
+    """
     size = 20_000_000
     async with Dispatcher(call_timeout=60) as d:
-        await d.connect("bad", harness.badserver_stdio(), trusted=True, mode=mode)
+        await d.connect("bad", harness.badserver_stdio(), trusted=True, mode=mode, max_answer_bytes=64 * 2**20)
         calls = [
             ToolCall("huge", "huge", {"key": "x", "size": size}),
             ToolCall("small", "echo", {"key": "small"}),
