@@ -679,8 +679,20 @@ class ServerRegistry:
         server.asker = done = anyio.Event()
         server.asker_task = task
         try:
-            while (change := _unasked(server)) is not None:
-                await self._ask(server, change)
+            # Pass after pass over the pending tools, each asked about its newest definition when its
+            # turn comes: a scan from the start for each change would cost a listing of n new tools
+            # n * n / 2 steps, and a callback that answers at once (`lambda change: False`) never
+            # yields, so each change is followed by a checkpoint, letting other servers' calls run.
+            asking = True
+            while asking:
+                asking = False
+                for tool in list(server.pending):
+                    found = server.pending.get(tool)
+                    if found is None or server.asked.get(tool) == found[0].current:
+                        continue
+                    asking = True
+                    await self._ask(server, found[0])
+                    await anyio.lowlevel.checkpoint()
         finally:
             server.asker = server.asker_task = None
             done.set()
@@ -717,6 +729,10 @@ class ServerRegistry:
         self._catalog.set_server_tools(server.name, rows)
         server.tools = listing
         server.pending = pending
+        # What the callback was asked about, only for tools still listed: a server that renames its
+        # tools at every listing must not grow it without end (a tool that comes back is asked again).
+        for gone in [name for name in server.asked if name not in listing]:
+            del server.asked[gone]
         if self.on_update is not None:
             self.on_update(server.name, [name for name in listing if name not in pending])
         return fresh
@@ -840,14 +856,6 @@ class ServerRegistry:
             known = ", ".join(sorted(s.name for s in self._servers.values() if s.listed)) or "none"
             raise ConfigurationError(f"no MCP server named {name!r} (servers: {known})")
         return server
-
-
-def _unasked(server: _Server) -> DefinitionChange | None:
-    """A pending change the server's callback has not been asked about, if any."""
-    for change, _ in server.pending.values():
-        if server.asked.get(change.tool) != change.current:
-            return change
-    return None
 
 
 def _blocked(change: DefinitionChange | None) -> str | None:

@@ -251,7 +251,7 @@ def _map_texts(schema: Any, mark: Callable[[str], str]) -> Any:
 
     def walk(value: Any, key: str | None) -> Any:
         if key in _SCHEMA_WORDS:
-            return _plain(value)
+            return keyword(value, key)
         if isinstance(value, Mapping):
             if key in _SCHEMA_MAPS:
                 return {str(name): walk(item, None) for name, item in value.items()}
@@ -263,6 +263,18 @@ def _map_texts(schema: Any, mark: Callable[[str], str]) -> Any:
             return [walk(item, key) for item in value]
         if isinstance(value, str):
             return mark(value)
+        return value
+
+    def keyword(value: Any, key: str) -> Any:
+        # A keyword's value is a string, a list of strings, or (dependentRequired) a map of such lists:
+        # anything else under a keyword (``"type": {"description": ...}``) is text in disguise, and
+        # every string in it is marked like any other.
+        if isinstance(value, Mapping):
+            if key == "dependentRequired":
+                return {str(name): keyword(item, "required") for name, item in value.items()}
+            return walk(value, None)
+        if isinstance(value, list | tuple):
+            return [item if isinstance(item, str) else walk(item, None) for item in value]
         return value
 
     return walk(schema, None)
