@@ -375,6 +375,11 @@ def _visible(text: str, limit: int, *, newlines: bool) -> tuple[str, int | None]
     cut = None if len(text) <= limit else limit
     if head.isascii() and head.isprintable():  # the common case
         return head, cut
+    if unicodedata.category(head[0])[0] == "M":
+        # A combining mark first has no character of the text to combine with, only what precedes the
+        # text: the ">" of a marking's opening tag, which NFC (as a model's tokenizer may apply) turns
+        # into U+226F with it, so that the tag no longer reads as one. It is written out.
+        head = _escape(head[0]) + head[1:]
     hidden = [char for char in set(head) if not _plain_char(char, newlines)]
     if len(hidden) > 8:  # str.translate looks a mapping up per character; str.replace runs in C
         return head.translate({ord(char): _escape(char) for char in hidden}), cut
