@@ -204,9 +204,71 @@ def _shown_tool(tool: ToolEntry, limit: int) -> tuple[str | None, dict[str, Any]
         description, schema = marking.description(text), _map_texts(tool.input_schema, marking.schema_text)
     if not isinstance(schema, dict):
         schema = {}
+    if marking is not None and _expanded_size(schema) > _MAX_EXPANDED:
+        schema = _without_refs(schema)
     # Both APIs require an object schema at the top; MCP requires it too, but not every server complies.
     schema.setdefault("type", "object")
     return description, schema
+
+
+# The most nodes an untrusted schema may have once its references are inlined. Frameworks inline them
+# (LangChain's bind_tools, some pydantic-ai model profiles), and a 1 KB schema whose definitions each
+# refer twice to the one before expands to gigabytes: past this many, its references are left out (the
+# parts they stood for accept anything, and the server checks the arguments).
+_MAX_EXPANDED = 10_000
+_REFERENCE_MAPS = ("$defs", "definitions")
+
+
+def _expanded_size(schema: Any) -> int:
+    """How many nodes `schema` has with every local ``$ref`` inlined (a cycle counts once), at most one more
+    than `_MAX_EXPANDED`: each reference's size is computed once, so this costs the schema's own size."""
+    limit = _MAX_EXPANDED + 1
+    sizes: dict[str, int] = {}
+    visiting: set[str] = set()
+
+    def size(value: Any) -> int:
+        if isinstance(value, Mapping):
+            total = 1
+            ref = value.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#") and ref not in visiting:
+                if ref not in sizes:
+                    visiting.add(ref)
+                    sizes[ref] = size(_pointer(schema, ref))
+                    visiting.discard(ref)
+                total += sizes[ref]
+            for item in value.values():
+                total += size(item)
+                if total >= limit:
+                    return limit
+            return total
+        if isinstance(value, list | tuple):
+            return min(limit, 1 + sum(size(item) for item in value))
+        return 1
+
+    return size(schema)
+
+
+def _pointer(schema: Any, ref: str) -> Any:
+    """What a local JSON pointer (``#/$defs/name``) designates in `schema`, or None."""
+    value = schema
+    for part in ref[1:].split("/")[1:] if ref.startswith("#/") else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(value, Mapping):
+            value = value.get(part)
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return None
+    return value
+
+
+def _without_refs(value: Any) -> Any:
+    """`value` without references and the definitions they point to."""
+    if isinstance(value, Mapping):
+        return {key: _without_refs(item) for key, item in value.items() if key != "$ref" and key not in _REFERENCE_MAPS}
+    if isinstance(value, list):
+        return [_without_refs(item) for item in value]
+    return value
 
 
 def _plain(value: Any) -> Any:

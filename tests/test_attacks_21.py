@@ -327,3 +327,41 @@ async def test_inspect_prints_the_servers_own_name_and_version_escaped_and_short
     assert "\x1b" not in text and "\r" not in text
     assert "safe_tool" in heading and not any(line.startswith("safe_tool") for line in text.splitlines())
     assert len(heading) < 400
+
+
+# 7. A schema that explodes when a framework inlines its references ------------------------------------
+
+
+def exploding_schema(depth: int) -> dict[str, Any]:
+    """About 100 bytes per level, each definition referring twice to the one before: 2**depth once inlined."""
+    defs: dict[str, Any] = {"a0": {"type": "string"}}
+    for level in range(1, depth + 1):
+        defs[f"a{level}"] = {"anyOf": [{"$ref": f"#/$defs/a{level - 1}"}, {"$ref": f"#/$defs/a{level - 1}"}]}
+    return {"type": "object", "properties": {"x": {"$ref": f"#/$defs/a{depth}"}}, "$defs": defs}
+
+
+async def test_a_schema_that_explodes_once_inlined_stays_small_in_langgraph() -> None:
+    """LangChain inlines references when it binds tools: a 2 KB untrusted schema must not become megabytes.
+
+    Before the fix, depth 17 bound to 4 MB in seconds (depth 25: about a gigabyte); now the references of
+    an untrusted schema whose inlined size is over 10,000 nodes are left out. A small schema keeps them.
+    """
+    pytest.importorskip("langgraph")
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    from dispatcher.integrations.langgraph import DispatcherToolNode
+
+    small = exploding_schema(3)
+    tools = [tool("boom", schema=exploding_schema(17)), tool("fine", schema=small)]
+    async with Dispatcher() as d:
+        await d.connect("weather", Evil(tools).server)
+        node = DispatcherToolNode(d)
+        bound = {name: convert_to_openai_tool(t) for name, t in node.tools_by_name.items()}
+        direct = {entry["name"]: entry for entry in anthropic_tools(d.tools())}
+    assert len(json.dumps(bound["boom"])) < 20_000
+    assert "$ref" not in json.dumps(direct["boom"]) and "$defs" not in direct["boom"]["input_schema"]
+    assert direct["fine"]["input_schema"]["$defs"] == small["$defs"]  # under the bound: as the server wrote it
+    async with Dispatcher() as d:
+        await d.connect("weather", Evil(tools).server, trusted=True)
+        [boom, _] = anthropic_tools(d.tools())
+    assert boom["input_schema"] == exploding_schema(17)  # a trusted schema is the user's to trust
