@@ -155,7 +155,8 @@ def _shown(name: object) -> str:
     return repr(name)
 
 
-def _sanitize(text: str) -> str:
+def sanitize(text: str) -> str:
+    """A server's or tool's name as it reads in a ``server__tool`` name: characters models refuse become ``_``."""
     return _INVALID.sub("_", text) or "_"
 
 
@@ -327,7 +328,7 @@ class Catalog:
     def _prefixed(self, server: str | None, tool: str) -> str:
         """A fresh ``server__tool`` name, shortened with a hash when too long, numbered when taken."""
         key = f"{server}/{tool}"
-        base = _shorten(f"{_sanitize(server or 'local')}__{_sanitize(tool)}", key)
+        base = _shorten(f"{sanitize(server or 'local')}__{sanitize(tool)}", key)
         name = base
         counter = self._counters.get(base, 2)
         while name in self._issued or name in self._retired:

@@ -53,7 +53,7 @@ from mcp.types import CONNECTION_CLOSED, ToolAnnotations, ToolListChangedNotific
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from ._annotations import effective_annotations
-from ._catalog import ToolEntry
+from ._catalog import ToolEntry, sanitize
 from ._errors import ConfigurationError
 from ._failures import ConnectionLost, ToolUnavailableError, explain, innermost, is_transport_failure
 from ._keys import check_domain, check_key_functions
@@ -584,6 +584,15 @@ class ServerRegistry:
         """
         if name in self._servers or name in self._catalog.servers:
             raise ConfigurationError(f"a server named {name!r} is already registered")
+        # Names that read alike in server__tool names ("my.bank", "my_bank") would let an untrusted
+        # server's tools pass for a trusted one's, whichever is numbered.
+        spelled = sanitize(name)
+        alike = next((other for other in self._servers if sanitize(other) == spelled), None)
+        if alike is not None:
+            raise ConfigurationError(
+                f"server names {alike!r} and {name!r} both read {spelled!r} in tool names ({spelled}__tool): "
+                "rename one, so that the model can tell their tools apart"
+            )
         if not isinstance(review_new_tools, bool):
             raise ConfigurationError(f"review_new_tools must be True or False, got {review_new_tools!r}")
         domain = check_domain(domain, f"server {name!r}")

@@ -20,7 +20,7 @@ from mcp import Client
 from mcp.server import Server
 from mcp.types import CallToolResult, ListToolsResult, TextContent, Tool, ToolAnnotations
 
-from dispatcher import CallStatus, DefinitionChange, Dispatcher, SessionGuard, ToolCall
+from dispatcher import CallStatus, ConfigurationError, DefinitionChange, Dispatcher, SessionGuard, ToolCall
 from dispatcher.formats import anthropic_tools, openai_chat_tools, openai_responses_tools
 
 from .test_formats_untrusted import unmarked
@@ -365,3 +365,23 @@ async def test_a_schema_that_explodes_once_inlined_stays_small_in_langgraph() ->
         await d.connect("weather", Evil(tools).server, trusted=True)
         [boom, _] = anthropic_tools(d.tools())
     assert boom["input_schema"] == exploding_schema(17)  # a trusted schema is the user's to trust
+
+
+# 8. Server names that read alike in tool names -------------------------------------------------------
+
+
+@pytest.mark.parametrize("qualified", [False, True], ids=["bare", "qualified"])
+async def test_server_names_that_read_alike_in_tool_names_are_refused(qualified: bool) -> None:
+    """``my_bank`` (untrusted) and ``my.bank`` (trusted) would both name their tools ``my_bank__transfer``.
+
+    Before the fix, the untrusted one connected first held ``my_bank__transfer`` and the bank got
+    ``my_bank__transfer_2`` (with qualified names; without, the other way round after the withdrawal).
+    """
+    async with Dispatcher(qualified_names=qualified) as d:
+        await d.connect("my_bank", Evil([tool("transfer")]).server)
+        with pytest.raises(ConfigurationError, match=r"'my_bank' and 'my\.bank' both read 'my_bank'"):
+            await d.connect("my.bank", Evil([tool("transfer")]).server, trusted=True)
+        await d.connect("bank", Evil([tool("transfer")]).server, trusted=True)
+        names = {entry.name: entry.server for entry in d.tools()}
+    # Either way (qualified, or the bare name withdrawn by the trusted bank), each prefix names one server.
+    assert names == {"my_bank__transfer": "my_bank", "bank__transfer": "bank"}
