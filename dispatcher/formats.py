@@ -221,7 +221,8 @@ _REFERENCE_MAPS = ("$defs", "definitions")
 
 def _expanded_size(schema: Any) -> int:
     """How many nodes `schema` has with every local ``$ref`` inlined (a cycle counts once), at most one more
-    than `_MAX_EXPANDED`: each reference's size is computed once, so this costs the schema's own size."""
+    than `_MAX_EXPANDED`: each reference's size is computed once, so this costs the schema's own size. A
+    reference to anything but a part of the schema counts as over the limit."""
     limit = _MAX_EXPANDED + 1
     sizes: dict[str, int] = {}
     visiting: set[str] = set()
@@ -229,13 +230,19 @@ def _expanded_size(schema: Any) -> int:
     def size(value: Any) -> int:
         if isinstance(value, Mapping):
             total = 1
-            ref = value.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#") and ref not in visiting:
-                if ref not in sizes:
-                    visiting.add(ref)
-                    sizes[ref] = size(_pointer(schema, ref))
-                    visiting.discard(ref)
-                total += sizes[ref]
+            if "$ref" in value:
+                ref = value["$ref"]
+                if not isinstance(ref, str) or _pointer(schema, ref) is None:
+                    # Not a part of this schema (another document, a URL, a dangling pointer): a
+                    # framework that inlines references raises for it (LangChain does, failing every
+                    # tool of the agent), or fetches it. It counts as too large.
+                    return limit
+                if ref not in visiting:
+                    if ref not in sizes:
+                        visiting.add(ref)
+                        sizes[ref] = size(_pointer(schema, ref))
+                        visiting.discard(ref)
+                    total += sizes[ref]
             for item in value.values():
                 total += size(item)
                 if total >= limit:
@@ -250,8 +257,10 @@ def _expanded_size(schema: Any) -> int:
 
 def _pointer(schema: Any, ref: str) -> Any:
     """What a local JSON pointer (``#/$defs/name``) designates in `schema`, or None."""
+    if ref != "#" and not ref.startswith("#/"):
+        return None
     value = schema
-    for part in ref[1:].split("/")[1:] if ref.startswith("#/") else []:
+    for part in ref.split("/")[1:]:
         part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(value, Mapping):
             value = value.get(part)

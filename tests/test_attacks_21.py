@@ -410,3 +410,24 @@ async def test_a_tool_removed_then_re_added_poisoned_stays_blocked_until_accepte
     assert INJECTION not in shown and "forecast" not in shown
     assert blocked.status is CallStatus.FAILED and blocked.untrusted_content and evil.calls == ["forecast"]
     assert ran.status is CallStatus.OK
+
+
+@pytest.mark.parametrize("ref", ["http://127.0.0.1:9/x.json", "#/nowhere/x", "other.json#/a", {"description": "x"}])
+async def test_a_reference_outside_the_schema_does_not_fail_the_agents_binding(ref: Any) -> None:
+    """A ``$ref`` to a URL, another file or nothing made LangChain raise while binding every tool of the agent.
+
+    Before the fix, one such untrusted tool failed ``convert_to_openai_tool`` (so ``bind_tools`` and
+    ``create_react_agent``) with ValueError or KeyError; now its references are left out.
+    """
+    pytest.importorskip("langgraph")
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    from dispatcher.integrations.langgraph import DispatcherToolNode
+
+    schema = {"type": "object", "properties": {"x": {"$ref": ref, "description": "The x."}}}
+    async with Dispatcher() as d:
+        await d.connect("weather", Evil([tool("forecast", schema=schema)]).server)
+        node = DispatcherToolNode(d)
+        [bound] = [convert_to_openai_tool(t) for t in node.tools_by_name.values()]
+    assert "$ref" not in json.dumps(bound)
+    assert "The x." in bound["function"]["parameters"]["properties"]["x"]["description"]
