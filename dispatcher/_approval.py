@@ -20,8 +20,10 @@ The guard cannot see the prompt the loop sent, so it takes the catalogue at the 
 submitted as what the model read: every batch notes each untrusted server that has a callable tool in
 the catalogue then (`SessionGuard.note_catalogue`). This errs on the safe side where the two differ: a
 tool listed after the prompt was built counts too, and what the guard has noted stays noted (until
-`reset`) after its server drops the tool. Blocked tools (a definition change not accepted) are not in
-the catalogue, are not shown, and do not count. A loop that shows the model tools by other means (its
+`reset`) after its server drops the tool. A loop may go on showing a prompt built before a tool was
+blocked (its definition changed) or removed, so an untrusted server that had a callable tool once counts
+from then on (`Catalog.shown`); a new tool that was never accepted was never shown, and does not count.
+A loop that shows the model tools by other means (its
 own list, or a catalogue it filtered) reports them with `note_catalogue` itself.
 """
 

@@ -155,7 +155,8 @@ def _shown(name: object) -> str:
     return repr(name)
 
 
-def _sanitize(text: str) -> str:
+def sanitize(text: str) -> str:
+    """A server's or tool's name as it reads in a ``server__tool`` name: characters models refuse become ``_``."""
     return _INVALID.sub("_", text) or "_"
 
 
@@ -202,6 +203,8 @@ class Catalog:
         # model calls the same few tools over and over. Failures are not kept (a model can send any
         # number of names that resolve to nothing), so this holds at most a few entries per tool.
         self._resolved: dict[tuple[str, str | None], Resolution] = {}
+        # An untrusted server -> a tool of it that was callable once (see `shown`).
+        self._shown_once: dict[str, ToolEntry] = {}
 
     @property
     def servers(self) -> frozenset[str]:
@@ -210,6 +213,18 @@ class Catalog:
     def entries(self) -> list[ToolEntry]:
         """The callable tools: blocked ones are left out."""
         return [registered.entry for registered in self._by_name.values() if registered.blocked is None]
+
+    def shown(self) -> list[ToolEntry]:
+        """What a model may have been shown: the callable tools, and a tool of each untrusted server that had
+        a callable tool once and has none now.
+
+        A loop may have built its prompt before a server's tool was blocked (its definition changed) or
+        removed, and go on sending it (the docs' loops build their tools once): the session guard must
+        count what the model read then, not only what is callable now.
+        """
+        entries = self.entries()
+        now = {entry.server for entry in entries}
+        return [*entries, *(entry for server, entry in self._shown_once.items() if server not in now)]
 
     def has(self, server: str | None, tool: str) -> bool:
         return (server, tool) in self._tools
@@ -234,6 +249,7 @@ class Catalog:
         """Forget a server: its tools, its tombstones and the names they held."""
         self._servers.discard(server)
         self._untrusted.discard(server)
+        self._shown_once.pop(server, None)
         for key in [key for key in self._tools if key[0] == server]:
             del self._tools[key]
         self._removed.pop(server, None)
@@ -312,7 +328,7 @@ class Catalog:
     def _prefixed(self, server: str | None, tool: str) -> str:
         """A fresh ``server__tool`` name, shortened with a hash when too long, numbered when taken."""
         key = f"{server}/{tool}"
-        base = _shorten(f"{_sanitize(server or 'local')}__{_sanitize(tool)}", key)
+        base = _shorten(f"{sanitize(server or 'local')}__{sanitize(tool)}", key)
         name = base
         counter = self._counters.get(base, 2)
         while name in self._issued or name in self._retired:
@@ -359,6 +375,8 @@ class Catalog:
                 registered.entry = dataclasses.replace(registered.entry, name=name)
             by_tool.setdefault(registered.entry.tool, []).append(registered)
             by_name[name] = registered
+            if registered.blocked is None and not registered.entry.trusted and key[0] is not None:
+                self._shown_once.setdefault(key[0], registered.entry)
         removed_by_tool: dict[str, tuple[str, str]] = {}
         for server, tombstones in self._removed.items():
             for tool in tombstones:

@@ -53,7 +53,7 @@ from mcp.types import CONNECTION_CLOSED, ToolAnnotations, ToolListChangedNotific
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from ._annotations import effective_annotations
-from ._catalog import ToolEntry
+from ._catalog import ToolEntry, sanitize
 from ._errors import ConfigurationError
 from ._failures import ConnectionLost, ToolUnavailableError, explain, innermost, is_transport_failure
 from ._keys import check_domain, check_key_functions
@@ -584,6 +584,15 @@ class ServerRegistry:
         """
         if name in self._servers or name in self._catalog.servers:
             raise ConfigurationError(f"a server named {name!r} is already registered")
+        # Names that read alike in server__tool names ("my.bank", "my_bank") would let an untrusted
+        # server's tools pass for a trusted one's, whichever is numbered.
+        spelled = sanitize(name)
+        alike = next((other for other in self._servers if sanitize(other) == spelled), None)
+        if alike is not None:
+            raise ConfigurationError(
+                f"server names {alike!r} and {name!r} both read {spelled!r} in tool names ({spelled}__tool): "
+                "rename one, so that the model can tell their tools apart"
+            )
         if not isinstance(review_new_tools, bool):
             raise ConfigurationError(f"review_new_tools must be True or False, got {review_new_tools!r}")
         domain = check_domain(domain, f"server {name!r}")
@@ -679,8 +688,20 @@ class ServerRegistry:
         server.asker = done = anyio.Event()
         server.asker_task = task
         try:
-            while (change := _unasked(server)) is not None:
-                await self._ask(server, change)
+            # Pass after pass over the pending tools, each asked about its newest definition when its
+            # turn comes: a scan from the start for each change would cost a listing of n new tools
+            # n * n / 2 steps, and a callback that answers at once (`lambda change: False`) never
+            # yields, so each change is followed by a checkpoint, letting other servers' calls run.
+            asking = True
+            while asking:
+                asking = False
+                for tool in list(server.pending):
+                    found = server.pending.get(tool)
+                    if found is None or server.asked.get(tool) == found[0].current:
+                        continue
+                    asking = True
+                    await self._ask(server, found[0])
+                    await anyio.lowlevel.checkpoint()
         finally:
             server.asker = server.asker_task = None
             done.set()
@@ -717,6 +738,10 @@ class ServerRegistry:
         self._catalog.set_server_tools(server.name, rows)
         server.tools = listing
         server.pending = pending
+        # What the callback was asked about, only for tools still listed: a server that renames its
+        # tools at every listing must not grow it without end (a tool that comes back is asked again).
+        for gone in [name for name in server.asked if name not in listing]:
+            del server.asked[gone]
         if self.on_update is not None:
             self.on_update(server.name, [name for name in listing if name not in pending])
         return fresh
@@ -840,14 +865,6 @@ class ServerRegistry:
             known = ", ".join(sorted(s.name for s in self._servers.values() if s.listed)) or "none"
             raise ConfigurationError(f"no MCP server named {name!r} (servers: {known})")
         return server
-
-
-def _unasked(server: _Server) -> DefinitionChange | None:
-    """A pending change the server's callback has not been asked about, if any."""
-    for change, _ in server.pending.values():
-        if server.asked.get(change.tool) != change.current:
-            return change
-    return None
 
 
 def _blocked(change: DefinitionChange | None) -> str | None:

@@ -663,7 +663,7 @@ class Dispatcher:
                 observer=self._observer,
             )
         if hooks is not None and hooks.guard is not None:
-            hooks.submitted(self._catalog.entries())
+            hooks.submitted(self._catalog.shown())
         return hooks
 
     def _check_open(self) -> None:

@@ -204,9 +204,80 @@ def _shown_tool(tool: ToolEntry, limit: int) -> tuple[str | None, dict[str, Any]
         description, schema = marking.description(text), _map_texts(tool.input_schema, marking.schema_text)
     if not isinstance(schema, dict):
         schema = {}
+    if marking is not None and _expanded_size(schema) > _MAX_EXPANDED:
+        schema = _without_refs(schema)
     # Both APIs require an object schema at the top; MCP requires it too, but not every server complies.
     schema.setdefault("type", "object")
     return description, schema
+
+
+# The most nodes an untrusted schema may have once its references are inlined. Frameworks inline them
+# (LangChain's bind_tools, some pydantic-ai model profiles), and a 1 KB schema whose definitions each
+# refer twice to the one before expands to gigabytes: past this many, its references are left out (the
+# parts they stood for accept anything, and the server checks the arguments).
+_MAX_EXPANDED = 10_000
+_REFERENCE_MAPS = ("$defs", "definitions")
+
+
+def _expanded_size(schema: Any) -> int:
+    """How many nodes `schema` has with every local ``$ref`` inlined (a cycle counts once), at most one more
+    than `_MAX_EXPANDED`: each reference's size is computed once, so this costs the schema's own size. A
+    reference to anything but a part of the schema counts as over the limit."""
+    limit = _MAX_EXPANDED + 1
+    sizes: dict[str, int] = {}
+    visiting: set[str] = set()
+
+    def size(value: Any) -> int:
+        if isinstance(value, Mapping):
+            total = 1
+            if "$ref" in value:
+                ref = value["$ref"]
+                if not isinstance(ref, str) or _pointer(schema, ref) is None:
+                    # Not a part of this schema (another document, a URL, a dangling pointer): a
+                    # framework that inlines references raises for it (LangChain does, failing every
+                    # tool of the agent), or fetches it. It counts as too large.
+                    return limit
+                if ref not in visiting:
+                    if ref not in sizes:
+                        visiting.add(ref)
+                        sizes[ref] = size(_pointer(schema, ref))
+                        visiting.discard(ref)
+                    total += sizes[ref]
+            for item in value.values():
+                total += size(item)
+                if total >= limit:
+                    return limit
+            return total
+        if isinstance(value, list | tuple):
+            return min(limit, 1 + sum(size(item) for item in value))
+        return 1
+
+    return size(schema)
+
+
+def _pointer(schema: Any, ref: str) -> Any:
+    """What a local JSON pointer (``#/$defs/name``) designates in `schema`, or None."""
+    if ref != "#" and not ref.startswith("#/"):
+        return None
+    value = schema
+    for part in ref.split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(value, Mapping):
+            value = value.get(part)
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return None
+    return value
+
+
+def _without_refs(value: Any) -> Any:
+    """`value` without references and the definitions they point to."""
+    if isinstance(value, Mapping):
+        return {key: _without_refs(item) for key, item in value.items() if key != "$ref" and key not in _REFERENCE_MAPS}
+    if isinstance(value, list):
+        return [_without_refs(item) for item in value]
+    return value
 
 
 def _plain(value: Any) -> Any:
@@ -251,7 +322,7 @@ def _map_texts(schema: Any, mark: Callable[[str], str]) -> Any:
 
     def walk(value: Any, key: str | None) -> Any:
         if key in _SCHEMA_WORDS:
-            return _plain(value)
+            return keyword(value, key)
         if isinstance(value, Mapping):
             if key in _SCHEMA_MAPS:
                 return {str(name): walk(item, None) for name, item in value.items()}
@@ -263,6 +334,18 @@ def _map_texts(schema: Any, mark: Callable[[str], str]) -> Any:
             return [walk(item, key) for item in value]
         if isinstance(value, str):
             return mark(value)
+        return value
+
+    def keyword(value: Any, key: str) -> Any:
+        # A keyword's value is a string, a list of strings, or (dependentRequired) a map of such lists:
+        # anything else under a keyword (``"type": {"description": ...}``) is text in disguise, and
+        # every string in it is marked like any other.
+        if isinstance(value, Mapping):
+            if key == "dependentRequired":
+                return {str(name): keyword(item, "required") for name, item in value.items()}
+            return walk(value, None)
+        if isinstance(value, list | tuple):
+            return [item if isinstance(item, str) else walk(item, None) for item in value]
         return value
 
     return walk(schema, None)
@@ -363,6 +446,11 @@ def _visible(text: str, limit: int, *, newlines: bool) -> tuple[str, int | None]
     cut = None if len(text) <= limit else limit
     if head.isascii() and head.isprintable():  # the common case
         return head, cut
+    if unicodedata.category(head[0])[0] == "M":
+        # A combining mark first has no character of the text to combine with, only what precedes the
+        # text: the ">" of a marking's opening tag, which NFC (as a model's tokenizer may apply) turns
+        # into U+226F with it, so that the tag no longer reads as one. It is written out.
+        head = _escape(head[0]) + head[1:]
     hidden = [char for char in set(head) if not _plain_char(char, newlines)]
     if len(hidden) > 8:  # str.translate looks a mapping up per character; str.replace runs in C
         return head.translate({ord(char): _escape(char) for char in hidden}), cut

@@ -237,14 +237,19 @@ def _warning_lines(report: Report) -> list[str]:
     return lines
 
 
+# The most characters shown of the name and version a server gives itself.
+_SELF_REPORT = 100
+
+
 def _inspect_heading(report: Report) -> str:
     # The name the server is registered under (the user's) comes first, as in every error message; the
     # name a server gives itself is a self-report: shown last, quoted, never used as its identity.
     details = ["trusted" if report.trusted else "untrusted", f"protocol {report.protocol or 'unknown'}"]
     details.append(f"domain {report.domain!r}" if report.domain else "root key")
     if report.server_name:
-        version = f" {report.server_version}" if report.server_version else ""
-        details.append(f"calls itself {report.server_name!r}{version}")
+        # Both are the server's text: escaped and shortened like its descriptions (the version was printed raw).
+        version = f" {shorten(report.server_version, _SELF_REPORT)}" if report.server_version else ""
+        details.append(f"calls itself '{shorten(report.server_name, _SELF_REPORT)}'{version}")
     return f"server {report.server!r}: {report.target} ({', '.join(details)})"
 
 

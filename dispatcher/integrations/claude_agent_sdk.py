@@ -185,12 +185,24 @@ def _sdk_tool(
         [result] = await dispatcher.dispatch([call], approve=approve, approval=_ASKED, guard=guard)
         return _content(result)
 
+    annotations = entry.annotations
+    if not entry.trusted and annotations.title is not None:
+        # The title is the server's text, shown by the CLI as is: an untrusted one stays in the marked
+        # description (which has it when there is no description), never beside it unmarked.
+        annotations = annotations.model_copy(update={"title": None})
+    schema = tool_schema(entry)
+    # The SDK takes a dict without a string "type" and "properties" for its short form ({name: python
+    # type}), making each top-level key a required argument ({"type": "object"} would ask for an argument
+    # "type"): the schema is given both, which changes nothing it accepts.
+    if not isinstance(schema.get("type"), str):
+        schema["type"] = "object"
+    schema.setdefault("properties", {})
     return SdkMcpTool(
         name=entry.name,
         description=tool_description(entry) or entry.name,
-        input_schema=tool_schema(entry),
+        input_schema=schema,
         handler=handler,
-        annotations=entry.annotations,
+        annotations=annotations,
     )
 
 
