@@ -26,10 +26,18 @@ WRITES = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempoten
 FETCH = ("fetch_url", {"url": "https://a.example/"})
 
 
-async def changed(workspace: Workspace) -> None:
-    """Announce a change and let the dispatcher's follower list the tools again (in-process servers)."""
+async def changed(workspace: Workspace, until: Callable[[], object] | None = None) -> None:
+    """Announce a change and let the dispatcher's follower list the tools again (in-process servers).
+
+    A listing that follows another one soon after waits for the follower's pace (it rests after each
+    listing, and a task resting counts as blocked): `until` then waits for what that listing does.
+    """
     await workspace.notify_tools_changed()
     await anyio.wait_all_tasks_blocked()
+    if until is not None:
+        with anyio.fail_after(10):
+            while not until():  # noqa: ASYNC110  # a paced listing: no event to wait on
+                await anyio.sleep(0.01)
 
 
 def executions(workspace: Workspace, tool: str) -> int:
@@ -137,8 +145,7 @@ async def test_reverting_a_change_unblocks_the_tool() -> None:
         await changed(workspace)
         assert "read_note" not in tool_names(d)
         workspace.set_description("read_note", None)
-        await changed(workspace)
-        assert "read_note" in tool_names(d)
+        await changed(workspace, until=lambda: "read_note" in tool_names(d))
         assert d.pending_changes() == []
 
 
