@@ -9,6 +9,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # The short names SECURITY.md's first paragraph gives to the files it cites most.
 _ALIASES = {
+    "attacks": "tests/test_attacks_21.py",
     "names": "tests/test_security_names.py",
     "properties": "tests/test_security_properties.py",
     "review": "tests/test_review.py",
