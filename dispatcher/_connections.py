@@ -57,7 +57,18 @@ from ._catalog import ToolEntry
 from ._errors import ConfigurationError
 from ._failures import ConnectionLost, ToolUnavailableError, explain, innermost, is_transport_failure
 from ._keys import check_domain, check_key_functions
-from ._mcp import DEFAULT_MAX_ANSWER_BYTES, MCPTool, answers, capped_transport, list_all_tools
+from ._mcp import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    TASK_CANCEL_WAIT,
+    MCPTool,
+    TaskBound,
+    answers,
+    call_as_task,
+    capped_transport,
+    list_all_tools,
+    serves_tasks,
+    wants_task,
+)
 from ._pins import DefinitionChange, Pins
 from ._reconnect import ReconnectPolicy
 
@@ -160,6 +171,9 @@ class Connection:
         self._suspect = anyio.Event()
         # Set while the current client is suspect: calls wait for the ping's verdict before using it.
         self._verdict: anyio.Event | None = None
+        # Task calls in flight, and an event set each time one ends (`aclose` waits for their cancellation).
+        self._tasks = 0
+        self._tasks_idle = anyio.Event()
 
     @property
     def protocol_version(self) -> str | None:
@@ -192,8 +206,16 @@ class Connection:
             self._ended.set()
 
     async def aclose(self) -> None:
-        """Close the client normally (not by cancellation) and stop the supervisor."""
+        """Close the client normally (not by cancellation) and stop the supervisor.
+
+        Task calls cancelled as the dispatcher closes first get their `tasks/cancel` answered (within
+        `TASK_CANCEL_WAIT`): closing the client under them would leave their tasks running on the server.
+        """
         self._closing = True
+        if self._tasks:
+            with anyio.move_on_after(TASK_CANCEL_WAIT + 1.0):
+                while self._tasks:
+                    await self._tasks_idle.wait()
         self._client = None
         self._drop.set()
         self._demand.set()
@@ -466,6 +488,19 @@ class Connection:
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> CallToolResult:
         """Call a tool on the current client; a lost connection is noted and the error re-raised."""
+        return await self._call(name, arguments, None)
+
+    async def call_task(self, name: str, arguments: dict[str, Any], bound: TaskBound) -> CallToolResult:
+        """Call a tool as a task on the current client (`call_as_task`), with `call_tool`'s connection handling."""
+        self._tasks += 1
+        try:
+            return await self._call(name, arguments, bound)
+        finally:
+            self._tasks -= 1
+            self._tasks_idle.set()
+            self._tasks_idle = anyio.Event()
+
+    async def _call(self, name: str, arguments: dict[str, Any] | None, task: TaskBound | None) -> CallToolResult:
         if self._verdict is not None:
             # A call on this client was given up on: first learn whether the client still answers.
             await self._verdict.wait()
@@ -477,6 +512,8 @@ class Connection:
         if reason is not None:
             raise ToolUnavailableError(reason)
         try:
+            if task is not None:
+                return await call_as_task(client, name, arguments or {}, task)
             return await client.call_tool(name, arguments)
         except anyio.get_cancelled_exc_class():
             # Given up on (a timeout, or its caller's cancellation): check that the connection still answers.
@@ -536,6 +573,10 @@ class _Server:
     # The user's conflict domain and key functions (see `_keys`); never taken from the server.
     domain: str | None = None
     keys: Mapping[str, KeyFunction] = field(default_factory=dict)
+    # Whether the server advertises task-augmented tool calls (read at each listing), and the bound of
+    # each task (`Dispatcher.connect(task_timeout=...)`).
+    serves_tasks: bool = False
+    task_timeout: float | None = None
 
 
 class ServerRegistry:
@@ -627,8 +668,10 @@ class ServerRegistry:
         timeout: float | None,
         policy: ReconnectPolicy | None = None,
         max_answer_bytes: int | None = DEFAULT_MAX_ANSWER_BYTES,
+        task_timeout: float | None = None,
     ) -> Connection:
         """The connection for a server the dispatcher will own; its `run` must be started."""
+        server.task_timeout = task_timeout
         connection = Connection(
             server.name,
             target,
@@ -652,6 +695,7 @@ class ServerRegistry:
         """
         async with server.lock:
             tools = await list_all_tools(client, refresh=server.listed)
+            server.serves_tasks = serves_tasks(client)
             if not server.listed:
                 for what, named in (("overrides", server.overrides), ("keys", server.keys)):
                     unknown = sorted(set(named) - {tool.name for tool in tools})
@@ -740,7 +784,8 @@ class ServerRegistry:
     def _impl(self, server: _Server, tool: Tool) -> MCPTool:
         assert server.caller is not None
         guard = functools.partial(self._catalog.unavailable, server.name, tool.name)
-        return MCPTool(server.caller, tool.name, tool.input_schema, guard=guard)
+        task = TaskBound(server.task_timeout) if server.serves_tasks and wants_task(tool) else None
+        return MCPTool(server.caller, tool.name, tool.input_schema, guard=guard, task=task)
 
     async def _ask(self, server: _Server, change: DefinitionChange) -> None:
         """Ask the server's callback about a change, and accept it if the callback says so."""
