@@ -60,6 +60,7 @@ from ._keys import check_domain, check_key_functions
 from ._mcp import (
     DEFAULT_MAX_ANSWER_BYTES,
     TASK_CANCEL_WAIT,
+    AuthRefusals,
     MCPTool,
     TaskBound,
     answers,
@@ -171,6 +172,8 @@ class Connection:
         self._suspect = anyio.Event()
         # Set while the current client is suspect: calls wait for the ping's verdict before using it.
         self._verdict: anyio.Event | None = None
+        # The 401 or 403 an HTTP server last answered on a transport built here (what connecting failed on).
+        self._refusals = AuthRefusals()
         # Task calls in flight, and an event set each time one ends (`aclose` waits for their cancellation).
         self._tasks = 0
         self._tasks_idle = anyio.Event()
@@ -224,6 +227,7 @@ class Connection:
 
     async def _session(self, task_status: TaskStatus[None] | None) -> None:
         """Enter one client, list its tools, serve calls until it is dropped, and exit it."""
+        self._refusals.clear()
         client = self._new_client()
         connected = False
         if not self._closing:
@@ -264,6 +268,9 @@ class Connection:
                 raise TimeoutError(f"no connection within {self._timeout}s")
         except Exception as exc:
             if not connected:
+                refused = self._refusals.error(self.server)
+                if refused is not None:
+                    raise refused from exc
                 raise
             # The transport failed under the session (a crashed server, a refused HTTP request).
             self._lost(client, exc)
@@ -275,7 +282,7 @@ class Connection:
         target = self._target
         if isinstance(target, StdioServerParameters | str):
             # The transports that carry bytes from another process: each message is capped on arrival.
-            transport = capped_transport(target, self._max_answer_bytes, self.server)
+            transport = capped_transport(target, self._max_answer_bytes, self.server, self._refusals)
             return Client(transport, mode=self._mode, message_handler=self._on_message)
         if isinstance(target, MCPServer | Server | StdioServerParameters | str):
             return Client(target, mode=self._mode, message_handler=self._on_message)

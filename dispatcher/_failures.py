@@ -26,6 +26,7 @@ from ._calls import CallStatus
 
 __all__ = [
     "ANSWER_TOO_LARGE",
+    "AuthenticationRequired",
     "ConnectionLost",
     "TaskFailed",
     "ToolUnavailableError",
@@ -45,6 +46,10 @@ ANSWER_TOO_LARGE = -32098
 
 class ToolUnavailableError(Exception):
     """A call that was not sent: its tool is blocked or removed, or its server cannot be reached."""
+
+
+class AuthenticationRequired(ToolUnavailableError):
+    """An HTTP server refused the connection as unauthenticated (401) or forbidden (403); it says what it asked for."""
 
 
 class ConnectionLost(Exception):

@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import anyio
+import httpx2
 import pydantic_core
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -47,10 +49,17 @@ from mcp.types import (
 
 from ._calls import CallStatus
 from ._catalog import ArgumentError
-from ._failures import ANSWER_TOO_LARGE, ConnectionLost, TaskFailed, ToolUnavailableError, is_transport_failure
+from ._failures import (
+    ANSWER_TOO_LARGE,
+    AuthenticationRequired,
+    ConnectionLost,
+    TaskFailed,
+    ToolUnavailableError,
+    is_transport_failure,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import AsyncIterator, Callable, Mapping
     from types import TracebackType
 
     from mcp.client import Transport
@@ -62,6 +71,7 @@ __all__ = [
     "DEFAULT_MAX_ANSWER_BYTES",
     "MAX_TOOLS",
     "AnswerLimit",
+    "AuthRefusals",
     "TASK_CANCEL_WAIT",
     "MCPTool",
     "TaskBound",
@@ -93,18 +103,69 @@ _SSE_SLACK = 64 * 1024
 logger = logging.getLogger("dispatcher")
 
 
-def capped_transport(target: StdioServerParameters | str, limit: int | None, server: str) -> Transport:
+def capped_transport(
+    target: StdioServerParameters | str, limit: int | None, server: str, refusals: AuthRefusals | None = None
+) -> Transport:
     """The transport to a stdio command or a streamable HTTP URL, its messages capped at `limit` bytes (None: not).
 
     The SDK bounds the buffer of one SSE event by itself (1 MiB unless told otherwise, which would cap
     every HTTP answer sent as an event there): it is set just above `limit`, so that the cap is the one
-    limit, and what the SDK refuses beyond it reads as an answer over the cap too.
+    limit, and what the SDK refuses beyond it reads as an answer over the cap too. An HTTP transport
+    notes in `refusals` each 401 or 403 its server answers.
     """
     if isinstance(target, StdioServerParameters):
         transport: Transport = stdio_client(target)
     else:
-        transport = streamable_http_client(target, max_sse_event_size=None if limit is None else limit + _SSE_SLACK)
+        transport = _http_transport(target, None if limit is None else limit + _SSE_SLACK, refusals)
     return transport if limit is None else AnswerLimit(transport, limit, server)
+
+
+# The most of a server's WWW-Authenticate header that goes into an error.
+_CHALLENGE_TEXT = 500
+
+
+class AuthRefusals:
+    """The last 401 or 403 a streamable HTTP server answered (the SDK reports those as a bare -32603)."""
+
+    __slots__ = ("challenge", "status")
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self.challenge: str | None = None
+
+    def clear(self) -> None:
+        self.status = self.challenge = None
+
+    async def on_response(self, response: httpx2.Response) -> None:
+        if response.status_code in (401, 403):
+            self.status = response.status_code
+            self.challenge = response.headers.get("www-authenticate")
+
+    def error(self, server: str) -> AuthenticationRequired | None:
+        """What to tell the user when the last refusal is why connecting failed (None: there was none)."""
+        if self.status is None:
+            return None
+        what = "401 Unauthorized" if self.status == 401 else "403 Forbidden"
+        if self.challenge:
+            # The server's own text: shown escaped and cut short, since it is untrusted.
+            asked = f"; it asked for WWW-Authenticate: {self.challenge[:_CHALLENGE_TEXT]!r}"
+        else:
+            asked = "; it sent no WWW-Authenticate challenge"
+        return AuthenticationRequired(
+            f"server {server!r} requires authentication: it answered HTTP {what}{asked}. Pass credentials "
+            "with a client factory (headers or the SDK's OAuthClientProvider; see docs/mcp.md)"
+        )
+
+
+@asynccontextmanager
+async def _http_transport(url: str, max_sse: int | None, refusals: AuthRefusals | None) -> AsyncIterator[Any]:
+    """The SDK's streamable HTTP transport over an HTTP client of its defaults that reports refusals."""
+    hooks = {"response": [refusals.on_response]} if refusals is not None else None
+    # The SDK's default HTTP client (`create_mcp_http_client`, in a private module): 30 s to connect,
+    # write and wait for a connection, 300 s to read, since a server may hold a response stream open.
+    http = httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=300.0), event_hooks=hooks)
+    async with http, streamable_http_client(url, http_client=http, max_sse_event_size=max_sse) as streams:
+        yield streams
 
 
 class AnswerLimit:
