@@ -78,6 +78,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup, TaskStatus
     from mcp.client.session import IncomingMessage, MessageHandlerFnT
+    from mcp.shared.dispatcher import ProgressFnT
     from mcp.types import CallToolResult, Tool
 
     from ._catalog import Catalog, ToolImpl
@@ -493,9 +494,11 @@ class Connection:
             if attempt.error is not None:
                 raise ToolUnavailableError(f"could not reconnect to server {self.server!r}: {attempt.error}")
 
-    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> CallToolResult:
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any] | None = None, *, progress_callback: ProgressFnT | None = None
+    ) -> CallToolResult:
         """Call a tool on the current client; a lost connection is noted and the error re-raised."""
-        return await self._call(name, arguments, None)
+        return await self._call(name, arguments, None, progress_callback)
 
     async def call_task(self, name: str, arguments: dict[str, Any], bound: TaskBound) -> CallToolResult:
         """Call a tool as a task on the current client (`call_as_task`), with `call_tool`'s connection handling."""
@@ -507,7 +510,13 @@ class Connection:
             self._tasks_idle.set()
             self._tasks_idle = anyio.Event()
 
-    async def _call(self, name: str, arguments: dict[str, Any] | None, task: TaskBound | None) -> CallToolResult:
+    async def _call(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        task: TaskBound | None,
+        progress: ProgressFnT | None = None,
+    ) -> CallToolResult:
         if self._verdict is not None:
             # A call on this client was given up on: first learn whether the client still answers.
             await self._verdict.wait()
@@ -521,6 +530,8 @@ class Connection:
         try:
             if task is not None:
                 return await call_as_task(client, name, arguments or {}, task)
+            if progress is not None:
+                return await client.call_tool(name, arguments, progress_callback=progress)
             return await client.call_tool(name, arguments)
         except anyio.get_cancelled_exc_class():
             # Given up on (a timeout, or its caller's cancellation): check that the connection still answers.

@@ -57,13 +57,14 @@ from ._failures import (
     ToolUnavailableError,
     is_transport_failure,
 )
+from ._observe import progress_reporter
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping
     from types import TracebackType
 
     from mcp.client import Transport
-    from mcp.shared.dispatcher import CallOptions
+    from mcp.shared.dispatcher import CallOptions, ProgressFnT
     from mcp.types import Task, Tool
 
 __all__ = [
@@ -280,7 +281,9 @@ def _sse_too_large(error: ErrorData) -> bool:
 class ToolCaller(Protocol):
     """What runs a tool on a server: an entered `mcp.Client`, or a connection the dispatcher owns."""
 
-    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> CallToolResult: ...
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any] | None = None, *, progress_callback: ProgressFnT | None = None
+    ) -> CallToolResult: ...
 
 
 async def list_all_tools(client: Client, *, refresh: bool = False) -> list[Tool]:
@@ -473,8 +476,12 @@ class MCPTool:
         client = self.client
         if self.task is not None:
             return await self._invoke_task(prepared, self.task)
+        # Only an observed call asks for progress: a callback makes the SDK put a token on the request.
+        progress = progress_reporter()
         try:
-            return await client.call_tool(self.name, prepared)
+            if progress is None:
+                return await client.call_tool(self.name, prepared)
+            return await client.call_tool(self.name, prepared, progress_callback=progress)
         except MCPError as exc:
             # A connection the dispatcher owns has checked this already; a user's client is checked here.
             if (
