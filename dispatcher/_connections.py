@@ -595,6 +595,8 @@ class _Server:
     # each task (`Dispatcher.connect(task_timeout=...)`).
     serves_tasks: bool = False
     task_timeout: float | None = None
+    # Seconds a call may go without progress from the server (`Dispatcher.connect(idle_timeout=...)`).
+    idle_timeout: float | None = None
 
 
 class ServerRegistry:
@@ -687,9 +689,11 @@ class ServerRegistry:
         policy: ReconnectPolicy | None = None,
         max_answer_bytes: int | None = DEFAULT_MAX_ANSWER_BYTES,
         task_timeout: float | None = None,
+        idle_timeout: float | None = None,
     ) -> Connection:
         """The connection for a server the dispatcher will own; its `run` must be started."""
         server.task_timeout = task_timeout
+        server.idle_timeout = idle_timeout
         connection = Connection(
             server.name,
             target,
@@ -803,7 +807,9 @@ class ServerRegistry:
         assert server.caller is not None
         guard = functools.partial(self._catalog.unavailable, server.name, tool.name)
         task = TaskBound(server.task_timeout) if server.serves_tasks and wants_task(tool) else None
-        return MCPTool(server.caller, tool.name, tool.input_schema, guard=guard, task=task)
+        return MCPTool(
+            server.caller, tool.name, tool.input_schema, guard=guard, task=task, idle_timeout=server.idle_timeout
+        )
 
     async def _ask(self, server: _Server, change: DefinitionChange) -> None:
         """Ask the server's callback about a change, and accept it if the callback says so."""

@@ -382,6 +382,7 @@ class Dispatcher:
         max_answer_bytes: int | None = DEFAULT_MAX_ANSWER_BYTES,
         review_new_tools: bool = False,
         task_timeout: float | None = None,
+        idle_timeout: float | None = None,
     ) -> list[ToolEntry]:
         """Connect to an MCP server and register its tools; the dispatcher owns the connection.
 
@@ -429,6 +430,10 @@ class Dispatcher:
                 also the TTL asked of the server. The dispatcher's `call_timeout` caps every call,
                 tasks included, so a `task_timeout` above it is rejected: raise `call_timeout` (or
                 set it to None) for tasks meant to outlive it.
+            idle_timeout: Seconds a call may go without a progress notification from the server
+                before it ends TIMEOUT (`no progress from the server within idle_timeout=...`), or
+                None. Each notification starts the wait again; `call_timeout` stays the hard cap, so
+                a call that keeps reporting runs until it. Not applied to task calls (polled instead).
 
         Returns:
             The server's callable catalogue entries.
@@ -452,6 +457,12 @@ class Dispatcher:
             )
         policy = check_reconnect(reconnect)
         self._check_task_timeout(task_timeout)
+        if idle_timeout is not None and (
+            not isinstance(idle_timeout, int | float)
+            or isinstance(idle_timeout, bool)
+            or not (idle_timeout > 0 and math.isfinite(idle_timeout))
+        ):
+            raise ConfigurationError(f"idle_timeout must be a positive number of seconds or None, got {idle_timeout!r}")
         if max_answer_bytes is not None and (
             not isinstance(max_answer_bytes, int) or isinstance(max_answer_bytes, bool) or max_answer_bytes < 1024
         ):
@@ -476,6 +487,7 @@ class Dispatcher:
             policy=policy,
             max_answer_bytes=max_answer_bytes,
             task_timeout=task_timeout,
+            idle_timeout=idle_timeout,
         )
         self._executor.gate.set_server_limit(name, max_concurrency)
         assert self._tg is not None

@@ -433,7 +433,7 @@ class MCPTool:
     queued before its tool was blocked or removed fails instead of reaching the changed tool.
     """
 
-    __slots__ = ("_required", "client", "guard", "input_schema", "name", "task")
+    __slots__ = ("_required", "client", "guard", "idle_timeout", "input_schema", "name", "task")
 
     def __init__(
         self,
@@ -443,8 +443,11 @@ class MCPTool:
         *,
         guard: Callable[[], str | None] | None = None,
         task: TaskBound | None = None,
+        idle_timeout: float | None = None,
     ) -> None:
         self.client = client
+        # Seconds without progress after which a call is cut off (`Dispatcher.connect(idle_timeout=...)`).
+        self.idle_timeout = idle_timeout
         # Set when the tool's calls run as tasks on its server (`call_as_task`).
         self.task = task
         self.name = name
@@ -473,11 +476,28 @@ class MCPTool:
             reason = self.guard()
             if reason is not None:
                 raise ToolUnavailableError(reason)
-        client = self.client
         if self.task is not None:
             return await self._invoke_task(prepared, self.task)
         # Only an observed call asks for progress: a callback makes the SDK put a token on the request.
         progress = progress_reporter()
+        if self.idle_timeout is not None:
+            return await self._invoke_idle(prepared, self.idle_timeout, progress)
+        return await self._send(prepared, progress)
+
+    async def _invoke_idle(self, prepared: dict[str, Any], idle: float, report: ProgressFnT | None) -> CallToolResult:
+        """Call the tool, cut off when `idle` seconds pass with no progress from the server (each report resets it)."""
+        with anyio.CancelScope(deadline=anyio.current_time() + idle) as scope:
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                scope.deadline = anyio.current_time() + idle
+                if report is not None:
+                    await report(progress, total, message)
+
+            return await self._send(prepared, on_progress)
+        raise TimeoutError(f"no progress from the server within idle_timeout={idle}s")
+
+    async def _send(self, prepared: dict[str, Any], progress: ProgressFnT | None) -> CallToolResult:
+        client = self.client
         try:
             if progress is None:
                 return await client.call_tool(self.name, prepared)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from dispatcher import CallEvent, CallStatus, Dispatcher, ToolCall
+from dispatcher import CallEvent, CallStatus, ConfigurationError, Dispatcher, ToolCall
 
 from .everything import WireLog, everything, logged_everything
 
@@ -54,3 +56,33 @@ async def test_progress_becomes_span_events_of_the_attempt() -> None:
     events = [event for event in attempt.events if event.name == "dispatcher.progress"]
     assert [dict(event.attributes or {})["dispatcher.progress"] for event in events] == [1, 2, 3]
     assert all(dict(event.attributes or {})["dispatcher.progress.total"] == 3 for event in events)
+
+
+async def test_a_call_that_keeps_reporting_outlives_its_idle_timeout() -> None:
+    """Progress every 0.2 s keeps a 2 s call alive under idle_timeout=1: each report starts the wait again."""
+    async with Dispatcher(call_timeout=30) as dispatcher:
+        await dispatcher.connect("everything", everything(), trusted=True, idle_timeout=1.0)
+        [result] = await dispatcher.dispatch([ToolCall("1", OPERATION, {"duration": 2, "steps": 10})])
+    assert result.status is CallStatus.OK, result.error
+    assert result.run_time is not None and result.run_time >= 2
+
+
+async def test_a_silent_call_ends_at_its_idle_timeout() -> None:
+    """A call whose first progress comes after 3 s ends TIMEOUT at idle_timeout=0.5, long before call_timeout."""
+    async with Dispatcher(call_timeout=30) as dispatcher:
+        await dispatcher.connect("everything", everything(), trusted=True, idle_timeout=0.5)
+        [result] = await dispatcher.dispatch([ToolCall("1", OPERATION, {"duration": 3, "steps": 1})])
+        # The connection goes on: the server answered the ping that followed the abandoned call.
+        [echo] = await dispatcher.dispatch([ToolCall("2", "echo", {"message": "still here"})])
+    assert result.status is CallStatus.TIMEOUT, result.error
+    assert result.error is not None and "no progress from the server within idle_timeout=0.5s" in result.error
+    assert result.run_time is not None and result.run_time < 2.5
+    assert echo.ok, echo.error
+
+
+async def test_idle_timeout_is_checked() -> None:
+    """`idle_timeout` must be a positive number of seconds."""
+    async with Dispatcher() as dispatcher:
+        for bad in (0, -1, math.nan, True):
+            with pytest.raises(ConfigurationError, match="idle_timeout must be a positive number"):
+                await dispatcher.connect("everything", everything(), idle_timeout=bad)
