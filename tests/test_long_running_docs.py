@@ -13,7 +13,13 @@ from .everything import ROOT, everything
 pytestmark = pytest.mark.reference_servers
 
 GUIDE = Path(ROOT) / "docs" / "long-running.md"
-EXPECTED = [["ok", "True"]]
+EXPECTED = [
+    ["ok", "True"],
+    [
+        "ok [1.0, 2.0, 3.0]",
+        "timeout timed out: no progress from the server within idle_timeout=1.0s (after 3 attempts)",
+    ],
+]
 
 
 def _blocks() -> list[str]:
