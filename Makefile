@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: architecture bench bench-quick demo test lint typecheck pytest stress package-check clean
+.PHONY: architecture bench bench-quick demo test lint typecheck pytest stress package-check node-servers clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,8 +39,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) node-servers
 	$(BIN)/python -m pytest -q
+
+# The reference MCP servers from npm that the tests run over stdio (server-everything), pinned in .ci/node
+# and installed into .node/; nothing is fetched once they are there.
+node-servers:
+	.ci/node-servers
 
 # The long form of the chaos suite (tests/chaos): more seeds, batches and examples, and the tests marked
 # `stress`. It writes its figures to tests/chaos/results/stress.json (see RELIABILITY.md).
@@ -64,4 +69,4 @@ redis:
 	.ci/redis
 
 clean:
-	rm -rf $(VENV) .venv-smoke dist build .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .node .venv-smoke dist build .mypy_cache .pytest_cache .ruff_cache

@@ -57,7 +57,19 @@ from ._catalog import ToolEntry, sanitize
 from ._errors import ConfigurationError
 from ._failures import ConnectionLost, ToolUnavailableError, explain, innermost, is_transport_failure
 from ._keys import check_domain, check_key_functions
-from ._mcp import DEFAULT_MAX_ANSWER_BYTES, MCPTool, answers, capped_transport, list_all_tools
+from ._mcp import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    TASK_CANCEL_WAIT,
+    AuthRefusals,
+    MCPTool,
+    TaskBound,
+    answers,
+    call_as_task,
+    capped_transport,
+    list_all_tools,
+    serves_tasks,
+    wants_task,
+)
 from ._pins import DefinitionChange, Pins
 from ._reconnect import ReconnectPolicy
 
@@ -66,6 +78,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup, TaskStatus
     from mcp.client.session import IncomingMessage, MessageHandlerFnT
+    from mcp.shared.dispatcher import ProgressFnT
     from mcp.types import CallToolResult, Tool
 
     from ._catalog import Catalog, ToolImpl
@@ -160,6 +173,11 @@ class Connection:
         self._suspect = anyio.Event()
         # Set while the current client is suspect: calls wait for the ping's verdict before using it.
         self._verdict: anyio.Event | None = None
+        # The 401 or 403 an HTTP server last answered on a transport built here (what connecting failed on).
+        self._refusals = AuthRefusals()
+        # Task calls in flight, and an event set each time one ends (`aclose` waits for their cancellation).
+        self._tasks = 0
+        self._tasks_idle = anyio.Event()
 
     @property
     def protocol_version(self) -> str | None:
@@ -192,8 +210,16 @@ class Connection:
             self._ended.set()
 
     async def aclose(self) -> None:
-        """Close the client normally (not by cancellation) and stop the supervisor."""
+        """Close the client normally (not by cancellation) and stop the supervisor.
+
+        Task calls cancelled as the dispatcher closes first get their `tasks/cancel` answered (within
+        `TASK_CANCEL_WAIT`): closing the client under them would leave their tasks running on the server.
+        """
         self._closing = True
+        if self._tasks:
+            with anyio.move_on_after(TASK_CANCEL_WAIT + 1.0):
+                while self._tasks:
+                    await self._tasks_idle.wait()
         self._client = None
         self._drop.set()
         self._demand.set()
@@ -202,6 +228,7 @@ class Connection:
 
     async def _session(self, task_status: TaskStatus[None] | None) -> None:
         """Enter one client, list its tools, serve calls until it is dropped, and exit it."""
+        self._refusals.clear()
         client = self._new_client()
         connected = False
         if not self._closing:
@@ -242,6 +269,9 @@ class Connection:
                 raise TimeoutError(f"no connection within {self._timeout}s")
         except Exception as exc:
             if not connected:
+                refused = self._refusals.error(self.server)
+                if refused is not None:
+                    raise refused from exc
                 raise
             # The transport failed under the session (a crashed server, a refused HTTP request).
             self._lost(client, exc)
@@ -253,7 +283,7 @@ class Connection:
         target = self._target
         if isinstance(target, StdioServerParameters | str):
             # The transports that carry bytes from another process: each message is capped on arrival.
-            transport = capped_transport(target, self._max_answer_bytes, self.server)
+            transport = capped_transport(target, self._max_answer_bytes, self.server, self._refusals)
             return Client(transport, mode=self._mode, message_handler=self._on_message)
         if isinstance(target, MCPServer | Server | StdioServerParameters | str):
             return Client(target, mode=self._mode, message_handler=self._on_message)
@@ -464,8 +494,29 @@ class Connection:
             if attempt.error is not None:
                 raise ToolUnavailableError(f"could not reconnect to server {self.server!r}: {attempt.error}")
 
-    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> CallToolResult:
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any] | None = None, *, progress_callback: ProgressFnT | None = None
+    ) -> CallToolResult:
         """Call a tool on the current client; a lost connection is noted and the error re-raised."""
+        return await self._call(name, arguments, None, progress_callback)
+
+    async def call_task(self, name: str, arguments: dict[str, Any], bound: TaskBound) -> CallToolResult:
+        """Call a tool as a task on the current client (`call_as_task`), with `call_tool`'s connection handling."""
+        self._tasks += 1
+        try:
+            return await self._call(name, arguments, bound)
+        finally:
+            self._tasks -= 1
+            self._tasks_idle.set()
+            self._tasks_idle = anyio.Event()
+
+    async def _call(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        task: TaskBound | None,
+        progress: ProgressFnT | None = None,
+    ) -> CallToolResult:
         if self._verdict is not None:
             # A call on this client was given up on: first learn whether the client still answers.
             await self._verdict.wait()
@@ -477,6 +528,10 @@ class Connection:
         if reason is not None:
             raise ToolUnavailableError(reason)
         try:
+            if task is not None:
+                return await call_as_task(client, name, arguments or {}, task)
+            if progress is not None:
+                return await client.call_tool(name, arguments, progress_callback=progress)
             return await client.call_tool(name, arguments)
         except anyio.get_cancelled_exc_class():
             # Given up on (a timeout, or its caller's cancellation): check that the connection still answers.
@@ -536,6 +591,12 @@ class _Server:
     # The user's conflict domain and key functions (see `_keys`); never taken from the server.
     domain: str | None = None
     keys: Mapping[str, KeyFunction] = field(default_factory=dict)
+    # Whether the server advertises task-augmented tool calls (read at each listing), and the bound of
+    # each task (`Dispatcher.connect(task_timeout=...)`).
+    serves_tasks: bool = False
+    task_timeout: float | None = None
+    # Seconds a call may go without progress from the server (`Dispatcher.connect(idle_timeout=...)`).
+    idle_timeout: float | None = None
 
 
 class ServerRegistry:
@@ -636,8 +697,12 @@ class ServerRegistry:
         timeout: float | None,
         policy: ReconnectPolicy | None = None,
         max_answer_bytes: int | None = DEFAULT_MAX_ANSWER_BYTES,
+        task_timeout: float | None = None,
+        idle_timeout: float | None = None,
     ) -> Connection:
         """The connection for a server the dispatcher will own; its `run` must be started."""
+        server.task_timeout = task_timeout
+        server.idle_timeout = idle_timeout
         connection = Connection(
             server.name,
             target,
@@ -661,6 +726,7 @@ class ServerRegistry:
         """
         async with server.lock:
             tools = await list_all_tools(client, refresh=server.listed)
+            server.serves_tasks = serves_tasks(client)
             if not server.listed:
                 for what, named in (("overrides", server.overrides), ("keys", server.keys)):
                     unknown = sorted(set(named) - {tool.name for tool in tools})
@@ -765,7 +831,10 @@ class ServerRegistry:
     def _impl(self, server: _Server, tool: Tool) -> MCPTool:
         assert server.caller is not None
         guard = functools.partial(self._catalog.unavailable, server.name, tool.name)
-        return MCPTool(server.caller, tool.name, tool.input_schema, guard=guard)
+        task = TaskBound(server.task_timeout) if server.serves_tasks and wants_task(tool) else None
+        return MCPTool(
+            server.caller, tool.name, tool.input_schema, guard=guard, task=task, idle_timeout=server.idle_timeout
+        )
 
     async def _ask(self, server: _Server, change: DefinitionChange) -> None:
         """Ask the server's callback about a change, and accept it if the callback says so."""

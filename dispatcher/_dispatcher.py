@@ -381,6 +381,8 @@ class Dispatcher:
         keys: Mapping[str, KeyFunction] | None = None,
         max_answer_bytes: int | None = DEFAULT_MAX_ANSWER_BYTES,
         review_new_tools: bool = False,
+        task_timeout: float | None = None,
+        idle_timeout: float | None = None,
     ) -> list[ToolEntry]:
         """Connect to an MCP server and register its tools; the dispatcher owns the connection.
 
@@ -421,6 +423,17 @@ class Dispatcher:
                 here).
             review_new_tools: For a trusted server, review its new tools (see `add_mcp_server`); an
                 untrusted server's new tools are always reviewed.
+            task_timeout: Seconds a task may run, for the tools whose calls run as tasks (a tool that
+                requires or allows tasks on a server that advertises them; docs/long-running.md), or
+                None. When it passes, the task is cancelled on the server and the call ends TIMEOUT
+                (FAILED, its outcome unknown, if the server does not confirm the cancellation). It is
+                also the TTL asked of the server. The dispatcher's `call_timeout` caps every call,
+                tasks included, so a `task_timeout` above it is rejected: raise `call_timeout` (or
+                set it to None) for tasks meant to outlive it.
+            idle_timeout: Seconds a call may go without a progress notification from the server
+                before it ends TIMEOUT (`no progress from the server within idle_timeout=...`), or
+                None. Each notification starts the wait again; `call_timeout` stays the hard cap, so
+                a call that keeps reporting runs until it. Not applied to task calls (polled instead).
 
         Returns:
             The server's callable catalogue entries.
@@ -443,6 +456,13 @@ class Dispatcher:
                 f"connect_timeout must be a positive number of seconds or None, got {connect_timeout!r}"
             )
         policy = check_reconnect(reconnect)
+        self._check_task_timeout(task_timeout)
+        if idle_timeout is not None and (
+            not isinstance(idle_timeout, int | float)
+            or isinstance(idle_timeout, bool)
+            or not (idle_timeout > 0 and math.isfinite(idle_timeout))
+        ):
+            raise ConfigurationError(f"idle_timeout must be a positive number of seconds or None, got {idle_timeout!r}")
         if max_answer_bytes is not None and (
             not isinstance(max_answer_bytes, int) or isinstance(max_answer_bytes, bool) or max_answer_bytes < 1024
         ):
@@ -466,6 +486,8 @@ class Dispatcher:
             timeout=connect_timeout,
             policy=policy,
             max_answer_bytes=max_answer_bytes,
+            task_timeout=task_timeout,
+            idle_timeout=idle_timeout,
         )
         self._executor.gate.set_server_limit(name, max_concurrency)
         assert self._tg is not None
@@ -481,6 +503,21 @@ class Dispatcher:
                 raise ServerConnectionError(f"could not connect to server {name!r}: {_describe(exc)}") from exc
             raise
         return self._server_entries(name)
+
+    def _check_task_timeout(self, task_timeout: object) -> None:
+        if task_timeout is None:
+            return
+        if (
+            not isinstance(task_timeout, int | float)
+            or isinstance(task_timeout, bool)
+            or not (task_timeout > 0 and math.isfinite(task_timeout))
+        ):
+            raise ConfigurationError(f"task_timeout must be a positive number of seconds or None, got {task_timeout!r}")
+        if self._call_timeout is not None and task_timeout > self._call_timeout:
+            raise ConfigurationError(
+                f"task_timeout={task_timeout}s exceeds the dispatcher's call_timeout={self._call_timeout}s, "
+                "which caps every call, tasks included: raise Dispatcher(call_timeout=...) or set it to None"
+            )
 
     async def refresh(self, name: str) -> list[ToolEntry]:
         """List a server's tools again now and update the catalogue.

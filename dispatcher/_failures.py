@@ -26,7 +26,9 @@ from ._calls import CallStatus
 
 __all__ = [
     "ANSWER_TOO_LARGE",
+    "AuthenticationRequired",
     "ConnectionLost",
+    "TaskFailed",
     "ToolUnavailableError",
     "describe",
     "explain",
@@ -46,8 +48,24 @@ class ToolUnavailableError(Exception):
     """A call that was not sent: its tool is blocked or removed, or its server cannot be reached."""
 
 
+class AuthenticationRequired(ToolUnavailableError):
+    """An HTTP server refused the connection as unauthenticated (401) or forbidden (403); it says what it asked for."""
+
+
 class ConnectionLost(Exception):
     """A call's connection was lost while it ran (confirmed by the connection layer); its outcome is unknown."""
+
+
+class TaskFailed(Exception):
+    """A task-augmented call that ended without a result: the server cancelled or lost the task, or its bound passed.
+
+    `status` is the call's status: TIMEOUT for a task cut off at its bound and cancelled on the server,
+    FAILED otherwise (a task whose cancellation the server did not confirm says that its outcome is unknown).
+    """
+
+    def __init__(self, message: str, status: CallStatus = CallStatus.FAILED) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def innermost(exc: BaseException) -> BaseException:
@@ -74,6 +92,8 @@ def describe(exc: Exception) -> tuple[CallStatus, str]:
         return CallStatus.FAILED, str(exc)
     if isinstance(exc, ConnectionLost):
         return CallStatus.FAILED, f"connection to the server lost: {exc}"
+    if isinstance(exc, TaskFailed):
+        return exc.status, str(exc)
     if isinstance(exc, MCPError):
         code = exc.error.code
         message = exc.error.message

@@ -14,40 +14,79 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import anyio
+import httpx2
 import pydantic_core
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
-from mcp.types import CONNECTION_CLOSED, ErrorData, JSONRPCError, JSONRPCNotification, JSONRPCRequest
+from mcp.types import (
+    CONNECTION_CLOSED,
+    CallToolRequest,
+    CallToolRequestParams,
+    CallToolResult,
+    CancelTaskRequest,
+    CancelTaskRequestParams,
+    CancelTaskResult,
+    CreateTaskResult,
+    ErrorData,
+    GetTaskPayloadRequest,
+    GetTaskPayloadRequestParams,
+    GetTaskRequest,
+    GetTaskRequestParams,
+    GetTaskResult,
+    JSONRPCError,
+    JSONRPCNotification,
+    JSONRPCRequest,
+    TaskMetadata,
+)
 
+from ._calls import CallStatus
 from ._catalog import ArgumentError
-from ._failures import ANSWER_TOO_LARGE, ConnectionLost, ToolUnavailableError, is_transport_failure
+from ._failures import (
+    ANSWER_TOO_LARGE,
+    AuthenticationRequired,
+    ConnectionLost,
+    TaskFailed,
+    ToolUnavailableError,
+    is_transport_failure,
+)
+from ._observe import progress_reporter
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import AsyncIterator, Callable, Mapping
     from types import TracebackType
 
     from mcp.client import Transport
-    from mcp.types import CallToolResult, Tool
+    from mcp.shared.dispatcher import CallOptions, ProgressFnT
+    from mcp.types import Task, Tool
 
 __all__ = [
     "ANSWER_TOO_LARGE",
     "DEFAULT_MAX_ANSWER_BYTES",
     "MAX_TOOLS",
     "AnswerLimit",
+    "AuthRefusals",
+    "TASK_CANCEL_WAIT",
     "MCPTool",
+    "TaskBound",
+    "TaskCaller",
     "ToolCaller",
     "answers",
+    "call_as_task",
     "capped_transport",
     "check_arguments",
     "encode_arguments",
     "list_all_tools",
     "required_arguments",
+    "serves_tasks",
+    "wants_task",
 ]
 
 _MAX_PAGES = 1000
@@ -65,18 +104,69 @@ _SSE_SLACK = 64 * 1024
 logger = logging.getLogger("dispatcher")
 
 
-def capped_transport(target: StdioServerParameters | str, limit: int | None, server: str) -> Transport:
+def capped_transport(
+    target: StdioServerParameters | str, limit: int | None, server: str, refusals: AuthRefusals | None = None
+) -> Transport:
     """The transport to a stdio command or a streamable HTTP URL, its messages capped at `limit` bytes (None: not).
 
     The SDK bounds the buffer of one SSE event by itself (1 MiB unless told otherwise, which would cap
     every HTTP answer sent as an event there): it is set just above `limit`, so that the cap is the one
-    limit, and what the SDK refuses beyond it reads as an answer over the cap too.
+    limit, and what the SDK refuses beyond it reads as an answer over the cap too. An HTTP transport
+    notes in `refusals` each 401 or 403 its server answers.
     """
     if isinstance(target, StdioServerParameters):
         transport: Transport = stdio_client(target)
     else:
-        transport = streamable_http_client(target, max_sse_event_size=None if limit is None else limit + _SSE_SLACK)
+        transport = _http_transport(target, None if limit is None else limit + _SSE_SLACK, refusals)
     return transport if limit is None else AnswerLimit(transport, limit, server)
+
+
+# The most of a server's WWW-Authenticate header that goes into an error.
+_CHALLENGE_TEXT = 500
+
+
+class AuthRefusals:
+    """The last 401 or 403 a streamable HTTP server answered (the SDK reports those as a bare -32603)."""
+
+    __slots__ = ("challenge", "status")
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self.challenge: str | None = None
+
+    def clear(self) -> None:
+        self.status = self.challenge = None
+
+    async def on_response(self, response: httpx2.Response) -> None:
+        if response.status_code in (401, 403):
+            self.status = response.status_code
+            self.challenge = response.headers.get("www-authenticate")
+
+    def error(self, server: str) -> AuthenticationRequired | None:
+        """What to tell the user when the last refusal is why connecting failed (None: there was none)."""
+        if self.status is None:
+            return None
+        what = "401 Unauthorized" if self.status == 401 else "403 Forbidden"
+        if self.challenge:
+            # The server's own text: shown escaped and cut short, since it is untrusted.
+            asked = f"; it asked for WWW-Authenticate: {self.challenge[:_CHALLENGE_TEXT]!r}"
+        else:
+            asked = "; it sent no WWW-Authenticate challenge"
+        return AuthenticationRequired(
+            f"server {server!r} requires authentication: it answered HTTP {what}{asked}. Pass credentials "
+            "with a client factory (headers or the SDK's OAuthClientProvider; see docs/mcp.md)"
+        )
+
+
+@asynccontextmanager
+async def _http_transport(url: str, max_sse: int | None, refusals: AuthRefusals | None) -> AsyncIterator[Any]:
+    """The SDK's streamable HTTP transport over an HTTP client of its defaults that reports refusals."""
+    hooks = {"response": [refusals.on_response]} if refusals is not None else None
+    # The SDK's default HTTP client (`create_mcp_http_client`, in a private module): 30 s to connect,
+    # write and wait for a connection, 300 s to read, since a server may hold a response stream open.
+    http = httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=300.0), event_hooks=hooks)
+    async with http, streamable_http_client(url, http_client=http, max_sse_event_size=max_sse) as streams:
+        yield streams
 
 
 class AnswerLimit:
@@ -191,7 +281,9 @@ def _sse_too_large(error: ErrorData) -> bool:
 class ToolCaller(Protocol):
     """What runs a tool on a server: an entered `mcp.Client`, or a connection the dispatcher owns."""
 
-    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> CallToolResult: ...
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any] | None = None, *, progress_callback: ProgressFnT | None = None
+    ) -> CallToolResult: ...
 
 
 async def list_all_tools(client: Client, *, refresh: bool = False) -> list[Tool]:
@@ -341,7 +433,7 @@ class MCPTool:
     queued before its tool was blocked or removed fails instead of reaching the changed tool.
     """
 
-    __slots__ = ("_required", "client", "guard", "input_schema", "name")
+    __slots__ = ("_required", "client", "guard", "idle_timeout", "input_schema", "name", "task")
 
     def __init__(
         self,
@@ -350,8 +442,14 @@ class MCPTool:
         input_schema: Mapping[str, Any],
         *,
         guard: Callable[[], str | None] | None = None,
+        task: TaskBound | None = None,
+        idle_timeout: float | None = None,
     ) -> None:
         self.client = client
+        # Seconds without progress after which a call is cut off (`Dispatcher.connect(idle_timeout=...)`).
+        self.idle_timeout = idle_timeout
+        # Set when the tool's calls run as tasks on its server (`call_as_task`).
+        self.task = task
         self.name = name
         self.input_schema = input_schema
         self.guard = guard
@@ -364,14 +462,46 @@ class MCPTool:
         _check(self._required, prepared)
         return prepared
 
+    async def _invoke_task(self, prepared: dict[str, Any], bound: TaskBound) -> CallToolResult:
+        # Polling stays inside this invocation, so the call keeps its turn (and its place under its
+        # server's limit) until the task ends, with no help from the executor.
+        client = self.client
+        if isinstance(client, Client):
+            return await call_as_task(client, self.name, prepared, bound)
+        caller: TaskCaller = client  # type: ignore[assignment]  # connections the dispatcher owns
+        return await caller.call_task(self.name, prepared, bound)
+
     async def invoke(self, prepared: dict[str, Any]) -> CallToolResult:
         if self.guard is not None:
             reason = self.guard()
             if reason is not None:
                 raise ToolUnavailableError(reason)
+        if self.task is not None:
+            return await self._invoke_task(prepared, self.task)
+        # Only an observed call asks for progress: a callback makes the SDK put a token on the request.
+        progress = progress_reporter()
+        if self.idle_timeout is not None:
+            return await self._invoke_idle(prepared, self.idle_timeout, progress)
+        return await self._send(prepared, progress)
+
+    async def _invoke_idle(self, prepared: dict[str, Any], idle: float, report: ProgressFnT | None) -> CallToolResult:
+        """Call the tool, cut off when `idle` seconds pass with no progress from the server (each report resets it)."""
+        with anyio.CancelScope(deadline=anyio.current_time() + idle) as scope:
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                scope.deadline = anyio.current_time() + idle
+                if report is not None:
+                    await report(progress, total, message)
+
+            return await self._send(prepared, on_progress)
+        raise TimeoutError(f"no progress from the server within idle_timeout={idle}s")
+
+    async def _send(self, prepared: dict[str, Any], progress: ProgressFnT | None) -> CallToolResult:
         client = self.client
         try:
-            return await client.call_tool(self.name, prepared)
+            if progress is None:
+                return await client.call_tool(self.name, prepared)
+            return await client.call_tool(self.name, prepared, progress_callback=progress)
         except MCPError as exc:
             # A connection the dispatcher owns has checked this already; a user's client is checked here.
             if (
@@ -381,3 +511,177 @@ class MCPTool:
             ):
                 raise ConnectionLost(exc.error.message) from exc
             raise
+
+
+# Task-augmented calls ----------------------------------------------------------------------------
+#
+# The 2025-11-25 revision lets a client make `tools/call` a task: the server answers at once with a
+# `CreateTaskResult`, the client polls `tasks/get` at the interval the server asks for and reads the
+# outcome with `tasks/result`; `tasks/cancel` cancels it. The SDK (2.3) carries the types but leaves
+# `tasks/*` out of its 2025-11-25 result surface on purpose and checks every `tools/call` answer as a
+# `CallToolResult`, so the request that creates a task goes through the session's raw request path
+# (`_send_raw`); `tasks/get`, `tasks/result` and `tasks/cancel` go through its public `send_request`.
+
+# The poll interval a server may ask for is kept within these bounds (seconds): a hostile server cannot
+# make the client spin (0 ms) or stall (an hour between polls of a task that has finished).
+_POLL_MIN = 0.05
+_POLL_MAX = 5.0
+_POLL_DEFAULT = 1.0
+# How long a cancelled task waits for the server to confirm `tasks/cancel` before its outcome is unknown.
+TASK_CANCEL_WAIT = 5.0
+# The most of a server's status message that goes into an error.
+_STATUS_TEXT = 300
+
+
+class TaskBound:
+    """How a tool's calls run as tasks on its server: `timeout` bounds the whole task (seconds, or None)."""
+
+    __slots__ = ("timeout",)
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+
+
+class TaskCaller(Protocol):
+    """A connection the dispatcher owns that can run a call as a task (see `call_as_task`)."""
+
+    async def call_task(self, name: str, arguments: dict[str, Any], bound: TaskBound) -> CallToolResult: ...
+
+
+def serves_tasks(client: Client) -> bool:
+    """Whether a connected server advertises task-augmented `tools/call` (its 2025-11-25 `tasks` capability)."""
+    try:
+        capabilities = client.session.server_capabilities
+    except RuntimeError:
+        return False
+    tasks = getattr(capabilities, "tasks", None) if capabilities is not None else None
+    requests = tasks.requests if tasks is not None else None
+    tools = requests.tools if requests is not None else None
+    return tools is not None and tools.call is not None
+
+
+def wants_task(tool: Tool) -> bool:
+    """Whether a tool requires or allows task-augmented calls (`execution.taskSupport`)."""
+    execution = tool.execution
+    return execution is not None and execution.task_support in ("required", "optional")
+
+
+def _poll_wait(task: Task) -> float:
+    interval = task.poll_interval
+    if interval is None:
+        return _POLL_DEFAULT
+    return min(max(interval / 1000, _POLL_MIN), _POLL_MAX)
+
+
+def _status_text(task: Task) -> str:
+    text = task.status_message
+    return f": {text[:_STATUS_TEXT]!r}" if text else ""
+
+
+async def _send_raw(client: Client, request: CallToolRequest) -> dict[str, Any]:
+    """Send a request through the session without the SDK's check of its answer (see the section comment)."""
+    session = client.session
+    data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+    opts: CallOptions = {}
+    # The SDK has no public raw request: its own send_request stamps and sends exactly so.
+    session._stamp(data, opts)
+    raw: dict[str, Any] = await session._dispatcher.send_raw_request(data["method"], data.get("params"), opts)
+    return raw
+
+
+class _Followed:
+    """What a task's follower has learned: the last state the server reported, and whether it is final."""
+
+    __slots__ = ("final", "task")
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.final = False
+
+
+async def call_as_task(client: Client, name: str, arguments: dict[str, Any], bound: TaskBound) -> CallToolResult:
+    """Call a tool as a task and return its final result; cancelling this cancels the task on the server.
+
+    A server that answers with an ordinary result (allowed for a tool whose task support is optional)
+    has that result returned. `bound.timeout`, when set, bounds the whole task (and is the task's
+    requested TTL): when it passes the task is cancelled and this raises `TaskFailed` (TIMEOUT if the
+    server confirmed the cancellation, FAILED saying the outcome is unknown if it did not). Cancelled
+    from outside (its caller, the call timeout, the dispatcher closing), this sends `tasks/cancel` at
+    once, waits up to `TASK_CANCEL_WAIT` seconds for the confirmation, logs a warning if none comes,
+    and lets the cancellation go on.
+
+    Raises:
+        TaskFailed: The task ended cancelled by the server, or its bound passed.
+        MCPError: The server refused the task or answered `tasks/*` with an error.
+    """
+    timeout = bound.timeout
+    params = CallToolRequestParams(
+        name=name,
+        arguments=arguments,
+        task=TaskMetadata(ttl=None if timeout is None else math.ceil(timeout * 1000)),
+    )
+    raw = await _send_raw(client, CallToolRequest(params=params))
+    if "task" not in raw:
+        return CallToolResult.model_validate(raw, by_name=False)
+    followed = _Followed(CreateTaskResult.model_validate(raw, by_name=False).task)
+    try:
+        with anyio.move_on_after(math.inf if timeout is None else timeout):
+            return await _follow(client, followed)
+    except BaseException:
+        if not followed.final:
+            with anyio.CancelScope(shield=True):
+                confirmed = await _cancel_task(client, followed)
+            if not confirmed:
+                logger.warning(
+                    "task %r of tool %r was abandoned and the server did not confirm its cancellation: "
+                    "its outcome is unknown",
+                    followed.task.task_id[:100],
+                    name[:100],
+                )
+        raise
+    task_id = followed.task.task_id[:100]
+    if await _cancel_task(client, followed):
+        raise TaskFailed(
+            f"task {task_id!r} did not finish within task_timeout={timeout}s; it was cancelled on the server",
+            CallStatus.TIMEOUT,
+        )
+    raise TaskFailed(
+        f"task {task_id!r} did not finish within task_timeout={timeout}s and the server did not confirm "
+        f"its cancellation within {TASK_CANCEL_WAIT}s (last status {followed.task.status!r}): its outcome is unknown"
+    )
+
+
+async def _follow(client: Client, followed: _Followed) -> CallToolResult:
+    """Poll a task until it leaves "working", then read its outcome (`tasks/result` waits for input_required)."""
+    session = client.session
+    task_id = followed.task.task_id
+    while followed.task.status == "working":
+        await anyio.sleep(_poll_wait(followed.task))
+        followed.task = await session.send_request(
+            GetTaskRequest(params=GetTaskRequestParams(task_id=task_id)), GetTaskResult
+        )
+    status = followed.task.status
+    if status == "cancelled":
+        followed.final = True
+        raise TaskFailed(f"the server cancelled task {task_id[:100]!r}{_status_text(followed.task)}")
+    if status != "input_required":
+        followed.final = True  # completed or failed: the outcome is the server's to give
+    result = await session.send_request(
+        GetTaskPayloadRequest(params=GetTaskPayloadRequestParams(task_id=task_id)), CallToolResult
+    )
+    followed.final = True
+    return result
+
+
+async def _cancel_task(client: Client, followed: _Followed) -> bool:
+    """Send `tasks/cancel`; whether the server confirmed, within `TASK_CANCEL_WAIT`, that the task is cancelled."""
+    request = CancelTaskRequest(params=CancelTaskRequestParams(task_id=followed.task.task_id))
+    with anyio.move_on_after(TASK_CANCEL_WAIT):
+        try:
+            answer = await client.session.send_request(request, CancelTaskResult)
+        except Exception as exc:
+            logger.debug("tasks/cancel failed: %s", exc)
+            return False
+        followed.task = answer
+        return answer.status == "cancelled"
+    return False

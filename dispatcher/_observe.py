@@ -21,23 +21,27 @@ effective hints, attempt, status, attempts, queue and run time.
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar, Token
 from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from mcp.shared.dispatcher import ProgressFnT
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
     from ._approval import ApprovalRequest
     from ._calls import CallStatus, ToolCall, ToolResult
     from ._catalog import ToolEntry
 
-__all__ = ["CallEvent", "CallState", "EventKind", "Observer", "resolve_tracer"]
+__all__ = ["CallEvent", "CallState", "EventKind", "Observer", "progress_reporter", "resolve_tracer"]
 
 logger = logging.getLogger("dispatcher")
 
-EventKind = Literal["queued", "started", "retried", "finished"]
+EventKind = Literal["queued", "started", "retried", "progress", "finished"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +50,8 @@ class CallEvent:
 
     Attributes:
         kind: ``"queued"`` (submitted), ``"started"`` (its first attempt began), ``"retried"`` (another
-            attempt began after a transient failure) or ``"finished"`` (it has its result).
+            attempt began after a transient failure), ``"progress"`` (the server reported progress on
+            it, an MCP progress notification) or ``"finished"`` (it has its result).
         call: The call.
         time: When it happened, on the event loop's clock (`anyio.current_time()`), like the times of
             `ToolResult`.
@@ -57,6 +62,9 @@ class CallEvent:
         result: For ``finished``, the result; else None.
         keys: The call's conflict keys (see docs/conflicts.md; ``("",)`` is the root key, which
             conflicts with every call); empty for ``queued`` and for a call that never got keys.
+        progress: For ``progress``, how far the server says it is (its number, which only grows), and
+            `total` its total if it gave one; `message` its message, cut to 500 characters. The
+            server's own words: untrusted.
     """
 
     kind: EventKind
@@ -68,18 +76,53 @@ class CallEvent:
     error: str | None = None
     result: ToolResult | None = None
     keys: tuple[str, ...] = ()
+    progress: float | None = None
+    total: float | None = None
+    message: str | None = None
+
+
+# The most of a server's progress message that reaches an event or a span.
+_PROGRESS_TEXT = 500
+
+# The attempt running in this task, while one runs under a hooked batch: what progress is reported to.
+_attempt: ContextVar[tuple[Observer, ToolCall, CallState] | None] = ContextVar("dispatcher_attempt", default=None)
+
+
+def progress_reporter() -> ProgressFnT | None:
+    """The progress callback for the attempt running in this task (None when nobody observes it)."""
+    current = _attempt.get()
+    if current is None:
+        return None
+    observer, call, state = current
+
+    async def report(progress: float, total: float | None, message: str | None) -> None:
+        observer.progress(call, state, progress, total, message)
+
+    return report
 
 
 class CallState:
     """What the hooks keep for one call between its events (only for calls of a hooked batch)."""
 
-    __slots__ = ("attempt", "attempt_span", "entry", "keys", "previous_error", "recheck", "span", "token")
+    __slots__ = (
+        "attempt",
+        "attempt_span",
+        "current",
+        "entry",
+        "keys",
+        "previous_error",
+        "recheck",
+        "span",
+        "token",
+    )
 
     def __init__(self, entry: ToolEntry | None) -> None:
         self.entry = entry
         self.span: Span | None = None
         self.attempt_span: Span | None = None
         self.token: object = None
+        # The token of `_attempt` set for the attempt that runs (progress reports reach this call).
+        self.current: Token[tuple[Observer, ToolCall, CallState] | None] | None = None
         self.attempt = 0
         self.previous_error: str | None = None
         # The session guard must look again when the call is about to start (see `_hooks`).
@@ -136,6 +179,7 @@ class Observer:
         """An attempt begins: runs in the task that runs it, which the span is made current in."""
         state.attempt += 1
         attempt = state.attempt
+        state.current = _attempt.set((self, call, state))
         tracer = self._tracer
         if tracer is not None and state.span is not None:
             from opentelemetry import context, trace
@@ -170,6 +214,12 @@ class Observer:
     def attempt_finished(self, state: CallState, status: CallStatus, error: str | None) -> None:
         """An attempt ended (in the task that ran it)."""
         state.previous_error = error
+        current, state.current = state.current, None
+        if current is not None:
+            try:
+                _attempt.reset(current)
+            except ValueError:
+                pass  # ended from another task (a finished call's cleanup): that task's context is not this one
         span = state.attempt_span
         if span is None:
             return
@@ -180,6 +230,34 @@ class Observer:
             from opentelemetry import context
 
             context.detach(token)  # type: ignore[arg-type]
+
+    def progress(
+        self, call: ToolCall, state: CallState, progress: float, total: float | None, message: str | None
+    ) -> None:
+        """The server reported progress on the attempt that runs."""
+        if message is not None:
+            message = message[:_PROGRESS_TEXT]
+        span = state.attempt_span
+        if span is not None:
+            attributes: dict[str, Any] = {"dispatcher.progress": progress}
+            if total is not None:
+                attributes["dispatcher.progress.total"] = total
+            if message is not None:
+                attributes["dispatcher.progress.message"] = message
+            span.add_event("dispatcher.progress", attributes)
+        self._emit(
+            CallEvent(
+                "progress",
+                call,
+                anyio.current_time(),
+                tool=state.entry,
+                attempt=state.attempt,
+                keys=state.keys,
+                progress=progress,
+                total=total,
+                message=message,
+            )
+        )
 
     def finished(self, state: CallState, result: ToolResult) -> None:
         if state.attempt_span is not None:

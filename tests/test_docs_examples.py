@@ -73,6 +73,7 @@ RUN_BY: dict[str, Callable[[], set[str]]] = {
     "docs/agent-loop.md": _agent_loop,  # tests/test_agent_loop_docs.py
     "docs/conflicts.md": lambda: set(test_conflicts_docs.EXAMPLES),
     "docs/integrations.md": _integrations,  # tests/test_integrations_docs.py, against the real frameworks
+    "docs/long-running.md": lambda: _every_block("docs/long-running.md", "test_long_running_docs.py"),
     "docs/mcp.md": lambda: _every_block("docs/mcp.md", "test_connections.py"),
     "docs/retries.md": lambda: set(test_retries_docs.EXAMPLES),
     "docs/timeline.md": lambda: set(test_timeline_docs.EXAMPLES),
