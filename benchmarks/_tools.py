@@ -38,8 +38,12 @@ __all__ = [
     "sleep_write",
     "task_group_per_batch",
     "task_per_call",
+    "workers",
     "zero_calls",
 ]
+
+WORKERS = 16
+"""How many hand-written workers the `workers` reference runs (the dispatcher's default limit)."""
 
 # The detail of a target against a bare reference.
 ADAPTER_WORK = "includes the adapter's validation and result conversion, which the bare tasks skip"
@@ -160,6 +164,35 @@ def task_per_call(
         return elapsed
 
     return run_tasks
+
+
+def workers(adapter: Adapter, arguments: list[dict[str, Any]], count: int = WORKERS) -> Callable[[], Awaitable[float]]:
+    """A reference: `count` worker tasks written by hand that pull the calls in order from one shared
+    iterator and do the same SDK work as the dispatcher (`Adapter.call`: validate, call, convert).
+
+    It is what a careful user writes without a scheduler for a batch of reads at a concurrency of
+    `count`: no task per call, no cancel scope, no ordering rules. The clock covers the task group only.
+    """
+    n = len(arguments)
+
+    async def run_workers() -> float:
+        results: list[Any] = [None] * n
+        pending = iter(enumerate(arguments))
+        call = adapter.call
+
+        async def worker() -> None:
+            for i, args in pending:
+                results[i] = await call(args)
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(count):
+                tg.start_soon(worker)
+        elapsed = time.perf_counter() - start
+        assert all(result is not None and not result.is_error for result in results)
+        return elapsed
+
+    return run_workers
 
 
 def task_group_per_batch(

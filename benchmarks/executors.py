@@ -1,132 +1,74 @@
-"""Choosing the executor: one task per admitted call against the dispatcher's runners, in one run.
+"""Choosing the executor: the dispatcher against 16 hand-written workers, for one executor or two.
 
-Run it with ``python -m benchmarks.executors [--quick]``. Both executors serve the same `Dispatcher` and
-are measured in the same process, interleaved repetition by repetition, on asyncio and on trio:
+Run it with ``python -m benchmarks.executors [--quick] [--json FILE] [--against FILE]``. It measures
+whichever `dispatcher` Python imports, in one process, on asyncio and trio, interleaved repetition by
+repetition with the reference: 16 worker tasks written by hand that pull the same calls in order and do
+the same SDK work (`_tools.workers`: validate, call, convert, through the dispatcher's own adapter).
 
-- task per call: the simplest executor the gate allows, `TaskPerCall` below. Each call the gate admits
-  gets an anyio task of its own, which runs the call's attempts under a cancel scope of the call's own
-  (the dispatcher's general path, `Executor._execute`), frees its place and admits the next calls;
-- runners (kept): the dispatcher's own executor. Runner tasks are reused: a runner takes the next
-  admitted call when it finishes one, runs calls of one attempt under one cancel scope whose deadline
-  it moves, and new runners are brought only as calls are admitted together or wait (see
-  `dispatcher._execution`).
+Cases (every one at the default ``max_concurrency=16``):
 
-Cases:
+- zero latency: one batch of 1,000 calls of a tool that returns without waiting (us per call);
+- 1 ms reads: one batch of 2,000 reads that each sleep 1 ms (makespan, ms; ideal 125 ms);
+- 5 ms reads: one batch of 400 reads that each sleep 5 ms (makespan, ms; ideal 125 ms);
+- many calls: one batch of 100,000 zero-latency calls (20,000 with ``--quick``; us per call), with
+  the longest stall of a ticker that sleeps 1 ms at a time in the same loop, and the longest pause of
+  the interpreter's garbage collector during the same batch (ms).
 
-- overhead: one batch of 1,000 zero-latency read-only calls, default settings (us per call);
-- no limit: the same with ``max_concurrency=None`` (us per call);
-- small batches: 500 batches of 4 such calls, one after the other (us per batch);
-- 100,000 calls: one batch, default settings (us per call), and the longest stall of a ticker task
-  that sleeps 1 ms at a time in the same loop while the batch runs;
-- through MCP: one batch of 1,000 zero-latency calls to an in-process `MCPServer` (us per call).
+The executor the package replaced (runner tasks reused from call to call) is not in the package any
+more. To compare with it, measure it from a checkout of the commit that had it, importing that
+checkout's `dispatcher` and this `benchmarks`, then render both runs together::
 
-The table printed is the one in docs/benchmarks.md ("Choosing the executor"): medians, with the
-min-max of the paired ratios runners / task-per-call.
+    git worktree add /tmp/oldexec <commit>
+    mkdir -p /tmp/bench && ln -sfn "$PWD/benchmarks" /tmp/bench/benchmarks
+    (cd /tmp/bench && PYTHONPATH=/tmp/oldexec python -m benchmarks.executors --quick --json /tmp/old.json)
+    python -m benchmarks.executors --quick --json /tmp/new.json --against /tmp/old.json
+
+Each run records which `dispatcher` it imported. The table printed is the one in docs/benchmarks.md
+("Choosing the executor"): medians with their min-max, and the median (min-max) of the paired ratios
+dispatcher / workers of each run.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import time
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from mcp import Client
-from mcp.server.mcpserver import MCPServer
 
+import dispatcher as package
 from dispatcher import Dispatcher, ToolCall
-from dispatcher._execution import Executor
 
 from ._measure import Stat, interleave, paired_ratios
 from ._report import Progress
-from ._tools import READ_ONLY, lookup, zero_calls
+from ._tools import READ_ONLY, Adapter, dispatch_once, lookup, sleep_read, workers, zero_calls
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Iterator
 
-__all__ = ["Config", "main", "measure"]
+__all__ = ["Config", "main", "measure", "stall_while"]
 
-TASKS = "task per call"
-RUNNERS = "runners (kept)"
-KINDS = [TASKS, RUNNERS]
-
-
-class TaskPerCall(Executor):
-    """The simplest executor: one task per admitted call, started as the gate admits it."""
-
-    def _pump(self, arrived: bool = False) -> None:
-        tg = self._tg
-        assert tg is not None
-        while (ticket := self.gate.take()) is not None:
-            tg.start_soon(self._one, ticket)
-
-    async def _one(self, ticket: Any) -> None:
-        try:
-            await self._run_admitted(ticket.item)
-        finally:
-            self.gate.finish(ticket)
-            if self._open:
-                self._pump()
+DISPATCHER = "dispatcher"
+WORKERS = "16 workers by hand"
+VARIANTS = [DISPATCHER, WORKERS]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
     calls: int = 1000
+    reads_1ms: int = 2000
+    reads_5ms: int = 400
     repeat: int = 15
-    batches: int = 500
     big: int = 100_000
     big_repeat: int = 3
 
 
-QUICK = Config(repeat=5, big=20_000, big_repeat=2)
-
-
-def _make(kind: str, **settings: Any) -> Dispatcher:
-    """A dispatcher with the executor `kind` in place of its own (swapped before it is entered)."""
-    dispatcher = Dispatcher(**settings)
-    if kind == TASKS:
-        dispatcher._executor = TaskPerCall(
-            dispatcher._catalog,
-            max_concurrency=dispatcher.max_concurrency,
-            call_timeout=dispatcher.call_timeout,
-            retry=dispatcher.retry,
-        )
-    return dispatcher
-
-
-def _timed(dispatcher: Dispatcher, calls: list[ToolCall], per: int) -> Callable[[], Awaitable[float]]:
-    async def run() -> float:
-        start = time.perf_counter()
-        results = await dispatcher.dispatch(calls)
-        elapsed = time.perf_counter() - start
-        assert all(result.ok for result in results), next(r for r in results if not r.ok)
-        return elapsed / per * 1e6
-
-    return run
-
-
-def _batches(dispatcher: Dispatcher, batches: list[list[ToolCall]]) -> Callable[[], Awaitable[float]]:
-    async def run() -> float:
-        dispatch = dispatcher.dispatch
-        start = time.perf_counter()
-        for calls in batches:
-            await dispatch(calls)
-        return (time.perf_counter() - start) / len(batches) * 1e6
-
-    return run
-
-
-def _mcp_server() -> MCPServer:
-    server = MCPServer("zero")
-
-    @server.tool(annotations=READ_ONLY)
-    async def lookup(key: str) -> str:
-        return key
-
-    return server
+QUICK = Config(repeat=5, big=20_000, big_repeat=3)
 
 
 async def stall_while(run: Callable[[], Awaitable[float]]) -> tuple[float, float]:
@@ -151,77 +93,160 @@ async def stall_while(run: Callable[[], Awaitable[float]]) -> tuple[float, float
     return figure, (worst - 0.001) * 1e3
 
 
-async def _measure(config: Config) -> dict[str, dict[str, list[float]]]:
+class _CollectorPauses:
+    """The longest pause of the cyclic garbage collector while it is entered (ms)."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self._since = 0.0
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._since = time.perf_counter()
+        else:
+            self.longest = max(self.longest, (time.perf_counter() - self._since) * 1e3)
+
+    def __enter__(self) -> _CollectorPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+
+def _per(run: Callable[[], Awaitable[float]], scale: float) -> Callable[[], Awaitable[float]]:
+    async def scaled() -> float:
+        return await run() * scale
+
+    return scaled
+
+
+def _read_calls(n: int, seconds: float, prefix: str) -> tuple[list[ToolCall], list[dict[str, Any]]]:
+    arguments = [{"key": f"k{i}", "seconds": seconds} for i in range(n)]
+    return [ToolCall(f"{prefix}{i}", "sleep_read", args) for i, args in enumerate(arguments)], arguments
+
+
+async def _measure(config: Config, progress: Progress) -> dict[str, dict[str, list[float]]]:
     """case -> variant -> samples."""
     out: dict[str, dict[str, list[float]]] = {}
-    calls, _ = zero_calls(config.calls)
-    small = [zero_calls(4, prefix=f"b{b}-")[0] for b in range(config.batches)]
-    big, _ = zero_calls(config.big, prefix="x")
-    progress = Progress()
-    n = config.calls
-    async with AsyncExitStack() as stack:
-        client = await stack.enter_async_context(Client(_mcp_server()))
-        default: dict[str, Dispatcher] = {}
-        unlimited: dict[str, Dispatcher] = {}
-        mcp: dict[str, Dispatcher] = {}
-        for kind in KINDS:
-            default[kind] = await stack.enter_async_context(_make(kind))
-            unlimited[kind] = await stack.enter_async_context(_make(kind, max_concurrency=None))
-            mcp[kind] = await stack.enter_async_context(_make(kind))
-            default[kind].add_function(lookup, annotations=READ_ONLY)
-            unlimited[kind].add_function(lookup, annotations=READ_ONLY)
-            await mcp[kind].add_mcp_server("zero", client, trusted=True)
-        out["overhead, 1,000 calls (us/call)"] = await interleave(
-            {kind: _timed(default[kind], calls, n) for kind in KINDS}, config.repeat, progress, label="overhead"
+    fast = Adapter(lookup)
+    slow = Adapter(sleep_read)
+    async with Dispatcher() as dispatcher:
+        dispatcher.add_function(lookup, annotations=READ_ONLY)
+        dispatcher.add_function(sleep_read, annotations=READ_ONLY)
+        calls, arguments = zero_calls(config.calls)
+        out["zero latency, 1,000 calls (us/call)"] = await interleave(
+            {
+                DISPATCHER: _per(dispatch_once(dispatcher, calls), 1e6 / config.calls),
+                WORKERS: _per(workers(fast, arguments), 1e6 / config.calls),
+            },
+            config.repeat,
+            progress,
+            label="zero latency",
         )
-        out["max_concurrency=None, 1,000 calls (us/call)"] = await interleave(
-            {kind: _timed(unlimited[kind], calls, n) for kind in KINDS}, config.repeat, progress, label="no limit"
-        )
-        out["batches of 4 (us/batch)"] = await interleave(
-            {kind: _batches(default[kind], small) for kind in KINDS}, config.repeat, progress, label="batches"
-        )
-        out["through MCP in-process, 1,000 calls (us/call)"] = await interleave(
-            {kind: _timed(mcp[kind], calls, n) for kind in KINDS}, max(3, config.repeat // 3), progress, label="mcp"
-        )
+        for count, seconds, label in ((config.reads_1ms, 0.001, "1 ms"), (config.reads_5ms, 0.005, "5 ms")):
+            reads, read_arguments = _read_calls(count, seconds, prefix=f"r{label[0]}-")
+            out[f"{count:,} reads of {label}, makespan (ms)"] = await interleave(
+                {
+                    DISPATCHER: _per(dispatch_once(dispatcher, reads), 1e3),
+                    WORKERS: _per(workers(slow, read_arguments), 1e3),
+                },
+                max(3, config.repeat // 2),
+                progress,
+                label=f"{label} reads",
+            )
+        big, big_arguments = zero_calls(config.big, prefix="x")
         big_case = f"{config.big:,} calls (us/call)"
-        stall_case = f"{config.big:,} calls: longest ticker stall (ms)"
-        out[big_case] = {kind: [] for kind in KINDS}
-        out[stall_case] = {kind: [] for kind in KINDS}
+        stall_case = f"{config.big:,} calls: longest loop stall (ms)"
+        pause_case = f"{config.big:,} calls: longest collector pause (ms)"
+        variants = {
+            DISPATCHER: _per(dispatch_once(dispatcher, big), 1e6 / config.big),
+            WORKERS: _per(workers(fast, big_arguments), 1e6 / config.big),
+        }
+        for case in (big_case, stall_case, pause_case):
+            out[case] = {variant: [] for variant in VARIANTS}
         for rep in range(config.big_repeat):
-            shift = rep % len(KINDS)
-            for kind in KINDS[shift:] + KINDS[:shift]:
-                progress.update(f"{big_case}: {kind}, repetition {rep + 1}")
+            shift = rep % len(VARIANTS)
+            for variant in VARIANTS[shift:] + VARIANTS[:shift]:
+                progress.update(f"{big_case}: {variant}, repetition {rep + 1}")
                 gc.collect()
-                figure, stall = await stall_while(_timed(default[kind], big, config.big))
-                out[big_case][kind].append(figure)
-                out[stall_case][kind].append(stall)
+                with _CollectorPauses() as pauses:
+                    figure, stall = await stall_while(variants[variant])
+                out[big_case][variant].append(figure)
+                out[stall_case][variant].append(stall)
+                out[pause_case][variant].append(pauses.longest)
     return out
 
 
-def measure(config: Config) -> dict[str, dict[str, dict[str, list[float]]]]:
-    """backend -> case -> variant -> samples."""
-    return {backend: anyio.run(_measure, config, backend=backend) for backend in ("asyncio", "trio")}
+def measure(config: Config, progress: Progress | None = None) -> dict[str, Any]:
+    """Both backends' samples (backend -> case -> variant -> samples), with what was measured."""
+    progress = progress if progress is not None else Progress()
+    return {
+        "dispatcher": str(Path(package.__file__).parent),
+        "load": os.getloadavg(),
+        "samples": {backend: anyio.run(_measure, config, progress, backend=backend) for backend in ("asyncio", "trio")},
+    }
 
 
-def render(results: dict[str, dict[str, dict[str, list[float]]]]) -> str:
-    """A markdown table: each case on each backend, each executor, and the paired ratios runners / tasks."""
-    lines = [
-        f"| backend | case | {TASKS} | {RUNNERS} | runners / tasks (min-max) |",
-        "|---|---|---:|---:|---|",
-    ]
-    for backend, cases in results.items():
+def _rows(run: dict[str, Any]) -> Iterator[tuple[str, str, Stat, Stat, Stat]]:
+    for backend, cases in run["samples"].items():
         for case, samples in cases.items():
-            medians = " | ".join(f"{Stat.of(samples[kind]).median:,.1f}" for kind in KINDS)
-            ratio = Stat.of(paired_ratios(samples[RUNNERS], samples[TASKS]))
-            lines.append(f"| {backend} | {case} | {medians} | {ratio.median:.2f} ({ratio.min:.2f}-{ratio.max:.2f}) |")
+            ratio = Stat.of(paired_ratios(samples[DISPATCHER], samples[WORKERS]))
+            yield backend, case, Stat.of(samples[DISPATCHER]), Stat.of(samples[WORKERS]), ratio
+
+
+def _figure(stat: Stat) -> str:
+    return f"{stat.median:,.1f} ({stat.min:,.1f}-{stat.max:,.1f})"
+
+
+def render(run: dict[str, Any], against: dict[str, Any] | None = None) -> str:
+    """A markdown table: each case on each backend, the workers, the dispatcher, and the paired ratios;
+    with `against`, the other run's dispatcher and ratio beside them."""
+    if against is None:
+        lines = [
+            f"| backend | case | {WORKERS} | {DISPATCHER} | {DISPATCHER} / workers |",
+            "|---|---|---:|---:|---|",
+        ]
+        for backend, case, ours, reference, ratio in _rows(run):
+            lines.append(
+                f"| {backend} | {case} | {_figure(reference)} | {_figure(ours)} | "
+                f"{ratio.median:.2f} ({ratio.min:.2f}-{ratio.max:.2f}) |"
+            )
+        return "\n".join(lines)
+    theirs = {(backend, case): (ours, ratio) for backend, case, ours, _, ratio in _rows(against)}
+    lines = [
+        "| backend | case | 16 workers by hand | this run | / workers | other run | / workers |",
+        "|---|---|---:|---:|---|---:|---|",
+    ]
+    for backend, case, ours, reference, ratio in _rows(run):
+        other = theirs.get((backend, case))
+        if other is None:
+            continue
+        before, before_ratio = other
+        lines.append(
+            f"| {backend} | {case} | {_figure(reference)} | {_figure(ours)} | "
+            f"{ratio.median:.2f} ({ratio.min:.2f}-{ratio.max:.2f}) | {_figure(before)} | "
+            f"{before_ratio.median:.2f} ({before_ratio.min:.2f}-{before_ratio.max:.2f}) |"
+        )
+    load = ", ".join(f"{value:.1f}" for value in run["load"])
+    other_load = ", ".join(f"{value:.1f}" for value in against["load"])
+    lines.append("")
+    lines.append(f"This run: `{run['dispatcher']}`, load average {load}.")
+    lines.append(f"Other run: `{against['dispatcher']}`, load average {other_load}.")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.executors", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and a 20,000-call batch")
+    parser.add_argument("--json", type=Path, help="also write this run's samples to this file")
+    parser.add_argument("--against", type=Path, help="a run's samples (--json) to show beside this one")
     args = parser.parse_args(argv)
-    print(render(measure(QUICK if args.quick else Config())))
+    run = measure(QUICK if args.quick else Config())
+    if args.json is not None:
+        args.json.write_text(json.dumps(run))
+    against = json.loads(args.against.read_text()) if args.against is not None else None
+    print(render(run, against))
 
 
 if __name__ == "__main__":

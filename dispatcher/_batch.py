@@ -1,18 +1,20 @@
 """The handles a caller holds: `PendingCall` for one submitted call, `Batch` for calls submitted together.
 
-A handle only waits, reads and cancels; the executor (`_execution.Executor`) fills it in. Every call
-settles exactly once; a batch is done when all of its calls have.
+A handle only waits, reads and cancels; the executor (`_execution.Executor`) drives its lifecycle
+(`_lifecycle.CallRecord`, which `PendingCall` extends). Every call settles exactly once; a batch is done
+when all of its calls have (`Batch.settled`, which the lifecycle calls once per call).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Self
 
 import anyio
 
 from ._calls import ToolCall
 from ._errors import BatchError, NotFinishedError
+from ._lifecycle import CallRecord
 from ._turns import InOrder
 
 if TYPE_CHECKING:
@@ -20,12 +22,8 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from ._calls import ToolResult
-    from ._catalog import ToolEntry, ToolImpl
     from ._execution import Executor
-    from ._gate import Ticket
     from ._hooks import CallHooks
-    from ._loop import Wakeup
-    from ._observe import CallState
 
 _BUILD_HINT = (
     ": build ToolCall(id, name, arguments), or convert a model's tool calls with dispatcher.formats"
@@ -35,49 +33,23 @@ _BUILD_HINT = (
 __all__ = ["Batch", "PendingCall"]
 
 
-class PendingCall:
-    """A submitted call. `await pending.wait()` gives its result once it has ended."""
+class PendingCall(CallRecord):
+    """A submitted call. `await pending.wait()` gives its result once it has ended.
 
-    __slots__ = (
-        "_batch",
-        "_cancel_requested",
-        "_entry",
-        "_hooks",
-        "_impl",
-        "_prepared",
-        "_result",
-        "_scope",
-        "_state",
-        "_ticket",
-        "_waiters",
-        "call",
-        "queued_at",
-        "started_at",
-    )
+    Its lifecycle (`_lifecycle.CallRecord`) is the executor's business: read `done`, `result()`, or wait.
+    """
+
+    __slots__ = ("_waiters",)
 
     def __init__(self, call: ToolCall, batch: Batch, queued_at: float) -> None:
-        self.call = call
-        self.queued_at = queued_at
-        self.started_at: float | None = None
-        # Set until the call settles; dropped then so that a finished call holds no cycle.
-        self._batch: Batch | None = batch
-        self._hooks = batch._hooks
-        self._entry: ToolEntry | None = None
-        self._impl: ToolImpl | None = None
-        self._prepared: Any = None
-        self._ticket: Ticket[PendingCall] | None = None
-        self._scope: anyio.CancelScope | None = None
-        self._cancel_requested = False
-        self._result: ToolResult | None = None
-        # One wake-up per task waiting for this call alone (`wait`), set when it settles.
-        self._waiters: list[Wakeup] | None = None
-        # Only calls of a batch with hooks (approvals, a guard, events, tracing) have a state.
-        self._state: CallState | None = None
+        super().__init__(call, batch, batch._hooks, queued_at)
+        # One event per task waiting for this call alone (`wait`), set when it settles.
+        self._waiters: list[anyio.Event] | None = None
 
     @property
     def done(self) -> bool:
         """Whether the call has a result."""
-        return self._result is not None
+        return self.outcome is not None
 
     def result(self) -> ToolResult:
         """The call's result.
@@ -85,41 +57,47 @@ class PendingCall:
         Raises:
             NotFinishedError: The call has not ended yet (await `wait()` first).
         """
-        if self._result is None:
+        if self.outcome is None:
             raise NotFinishedError(f"call {self.call.id!r} has not finished; await wait() first")
-        return self._result
+        return self.outcome
 
     def cancel(self) -> None:
         """Cancel this call if it has not ended: a queued call never starts, a running one is interrupted.
 
         It then settles as CANCELLED (unless it ended first); its batch goes on with its other calls.
         """
-        batch = self._batch
-        if self._result is None and batch is not None:
+        batch = self.owner
+        if batch is not None:
+            assert isinstance(batch, Batch)
             batch._executor.cancel([self])
 
     async def wait(self) -> ToolResult:
         """Wait for the call to end and return its result."""
-        if self._result is None:
-            batch = self._batch
-            assert batch is not None, "a call keeps its batch until it settles"
-            wakeup = batch._executor.wakeup()
+        if self.outcome is None:
+            event = anyio.Event()
             if self._waiters is None:
-                self._waiters = [wakeup]
+                self._waiters = [event]
             else:
-                self._waiters.append(wakeup)
+                self._waiters.append(event)
             try:
-                await wakeup.wait()
+                await event.wait()
             except BaseException:
                 # A waiter that gives up (a timeout around it) leaves nothing behind on the call.
-                if self._waiters is not None and wakeup in self._waiters:
-                    self._waiters.remove(wakeup)
+                if self._waiters is not None and event in self._waiters:
+                    self._waiters.remove(event)
                 raise
-        assert self._result is not None
-        return self._result
+        assert self.outcome is not None
+        return self.outcome
+
+    def _wake(self) -> None:
+        waiters = self._waiters
+        if waiters is not None:
+            self._waiters = None
+            for event in waiters:
+                event.set()
 
     def __repr__(self) -> str:
-        state = self._result.status.value if self._result is not None else "pending"
+        state = self.outcome.status.value if self.outcome is not None else "pending"
         return f"<PendingCall {self.call.id!r} {self.call.name!r} {state}>"
 
 
@@ -147,8 +125,8 @@ class Batch:
         self._works: list[PendingCall] = []
         self._ids: set[str] = set()
         self._remaining = 0
-        # One wake-up per waiting task, set when the last call settles.
-        self._waiters: list[Wakeup] = []
+        # One event per waiting task, set when the last call settles.
+        self._waiters: list[anyio.Event] = []
 
     def __len__(self) -> int:
         return len(self._works)
@@ -249,20 +227,20 @@ class Batch:
         the cancellation propagates.
         """
         if self._remaining:
-            wakeup = self._executor.wakeup()
-            self._waiters.append(wakeup)
+            event = anyio.Event()
+            self._waiters.append(event)
             try:
-                await wakeup.wait()
+                await event.wait()
             finally:
                 if self._remaining:
                     with anyio.CancelScope(shield=True):
                         self.cancel()
-                        # Queued calls settle within `cancel`: a wake-up made after the last one would never be set.
+                        # Queued calls settle within `cancel`: an event made after the last one would never be set.
                         if self._remaining:
-                            wakeup = self._executor.wakeup()
-                            self._waiters.append(wakeup)
-                            await wakeup.wait()
-        return [work._result for work in self._works]  # type: ignore[misc]
+                            event = anyio.Event()
+                            self._waiters.append(event)
+                            await event.wait()
+        return [work.outcome for work in self._works]  # type: ignore[misc]
 
     async def __aenter__(self) -> Self:
         return self
@@ -277,17 +255,27 @@ class Batch:
             self.cancel()
         await self.wait()
 
-    def _added(self) -> None:
+    def _add(self, work: PendingCall) -> None:
+        """Count a call the executor queues for this batch."""
+        self._works.append(work)
         self._remaining += 1
         if self._remaining == 1:
             self._executor.live.add(self)
 
-    def _settled(self) -> None:
+    def settled(self, record: CallRecord, result: ToolResult) -> None:
+        """One of this batch's calls has its result (called once per call, by its lifecycle)."""
+        state = record.state
+        if state is not None:
+            hooks = self._hooks
+            assert hooks is not None
+            hooks.settled(state, result)
+        assert isinstance(record, PendingCall)
+        record._wake()
         self._remaining -= 1
         if self._remaining == 0:
             self._executor.live.discard(self)
             waiters = self._waiters
             if waiters:
                 self._waiters = []
-                for wakeup in waiters:
-                    wakeup.set()
+                for event in waiters:
+                    event.set()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
@@ -12,7 +11,7 @@ if TYPE_CHECKING:
 
     from mcp.types import CallToolResult
 
-__all__ = ["CallStatus", "ToolCall", "ToolResult", "settled_result"]
+__all__ = ["CallStatus", "ToolCall", "ToolResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,71 +110,3 @@ class ToolResult:
     def run_time(self) -> float:
         """Seconds between start and end, 0.0 for a call that never started."""
         return 0.0 if self.started_at is None else self.finished_at - self.started_at
-
-
-_new = object.__new__
-_slot = ToolResult.__dict__
-_set_call = _slot["call"].__set__
-_set_status = _slot["status"].__set__
-_set_result = _slot["result"].__set__
-_set_error = _slot["error"].__set__
-_set_attempts = _slot["attempts"].__set__
-_set_tool = _slot["tool"].__set__
-_set_server = _slot["server"].__set__
-_set_queued_at = _slot["queued_at"].__set__
-_set_started_at = _slot["started_at"].__set__
-_set_finished_at = _slot["finished_at"].__set__
-_set_attempt_errors = _slot["attempt_errors"].__set__
-_set_untrusted_content = _slot["untrusted_content"].__set__
-# `settled_result` sets every field (each by its name) and relies on nothing to run after __init__.
-assert [field.name for field in dataclasses.fields(ToolResult)] == [
-    "call",
-    "status",
-    "result",
-    "error",
-    "attempts",
-    "tool",
-    "server",
-    "queued_at",
-    "started_at",
-    "finished_at",
-    "attempt_errors",
-    "untrusted_content",
-]
-assert not hasattr(ToolResult, "__post_init__")
-
-
-def settled_result(
-    call: ToolCall,
-    status: CallStatus,
-    result: CallToolResult | None,
-    error: str | None,
-    attempts: int,
-    tool: str | None,
-    server: str | None,
-    queued_at: float,
-    started_at: float | None,
-    finished_at: float,
-    attempt_errors: tuple[str, ...],
-    untrusted_content: bool,
-) -> ToolResult:
-    """A `ToolResult` equal to the one its constructor builds, at less than half the cost.
-
-    A frozen dataclass sets each field through `object.__setattr__`; the executor builds one result
-    per call, so it sets the slots directly (the class has no `__post_init__` to skip), one slot
-    descriptor per field, unrolled (a loop over them costs as much again).
-    """
-    new = _new(ToolResult)
-    _set_call(new, call)
-    _set_status(new, status)
-    _set_result(new, result)
-    _set_error(new, error)
-    _set_attempts(new, attempts)
-    _set_tool(new, tool)
-    _set_server(new, server)
-    _set_queued_at(new, queued_at)
-    _set_started_at(new, started_at)
-    _set_finished_at(new, finished_at)
-    _set_attempt_errors(new, attempt_errors)
-    _set_untrusted_content(new, untrusted_content)
-    return new

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import anyio
 
-from ._calls import CallStatus
 from ._errors import ConfigurationError, DispatcherError
+from ._lifecycle import Ending
 from ._retry import Budget
 
 if TYPE_CHECKING:
@@ -180,69 +180,61 @@ def admitted_runner(
     checked = _check(coordinator)
     if checked is None:
         return run
-    from ._execution import settle  # imported here: the executor imports this module
 
     async def run_held(work: PendingCall) -> None:
-        entry = work._entry
-        if entry is None or entry.server is None or work._cancel_requested:
+        entry = work.entry
+        if entry is None or entry.server is None or work.cancel_requested:
             await run(work)  # local functions are the process's own business
             return
         # The call's outer scope: cancelled by a lost lease, and by cancelling the call while it waits.
         # The call's keys are those its ticket holds in the local gate (set at submit, and changed there
         # when its tool is reclassified), so the fleet excludes what this process's gate excludes.
-        ticket = work._ticket
+        ticket = work.ticket
         keys = ticket.keys if ticket is not None else ()
         with anyio.CancelScope() as scope:
             if call_timeout is not None:
                 scope.deadline = anyio.current_time() + call_timeout  # lifted once the hold is granted
             await _held(work, entry.server, entry.exclusive, keys, scope)
-        if work._result is None:
-            # Only the wait's deadline ends the block without a result (a cancel or a lost hold settles).
-            settle(
-                work,
-                CallStatus.FAILED,
-                error=f"no fleet hold on server {entry.server!r} within call_timeout={call_timeout}s; the call did "
-                "not run",
-            )
+        # Only the wait's deadline ends the block without a result (a cancel or a lost hold settles).
+        work.settle(
+            Ending.NO_HOLD,
+            anyio.current_time(),
+            f"no fleet hold on server {entry.server!r} within call_timeout={call_timeout}s; the call did not run",
+        )
 
     async def _held(
         work: PendingCall, server: str, exclusive: bool, keys: tuple[str, ...], scope: anyio.CancelScope
     ) -> None:
 
         def lost(reason: str) -> None:
-            if work._result is None:
-                settle(
-                    work,
-                    CallStatus.FAILED,
-                    error=f"{reason}; the call was abandoned (like a timed-out call, it may still be running on "
-                    "the server)",
-                    attempts=1,
-                )
-                scope.cancel()
+            # Settling interrupts the call where it is; the lease's own scope ends the block.
+            work.settle(Ending.HOLD_LOST, anyio.current_time(), reason)
+            scope.cancel()
 
         # While it waits, cancelling the call (or closing the dispatcher) interrupts the wait.
-        work._scope = scope
+        work.waiting(scope)
         acquired = False
         try:
             async with checked.hold(server=server, exclusive=exclusive, keys=keys, on_lost=lost):
                 acquired = True
                 scope.deadline = math.inf
-                work._scope = None
+                work.waiting(None)
                 await run(work)
         except CoordinationError as exc:
-            work._scope = None
-            if work._result is None:
-                settle(work, CallStatus.FAILED, error=str(exc))
+            work.waiting(None)
+            work.settle(Ending.NO_HOLD, anyio.current_time(), exc)
             if acquired:
                 raise  # not raised by a well-behaved coordinator after the grant; do not hide it
         except BaseException:
             if not acquired:
-                work._scope = None
-                timed_out = not work._cancel_requested and anyio.current_time() >= scope.deadline
-                if work._result is None and not timed_out:
-                    cancelled = work._cancel_requested
-                    why = "cancelled while waiting for its fleet hold" if cancelled else "the dispatcher closed"
-                    settle(work, CallStatus.CANCELLED, error=why)
+                work.waiting(None)
+                now = anyio.current_time()
+                timed_out = not work.cancel_requested and now >= scope.deadline
+                if not timed_out:
+                    if work.cancel_requested:
+                        work.settle(Ending.CANCELLED, now, "while waiting for its fleet hold")
+                    else:
+                        work.settle(Ending.CLOSED, now)
             raise
 
     return run_held

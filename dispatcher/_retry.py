@@ -248,12 +248,24 @@ class Retrier:
         budget: The retry budget of the call's server, or None for no budget.
         rng: The random source of the jitter.
         server: The server's name, for messages.
+        recheck: Asked before each retry (after the wait's length is drawn, before the budget is
+            spent): why the call may no longer be retried (its tool's effective annotations read
+            again, as they may have changed during the backoff), or None if it still may.
     """
 
-    __slots__ = ("_budget", "_deadline", "_policy", "_rng", "_server", "_started", "_stopped", "errors")
+    __slots__ = ("_budget", "_deadline", "_policy", "_recheck", "_rng", "_server", "_started", "_stopped", "errors")
 
-    def __init__(self, policy: RetryPolicy, budget: RetryBudget | None, rng: random.Random, server: str | None) -> None:
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        budget: RetryBudget | None,
+        rng: random.Random,
+        server: str | None,
+        *,
+        recheck: Callable[[], str | None] | None = None,
+    ) -> None:
         self._policy = policy
+        self._recheck = recheck
         self._budget = budget
         self._rng = rng
         self._server = server
@@ -300,14 +312,18 @@ class Retrier:
         # tenacity is handed the first attempt's outcome as its own first attempt, so that every
         # decision to retry, wait or stop is taken by the same engine.
         replay: Attempt | None = first
+        previous = first
 
         async def one() -> Attempt:
-            nonlocal replay
+            nonlocal replay, previous
             if replay is not None:
                 outcome, replay = replay, None
                 return outcome
+            if self._recheck is not None and self._recheck() is not None:
+                # Eligibility changed during the wait: no attempt; `_stop` says why and ends it.
+                return previous
             self._started += 1
-            outcome = await attempt(anyio.current_time(), self._deadline)
+            outcome = previous = await attempt(anyio.current_time(), self._deadline)
             if outcome.error is not None:
                 self.errors.append(outcome.error)
             return outcome
@@ -349,6 +365,11 @@ class Retrier:
         if now + state.upcoming_sleep >= self._deadline:
             self._gave_up(f"no time left before RetryPolicy.timeout={policy.timeout}s")
             return True
+        if self._recheck is not None:
+            why = self._recheck()
+            if why is not None:
+                self._gave_up(why)
+                return True
         if self._budget is not None and not await _spend(self._budget):
             where = "local functions" if self._server is None else f"server {self._server!r}"
             self._gave_up(f"the retry budget of {where} is spent")

@@ -60,15 +60,15 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("dispatcher._annotations", "dispatcher._catalog", "dispatcher._pins", "dispatcher._trifecta"),
     ),
     (
-        "admission",
-        "which submitted call may start now: the gate and the conflict keys it orders by",
-        ("dispatcher._gate", "dispatcher._keys"),
+        "admission and lifecycle",
+        "sans-I/O state machines: which submitted call may start now (the gate and the conflict keys it orders"
+        " by), and where each call is in its life until its one result (the lifecycle)",
+        ("dispatcher._gate", "dispatcher._keys", "dispatcher._lifecycle"),
     ),
     (
         "execution",
-        "one call: admitted, run attempt by attempt as the retry policy allows, settled into its handle",
+        "the driver: one task per admitted call, run attempt by attempt as the retry policy allows",
         (
-            "dispatcher._loop",
             "dispatcher._turns",
             "dispatcher._batch",
             "dispatcher._retry",

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from benchmarks import batches, keys, mixed, overhead, parallel, peers, scale, through_mcp
+from benchmarks import batches, executors, keys, mixed, overhead, parallel, peers, scale, through_mcp
 from benchmarks._cli import SKIPPED, WORKLOADS, chosen, main
 from benchmarks._report import NO_VERDICTS, RESULTS_DIR, Progress, render, save_plots, write_results
 
@@ -131,6 +131,24 @@ def test_scale_reports_time_and_memory_per_call() -> None:
         "asyncio: 4. objects per finished call the cyclic collector must free",
         "asyncio: 3. longest event-loop stall while 1,500 calls dispatch (ms)",
     ]
+
+
+def test_executors_compares_with_the_workers_and_with_another_run(tmp_path: Path) -> None:
+    """The executors benchmark measures the dispatcher and the 16 workers on both backends, and renders a
+    run beside another one (--json / --against)."""
+    config = executors.Config(calls=20, reads_1ms=20, reads_5ms=5, repeat=1, big=200, big_repeat=1)
+    run = executors.measure(config, QUIET)
+    assert set(run["samples"]) == {"asyncio", "trio"}
+    for cases in run["samples"].values():
+        assert len(cases) == 6
+        for samples in cases.values():
+            assert set(samples) == {executors.DISPATCHER, executors.WORKERS}
+    first = executors.render(run)
+    assert first.count("\n") == 1 + 12
+    out = tmp_path / "run.json"
+    out.write_text(json.dumps(run))
+    beside = executors.render(run, json.loads(out.read_text()))
+    assert beside.count("| asyncio |") == 6 and "Other run:" in beside
 
 
 def test_through_mcp_compares_at_the_same_concurrency() -> None:

@@ -228,7 +228,7 @@ async def test_a_tool_that_cancels_its_own_task_and_returns_strands_no_later_cal
                 assert all(result.status is CallStatus.OK for result in results), [
                     (r.status.value, r.error) for r in results
                 ]
-                await anyio.wait_all_tasks_blocked()  # runners park between batches
+                await anyio.wait_all_tasks_blocked()
                 rounds.append(round_)
             assert dispatcher.idle
     # A runner ended by the cancellation would cancel the dispatcher's task group, and with it this block.
@@ -238,7 +238,7 @@ async def test_a_tool_that_cancels_its_own_task_and_returns_strands_no_later_cal
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("limit", [1, 2, 16, None])
 @pytest.mark.parametrize("how", ["soon", "uncancel"])
-async def test_a_tool_that_has_its_own_task_cancelled_later_leaves_no_runner_dead(limit: int | None, how: str) -> None:
+async def test_a_tool_that_has_its_own_task_cancelled_later_leaves_no_task_dead(limit: int | None, how: str) -> None:
     """A tool that schedules its own task's cancellation (`call_soon(task.cancel)`), or cancels and uncancels
     it (the request count is back to 0, the cancellation still lands), among calls that take the runners
     past their time slices: the cancellation lands where a runner lets the loop run, and no runner dies.
@@ -277,19 +277,19 @@ async def test_a_tool_that_has_its_own_task_cancelled_later_leaves_no_runner_dea
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("limit", [1, None])
-async def test_a_tool_cancelling_its_own_task_as_its_call_is_cancelled_leaves_the_runner_parked(
+async def test_a_tool_cancelling_its_own_task_as_its_call_is_cancelled_leaves_the_next_batch_running(
     limit: int | None,
 ) -> None:
-    """A call cancelled while its tool cancels its own task and returns: the runner parks and serves the next batch."""
+    """A call cancelled while its tool cancels its own task and returns: the next batch runs."""
     handles: dict[str, PendingCall] = {}
     rounds: list[int] = []
 
     async def hostile(key: str) -> str:
         if key == "both":
-            handles[key].cancel()  # cancels the runner's scope: the runner leaves the cancellation be
+            handles[key].cancel()  # cancels the call's scope
             task = asyncio.current_task()
             assert task is not None
-            task.cancel()  # still pending when the runner parks
+            task.cancel()  # still pending as the call ends
         return key
 
     with anyio.fail_after(10):
@@ -298,7 +298,7 @@ async def test_a_tool_cancelling_its_own_task_as_its_call_is_cancelled_leaves_th
             for round_ in range(3):
                 async with dispatcher.batch() as batch:
                     handles["both"] = batch.submit(ToolCall(f"{round_}-both", "hostile", {"key": "both"}))
-                await anyio.wait_all_tasks_blocked()  # the runner parks
+                await anyio.wait_all_tasks_blocked()
                 results = await dispatcher.dispatch(
                     [ToolCall(f"{round_}-{key}", "hostile", {"key": key}) for key in "ab"]
                 )
@@ -324,7 +324,7 @@ def _cancel_own_task(how: str) -> None:
 @pytest.mark.parametrize("limit", [1, 2, None])
 @pytest.mark.parametrize("how", ["now", "soon", "uncancel"])
 @pytest.mark.parametrize("wait", [0.0, 0.01])
-async def test_a_retried_tool_leaving_a_cancellation_on_its_task_leaves_no_runner_dead(
+async def test_a_retried_tool_leaving_a_cancellation_on_its_task_leaves_no_task_dead(
     limit: int | None, how: str, wait: float
 ) -> None:
     """An idempotent tool fails transiently and leaves a cancellation on its task: it is withdrawn before the
@@ -394,3 +394,97 @@ async def test_a_cancellation_a_write_leaves_past_its_deadline_strands_no_read()
     assert rounds == [1]
     assert [result.call_id for result in results] == [call.id for call in calls]
     assert [(result.call_id, result.status) for result in results if not result.ok] == []
+
+
+async def test_a_call_cancelled_in_each_phase_settles_once_saying_where_it_was(anyio_backend: Any) -> None:
+    """Cancelled while queued behind a write, while its approval is asked, while it runs, and after it ended:
+    each gets one result that says which (the ended one keeps its answer), and the batch goes on."""
+    asking = anyio.Event()
+    running = anyio.Event()
+    release = anyio.Event()
+
+    async def write() -> str:  # no annotations: may mutate, runs alone, needs approval
+        running.set()
+        await release.wait()
+        return "w"
+
+    async def read(key: str) -> str:
+        return key
+
+    async def approve(request: Any) -> bool:
+        asking.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async with Dispatcher() as d:
+        d.add_function(write)
+        d.add_function(read, annotations=READ_ONLY)
+        async with d.batch() as free:
+            done = free.submit(ToolCall("done", "read", {"key": "k"}))
+            await done.wait()
+            done.cancel()  # after its result: nothing changes
+            running_call = free.submit(ToolCall("running", "write"))
+            queued = free.submit(ToolCall("queued", "read", {"key": "q"}))  # behind the write
+            await running.wait()
+            queued.cancel()
+            running_call.cancel()
+        async with d.batch(approve=approve) as asked:
+            held = asked.submit(ToolCall("held", "write"))
+            await asking.wait()
+            held.cancel()
+        release.set()
+        again = await d.dispatch([ToolCall("again", "read", {"key": "a"})])
+    outcomes = {r.call_id: (r.status, r.error) for r in [*free.results(), *asked.results()]}
+    assert outcomes == {
+        "done": (CallStatus.OK, None),
+        "running": (CallStatus.CANCELLED, "cancelled while running"),
+        "queued": (CallStatus.CANCELLED, "cancelled before it started"),
+        "held": (CallStatus.CANCELLED, "cancelled while waiting for approval"),
+    }
+    assert again[0].ok
+
+
+@pytest.mark.parametrize("limit", [4, None])
+async def test_the_dispatcher_closing_mid_batch_gives_every_call_one_result(
+    anyio_backend: Any, limit: int | None
+) -> None:
+    """The dispatcher's block ends while 500 calls are queued or running: every call has one result (OK if
+    it ended first, else CANCELLED), the waiter is not left hanging, and no task of a call outlives it."""
+    started = anyio.Event()
+
+    async def slow(i: int) -> int:
+        started.set()
+        await anyio.sleep(0.01 * (i % 3))
+        return i
+
+    batch = None
+    with anyio.fail_after(20):
+        async with Dispatcher(max_concurrency=limit) as d:
+            d.add_function(slow, annotations=READ_ONLY)
+            batch = d.batch()
+            batch.submit_all([ToolCall(f"c{i}", "slow", {"i": i}) for i in range(500)])
+            await started.wait()
+        results = await batch.wait()
+    assert len(results) == 500
+    assert {r.status for r in results} <= {CallStatus.OK, CallStatus.CANCELLED}
+    assert any(r.status is CallStatus.CANCELLED for r in results)
+    assert not any("Executor._run" in (task.name or "") for task in anyio.get_running_tasks())
+
+
+class Interrupt(KeyboardInterrupt):
+    """Stands for a Ctrl-C arriving inside a tool."""
+
+
+async def test_a_keyboard_interrupt_inside_a_tool_stops_the_program_not_only_the_call(anyio_backend: Any) -> None:
+    """KeyboardInterrupt (and SystemExit) are not a tool's failure: they leave the dispatcher's block."""
+
+    async def stop() -> str:
+        raise Interrupt
+
+    with pytest.raises((Interrupt, BaseExceptionGroup)) as caught:
+        async with Dispatcher() as d:
+            d.add_function(stop, annotations=READ_ONLY)
+            await d.dispatch([ToolCall("s", "stop")])
+    error = caught.value
+    if isinstance(error, BaseExceptionGroup):
+        assert error.subgroup(Interrupt) is not None

@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from dispatcher._calls import CallStatus, ToolCall, settled_result
+from dispatcher._calls import CallStatus, ToolCall
 from dispatcher._errors import DispatcherError
+from dispatcher._lifecycle import build_result as settled_result
 
 from ._measure import summarise
 

@@ -1,0 +1,474 @@
+"""The lifecycle of one call, from its submission to its one result.
+
+Everything that changes a call's phase lives in this file (as h11's `_state.py` holds a connection's): a
+`CallRecord` per call, its `Phase`, the transitions, the one table that turns how a call ended into its
+status and error, and the one place a `ToolResult` is built. It does no I/O and imports no event loop:
+the driver (`_execution`) asks it for every change and carries out the waiting, the gate (`_gate`) decides
+when a call may start.
+
+The rule
+--------
+A call is in one phase at a time, and moves only forward along these arrows::
+
+    QUEUED ──admit──> ADMITTED ──start──> RUNNING
+      │  ▲               │                  │
+    hold release         │                  │
+      ▼  │               │                  │
+    AWAITING_APPROVAL    │                  │
+      │                  │                  │
+      └──────────────────┴───── settle ─────┴──> SETTLED
+
+(QUEUED, AWAITING_APPROVAL, ADMITTED and RUNNING all settle; only SETTLED is final.) `settle` is the
+only way into SETTLED and the only place a `ToolResult` is built; once a call is SETTLED every
+transition is refused (`settle` returns False, the others raise `LifecycleError`), so a call settles
+exactly once whatever races to end it: a cancellation and an answer, a deadline and a lost fleet hold.
+Call sites never check whether a call has ended before ending it: the first ending wins, by structure.
+
+How a call ended is an `Ending` (what happened) read in the phase it happened in (when): before its
+tool was sent anything (QUEUED, AWAITING_APPROVAL, ADMITTED), while an attempt ran (RUNNING), or after
+its answer (SETTLED: nothing changes). `OUTCOMES` maps each (ending, phase) to the status and error the
+call gets; a pair missing from it is a bug of the driver (a call denied while it runs, an answer before
+it started) and raises `LifecycleError` instead of giving a result. An answered attempt brings its own
+status (OK or TOOL_ERROR from the tool's answer, FAILED or TIMEOUT from how it failed: `_failures`).
+
+When the call settles, its owner (the batch, see `Owner`) is told, once, with the result; the record then
+drops what it held for running (the gate's ticket, the tool, the prepared arguments, the owner itself), so
+a settled call holds no cycle and is freed by reference counting alone.
+
+Cost: every transition is O(1); `settle` builds one result (its slots set directly, unrolled: see
+`build_result`) and cuts an error text longer than `MAX_ERROR` once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ._calls import CallStatus, ToolResult
+
+if TYPE_CHECKING:
+    from mcp.types import CallToolResult
+
+    from ._calls import ToolCall
+    from ._catalog import ToolEntry, ToolImpl
+    from ._gate import Ticket
+    from ._hooks import CallHooks
+    from ._observe import CallState
+
+__all__ = [
+    "MAX_ERROR",
+    "OUTCOMES",
+    "CallRecord",
+    "build_result",
+    "Ending",
+    "Interrupt",
+    "LifecycleError",
+    "Owner",
+    "Phase",
+]
+
+MAX_ERROR = 1000
+"""The longest `ToolResult.error` kept; a longer explanation is cut, saying how long it was."""
+
+
+class LifecycleError(RuntimeError):
+    """A transition the lifecycle does not allow: a bug of the driver, never a call's outcome."""
+
+
+class Phase(enum.IntEnum):
+    """Where a call is in its life."""
+
+    QUEUED = 0
+    """Submitted and checked; waiting in the gate for its turn."""
+    AWAITING_APPROVAL = 1
+    """Held at its place in the gate while a person (or the session guard) is asked."""
+    ADMITTED = 2
+    """The gate let it start; its task is on its way (or waits for a fleet hold, or a last approval)."""
+    RUNNING = 3
+    """Its first attempt has started: the tool may have been sent something."""
+    SETTLED = 4
+    """It has its result; nothing changes any more."""
+
+
+class Ending(enum.Enum):
+    """What ended a call (read with the phase it happened in, through `OUTCOMES`)."""
+
+    ANSWERED = "answered"
+    """Its last attempt ended; the attempt says how."""
+    REJECTED = "rejected"
+    """It could not be queued, or no longer can: an unknown tool, bad arguments or conflict keys."""
+    DENIED = "denied"
+    """Its approval was refused, failed or timed out."""
+    CANCELLED = "cancelled"
+    """The caller cancelled it."""
+    TIMED_OUT = "timed out"
+    """Its only attempt reached the call timeout."""
+    CLOSED = "closed"
+    """The dispatcher closed under it."""
+    SELF_CANCELLED = "self-cancelled"
+    """The tool cancelled the task running it (asyncio's `Task.cancel`), which ended the call."""
+    NO_HOLD = "no hold"
+    """A fleet-wide hold could not be granted in time; it never ran."""
+    HOLD_LOST = "hold lost"
+    """Its fleet-wide hold was lost while it ran."""
+
+
+_BEFORE = (Phase.QUEUED, Phase.AWAITING_APPROVAL, Phase.ADMITTED)
+_ANY = (*_BEFORE, Phase.RUNNING)
+
+
+def _table() -> dict[tuple[Ending, Phase], tuple[CallStatus, str]]:
+    """(ending, phase) -> (status, error); ``{}`` in an error is the driver's detail (a reason, a time)."""
+    cancelled = CallStatus.CANCELLED
+    table: dict[tuple[Ending, Phase], tuple[CallStatus, str]] = {}
+    for phase in _BEFORE:
+        table[Ending.REJECTED, phase] = (CallStatus.FAILED, "{}")
+        table[Ending.CANCELLED, phase] = (cancelled, "cancelled before it started")
+    table[Ending.CANCELLED, Phase.AWAITING_APPROVAL] = (cancelled, "cancelled while waiting for approval")
+    # Admitted, a call may still wait for something before its tool is sent anything: its detail says what.
+    table[Ending.CANCELLED, Phase.ADMITTED] = (cancelled, "cancelled {}")
+    table[Ending.CANCELLED, Phase.RUNNING] = (cancelled, "cancelled while running")
+    for phase in (Phase.AWAITING_APPROVAL, Phase.ADMITTED):
+        table[Ending.DENIED, phase] = (CallStatus.DENIED, "{}")
+    for phase in _ANY:
+        table[Ending.CLOSED, phase] = (cancelled, "the dispatcher closed")
+    table[Ending.TIMED_OUT, Phase.RUNNING] = (CallStatus.TIMEOUT, "no result within call_timeout={}s")
+    # A task is cancelled by itself only by code running in it: the tool, or an approver asked at the start.
+    for phase in (Phase.ADMITTED, Phase.RUNNING):
+        table[Ending.SELF_CANCELLED, phase] = (cancelled, "the tool's task was cancelled by itself")
+        table[Ending.HOLD_LOST, phase] = (
+            CallStatus.FAILED,
+            "{}; the call was abandoned (like a timed-out call, it may still be running on the server)",
+        )
+    table[Ending.NO_HOLD, Phase.ADMITTED] = (CallStatus.FAILED, "{}")
+    return table
+
+
+OUTCOMES = _table()
+"""How a call ended, read in the phase it ended in, as (status, error). `ANSWERED` is not here: an
+answered attempt brings its own status."""
+
+
+class Owner(Protocol):
+    """Who is told, once, that a call settled (its batch)."""
+
+    def settled(self, record: CallRecord, result: ToolResult) -> None:
+        """`record` has its result `result`."""
+
+
+class Interrupt(Protocol):
+    """What interrupts whatever a call waits for or runs under (the driver's cancel scope)."""
+
+    def cancel(self) -> None:
+        """Interrupt it."""
+
+
+class CallRecord:
+    """One call's lifecycle: its phase and what it holds in each.
+
+    The attributes are read by the driver and the batch; only this class's methods change them.
+
+    Args:
+        call: The call.
+        owner: Told when the call settles.
+        hooks: The batch's hooks, or None.
+        queued_at: When it was submitted (loop clock).
+    """
+
+    __slots__ = (
+        "attempts",
+        "call",
+        "cancel_requested",
+        "entry",
+        "errors",
+        "hooks",
+        "impl",
+        "interrupt",
+        "outcome",
+        "owner",
+        "phase",
+        "prepared",
+        "queued_at",
+        "started_at",
+        "state",
+        "ticket",
+        "untrusted",
+    )
+
+    def __init__(self, call: ToolCall, owner: Owner, hooks: CallHooks | None, queued_at: float) -> None:
+        self.call = call
+        self.phase = Phase.QUEUED
+        self.queued_at = queued_at
+        self.started_at: float | None = None
+        self.owner: Owner | None = owner
+        self.hooks = hooks
+        # Only calls of a batch with hooks (approvals, a guard, events, tracing) have a state.
+        self.state: CallState | None = None
+        self.entry: ToolEntry | None = None
+        self.impl: ToolImpl | None = None
+        self.prepared: Any = None
+        self.ticket: Ticket[Any] | None = None
+        self.interrupt: Interrupt | None = None
+        self.cancel_requested = False
+        self.attempts = 0
+        self.errors: list[str] | None = None
+        # Whether an error quotes text a server wrote, so far (see `ToolResult.untrusted_content`).
+        self.untrusted = False
+        self.outcome: ToolResult | None = None
+
+    # Before it starts ------------------------------------------------------------------------------
+
+    def observe(self, state: CallState) -> None:
+        """Keep the hooks' state of this call."""
+        self.state = state
+
+    def resolve(self, entry: ToolEntry, impl: ToolImpl | None = None) -> None:
+        """Take the catalogue entry (and tool) the call resolved to, or follow its entry's new definition."""
+        self._expect(Phase.QUEUED, Phase.AWAITING_APPROVAL, what="resolve")
+        self.entry = entry
+        if impl is not None:
+            self.impl = impl
+
+    def prepare(self, prepared: Any) -> None:
+        """Keep the call's arguments, checked and converted for its tool."""
+        self._expect(Phase.QUEUED, what="prepare")
+        self.prepared = prepared
+
+    def enter(self, ticket: Ticket[Any], *, held: bool) -> None:
+        """Take the call's place in the gate: waiting its turn, or `held` while its approval is asked."""
+        self._expect(Phase.QUEUED, what="enter")
+        self.ticket = ticket
+        if held:
+            self.phase = Phase.AWAITING_APPROVAL
+
+    def hold(self) -> None:
+        """A queued call waits again for an approval (its definition changed while it waited)."""
+        self._expect(Phase.QUEUED, Phase.AWAITING_APPROVAL, what="hold")
+        self.phase = Phase.AWAITING_APPROVAL
+
+    def release(self) -> None:
+        """Its approval was given: the call waits for its turn."""
+        self._expect(Phase.AWAITING_APPROVAL, what="release")
+        self.phase = Phase.QUEUED
+
+    def admit(self) -> None:
+        """The gate let the call start."""
+        self._expect(Phase.QUEUED, what="admit")
+        self.phase = Phase.ADMITTED
+
+    def waiting(self, interrupt: Interrupt | None) -> None:
+        """What to cancel to interrupt what the call waits for or runs under (None: nothing any more).
+
+        A settled call waits for nothing: given one, it interrupts it at once.
+        """
+        if self.phase is Phase.SETTLED:
+            if interrupt is not None:
+                interrupt.cancel()
+            return
+        self.interrupt = interrupt
+
+    def request_cancel(self) -> None:
+        """The caller cancels an admitted or running call: interrupt it; it settles where it was."""
+        if self.phase is Phase.SETTLED:
+            return
+        self.cancel_requested = True
+        interrupt = self.interrupt
+        if interrupt is not None:
+            interrupt.cancel()
+
+    # Running ---------------------------------------------------------------------------------------
+
+    def start(self, now: float) -> bool:
+        """The call's first attempt starts at `now`; False if the call settled before (nothing starts).
+
+        An admitted call can settle before it starts, from outside its task: its fleet hold lost.
+        """
+        if self.phase is Phase.SETTLED:
+            return False
+        self._expect(Phase.ADMITTED, what="start")
+        self.phase = Phase.RUNNING
+        self.started_at = now
+        return True
+
+    def attempted(self) -> None:
+        """An attempt starts (the first one with `start`)."""
+        self._expect(Phase.RUNNING, what="attempt")
+        self.attempts += 1
+
+    def failed_attempt(self, error: str) -> None:
+        """An attempt ended without success, for `error`."""
+        self._expect(Phase.RUNNING, what="fail an attempt")
+        if self.errors is None:
+            self.errors = [error]
+        else:
+            self.errors.append(error)
+
+    # Ending ----------------------------------------------------------------------------------------
+
+    def answered(self, result: CallToolResult, error: str | None, now: float) -> bool:
+        """The call's only (or last) attempt got the tool's answer: OK, or TOOL_ERROR with `error`."""
+        status = CallStatus.OK if error is None else CallStatus.TOOL_ERROR
+        return self._settle(Ending.ANSWERED, status, error, result, now)
+
+    def ended(
+        self,
+        status: CallStatus,
+        error: str | None,
+        now: float,
+        *,
+        result: CallToolResult | None = None,
+        untrusted: bool = False,
+    ) -> bool:
+        """The call's last attempt ended with this status (see `Ending.ANSWERED`); `untrusted`: its error
+        quotes a server."""
+        if untrusted and self.phase is not Phase.SETTLED:
+            self.untrusted = True
+        return self._settle(Ending.ANSWERED, status, error, result, now)
+
+    def settle(self, ending: Ending, now: float, detail: object = "", *, untrusted: bool = False) -> bool:
+        """End the call as `ending`, read in its current phase (`OUTCOMES`).
+
+        Returns:
+            Whether this settled it: False if it had settled already (nothing changes).
+
+        Raises:
+            LifecycleError: `ending` cannot happen in the call's phase.
+        """
+        if self.phase is Phase.SETTLED:
+            return False
+        found = OUTCOMES.get((ending, self.phase))
+        if found is None:
+            raise LifecycleError(f"call {self.call.id!r} cannot end as {ending.value} while {self.phase.name}")
+        status, template = found
+        if untrusted:
+            self.untrusted = True
+        return self._settle(ending, status, template.format(detail), None, now)
+
+    def _settle(
+        self, ending: Ending, status: CallStatus, error: str | None, result: CallToolResult | None, now: float
+    ) -> bool:
+        phase = self.phase
+        if phase is Phase.SETTLED:
+            return False
+        if ending is Ending.ANSWERED and phase is not Phase.RUNNING:
+            raise LifecycleError(f"call {self.call.id!r} cannot be answered while {phase.name}")
+        errors = self.errors
+        if errors is None:
+            earlier: tuple[str, ...] = ()
+        elif ending is Ending.ANSWERED and error is not None:
+            earlier = tuple(errors[:-1])  # the last attempt's error is the call's
+        else:
+            earlier = tuple(errors)
+        if error is not None and len(error) > MAX_ERROR:
+            # A tool or server can put anything in its error text; the full text stays in `result`.
+            error = f"{error[:MAX_ERROR]}... ({len(error):,} characters in all)"
+        entry = self.entry
+        untrusted = self.untrusted or (
+            # Anything an open-world tool sent back, errors included, may carry instructions.
+            self.attempts > 0 and entry is not None and bool(entry.annotations.open_world_hint)
+        )
+        self.phase = Phase.SETTLED
+        self.outcome = outcome = build_result(
+            self.call,
+            status,
+            result,
+            error,
+            self.attempts,
+            entry.name if entry is not None else None,
+            entry.server if entry is not None else None,
+            self.queued_at,
+            self.started_at,
+            now,
+            earlier,
+            untrusted,
+        )
+        # A settled call waits for nothing: an approval still being asked, a fleet hold being waited for.
+        interrupt = self.interrupt
+        if interrupt is not None:
+            self.interrupt = None
+            interrupt.cancel()
+        # Drop what running needed; the owner last, after telling it (a settled call holds no cycle).
+        self.prepared = None
+        self.ticket = None
+        self.errors = None
+        owner = self.owner
+        self.owner = None
+        assert owner is not None
+        owner.settled(self, outcome)
+        return True
+
+    def _expect(self, *phases: Phase, what: str) -> None:
+        if self.phase not in phases:
+            raise LifecycleError(f"call {self.call.id!r} cannot {what} while {self.phase.name}")
+
+    def __repr__(self) -> str:
+        return f"<CallRecord {self.call.id!r} {self.phase.name}>"
+
+
+_new = object.__new__
+_slot = ToolResult.__dict__
+_set_call = _slot["call"].__set__
+_set_status = _slot["status"].__set__
+_set_result = _slot["result"].__set__
+_set_error = _slot["error"].__set__
+_set_attempts = _slot["attempts"].__set__
+_set_tool = _slot["tool"].__set__
+_set_server = _slot["server"].__set__
+_set_queued_at = _slot["queued_at"].__set__
+_set_started_at = _slot["started_at"].__set__
+_set_finished_at = _slot["finished_at"].__set__
+_set_attempt_errors = _slot["attempt_errors"].__set__
+_set_untrusted_content = _slot["untrusted_content"].__set__
+# `build_result` sets every field (each by its name) and relies on nothing to run after __init__.
+assert [field.name for field in dataclasses.fields(ToolResult)] == [
+    "call",
+    "status",
+    "result",
+    "error",
+    "attempts",
+    "tool",
+    "server",
+    "queued_at",
+    "started_at",
+    "finished_at",
+    "attempt_errors",
+    "untrusted_content",
+]
+assert not hasattr(ToolResult, "__post_init__")
+
+
+def build_result(
+    call: ToolCall,
+    status: CallStatus,
+    result: CallToolResult | None,
+    error: str | None,
+    attempts: int,
+    tool: str | None,
+    server: str | None,
+    queued_at: float,
+    started_at: float | None,
+    finished_at: float,
+    attempt_errors: tuple[str, ...],
+    untrusted_content: bool,
+) -> ToolResult:
+    """A `ToolResult` equal to the one its constructor builds, at less than half the cost.
+
+    A frozen dataclass sets each field through `object.__setattr__`; one result is built per call, so
+    its slots are set directly (the class has no `__post_init__` to skip), one slot descriptor per field,
+    unrolled (a loop over them costs as much again).
+    """
+    new = _new(ToolResult)
+    _set_call(new, call)
+    _set_status(new, status)
+    _set_result(new, result)
+    _set_error(new, error)
+    _set_attempts(new, attempts)
+    _set_tool(new, tool)
+    _set_server(new, server)
+    _set_queued_at(new, queued_at)
+    _set_started_at(new, started_at)
+    _set_finished_at(new, finished_at)
+    _set_attempt_errors(new, attempt_errors)
+    _set_untrusted_content(new, untrusted_content)
+    return new
