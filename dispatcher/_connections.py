@@ -40,7 +40,7 @@ import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import anyio.lowlevel
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup, TaskStatus
     from mcp.client.session import IncomingMessage, MessageHandlerFnT
-    from mcp.types import CallToolResult, Tool
+    from mcp.types import CallToolResult, RequestParamsMeta, Tool
 
     from ._catalog import Catalog, ToolImpl
     from ._keys import KeyFunction
@@ -464,8 +464,18 @@ class Connection:
             if attempt.error is not None:
                 raise ToolUnavailableError(f"could not reconnect to server {self.server!r}: {attempt.error}")
 
-    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> CallToolResult:
-        """Call a tool on the current client; a lost connection is noted and the error re-raised."""
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        meta: dict[str, Any] | None = None,
+        confirm: Callable[[], None] | None = None,
+    ) -> CallToolResult:
+        """Call a tool on the current client; a lost connection is noted and the error re-raised.
+
+        `meta` is the request's `_meta`; `confirm` (a fleet hold's check) is called right before the send.
+        """
         if self._verdict is not None:
             # A call on this client was given up on: first learn whether the client still answers.
             await self._verdict.wait()
@@ -476,8 +486,10 @@ class Connection:
         reason = self._unavailable(name)
         if reason is not None:
             raise ToolUnavailableError(reason)
+        if confirm is not None:
+            confirm()  # no await between it and the send
         try:
-            return await client.call_tool(name, arguments)
+            return await client.call_tool(name, arguments, meta=cast("RequestParamsMeta | None", meta))
         except anyio.get_cancelled_exc_class():
             # Given up on (a timeout, or its caller's cancellation): check that the connection still answers.
             if client is self._client:

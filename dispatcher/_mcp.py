@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self, cast
 
 import anyio
+import anyio.lowlevel
 import pydantic_core
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -26,6 +27,7 @@ from mcp.shared.message import SessionMessage
 from mcp.types import CONNECTION_CLOSED, ErrorData, JSONRPCError, JSONRPCNotification, JSONRPCRequest
 
 from ._catalog import ArgumentError
+from ._coordination import CoordinationError
 from ._failures import ANSWER_TOO_LARGE, ConnectionLost, ToolUnavailableError, is_transport_failure
 
 if TYPE_CHECKING:
@@ -33,7 +35,9 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from mcp.client import Transport
-    from mcp.types import CallToolResult, Tool
+    from mcp.types import CallToolResult, RequestParamsMeta, Tool
+
+    from ._coordination import Lease
 
 __all__ = [
     "ANSWER_TOO_LARGE",
@@ -192,6 +196,19 @@ class ToolCaller(Protocol):
     """What runs a tool on a server: an entered `mcp.Client`, or a connection the dispatcher owns."""
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> CallToolResult: ...
+
+
+class _ConfirmingCaller(Protocol):
+    """A connection the dispatcher owns: it may wait (a reconnect) before it sends, so it confirms last."""
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        meta: dict[str, Any] | None = None,
+        confirm: Callable[[], None] | None = None,
+    ) -> CallToolResult: ...
 
 
 async def list_all_tools(client: Client, *, refresh: bool = False) -> list[Tool]:
@@ -364,14 +381,26 @@ class MCPTool:
         _check(self._required, prepared)
         return prepared
 
-    async def invoke(self, prepared: dict[str, Any]) -> CallToolResult:
+    async def invoke(self, prepared: dict[str, Any], lease: Lease | None = None) -> CallToolResult:
         if self.guard is not None:
             reason = self.guard()
             if reason is not None:
                 raise ToolUnavailableError(reason)
         client = self.client
         try:
-            return await client.call_tool(self.name, prepared)
+            if lease is None:
+                return await client.call_tool(self.name, prepared)
+            prepared, meta = lease.stamp(prepared)
+            try:
+                if isinstance(client, Client):
+                    lease.confirm()  # the fleet hold still holds: nothing awaits between this and the send
+                    return await client.call_tool(self.name, prepared, meta=cast("RequestParamsMeta | None", meta))
+                owned = cast("_ConfirmingCaller", client)
+                return await owned.call_tool(self.name, prepared, meta=meta, confirm=lease.confirm)
+            except CoordinationError:
+                # Not sent. Losing the hold settled the call and cancelled it: let that land here.
+                await anyio.lowlevel.checkpoint()
+                raise
         except MCPError as exc:
             # A connection the dispatcher owns has checked this already; a user's client is checked here.
             if (
