@@ -18,8 +18,13 @@ which is the bound on noticing a lease that expired with nobody left to release 
 Holds are leases: each process renews all its holds every `lease_ttl / 3` in one script call per
 server. A process that stops renewing (killed, frozen, cut off) loses its holds `lease_ttl` after its
 last renewal; they are then free for the others within `lease_ttl + recheck`. A process that cannot
-renew gives the calls up itself `recheck` seconds before their leases end (they end FAILED, abandoned like a timed-out
-call, since the server may still be running them), so a call never runs on a lease Redis no longer has.
+renew gives the calls up itself `recheck` seconds before their leases end (they end FAILED, abandoned like
+a timed-out call, since the server may still be running them). Each lease end is measured from before the
+request that granted or renewed it was sent, and each request a hold covers is confirmed against it right
+before it is sent (`Lease.confirm`, synchronous): no request leaves after its lease could have ended, and a
+grant whose reply came too late is given back. A request already on its way when the lease ends (delayed
+in the client, the network or the server) can still run beside the next holder's; only the server can
+refuse it, by the hold's fencing token (`FleetServer.fence_argument` / `fence_meta`; see `_fleet_lua`).
 A call that cannot get its hold because Redis cannot be reached ends FAILED with the reason, and never
 runs unguarded.
 
