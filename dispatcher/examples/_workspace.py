@@ -228,7 +228,9 @@ class Workspace:
             `FleetServer(fence_meta=...)` declares): the fenced mode. A write whose token is missing or
             lower than the highest seen is refused with a JSON-RPC error (`FencedResource.code`),
             checked as it arrives and again where it takes effect, so the late write of a holder whose
-            turn was handed on changes nothing. `fenced` counts the refusals. None: no fencing.
+            turn was handed on changes nothing. `fenced` counts the refusals. The whole workspace is
+            one resource, which fits a fleet whose writes hold the whole server (no conflict keys);
+            writes held per key overlap, and would refuse each other. None: no fencing.
 
     Raises:
         ValueError: A knob is out of range or names a tool the workspace does not have.

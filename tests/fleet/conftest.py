@@ -56,6 +56,12 @@ def fenced_workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path
     yield from _workspace(tmp_path, "--fence", FENCE, "--latency", "0.06")
 
 
+@pytest.fixture
+def slow_workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
+    """The workspace with 0.2 s calls: a flush or a freeze finds writes in flight."""
+    yield from _workspace(tmp_path, "--latency", "0.2")
+
+
 def _workspace(tmp_path: pathlib.Path, *options: str) -> Iterator[tuple[str, pathlib.Path]]:
     ledger = tmp_path / "ledger.jsonl"
     process = subprocess.Popen(

@@ -341,16 +341,28 @@ def test_the_oracle_an_unchecked_holder_on_an_unfenced_server_overlaps_writes(
     assert read_ledger(ledger).write_overlaps > 0, "the checks cannot tell a late, unfenced write"
 
 
+def open_write(ledger: pathlib.Path) -> bool:
+    """Whether the ledger shows a write that started and has not ended."""
+    running: set[int] = set()
+    for line in ledger.read_text().splitlines() if ledger.exists() else ():
+        record = json.loads(line)
+        if record["event"] == "start" and record["tool"] in WRITES:
+            running.add(record["seq"])
+        elif record["event"] == "end":
+            running.discard(record["seq"])
+    return bool(running)
+
+
 def test_repeated_flushalls_never_let_two_writes_overlap(
-    tmp_path: pathlib.Path, redis_server: RedisServer, namespace: str, workspace: tuple[str, pathlib.Path]
+    tmp_path: pathlib.Path, redis_server: RedisServer, namespace: str, slow_workspace: tuple[str, pathlib.Path]
 ) -> None:
-    """FLUSHALL four times mid-run (seeded times): one result per call, 0 overlapping writes, limit held."""
+    """FLUSHALL four times, each while a write runs (seeded pauses): one result per call, 0 overlapping writes."""
     import random
 
     import redis as redis_py
 
-    mcp, ledger = workspace
-    configs = fleet_configs(tmp_path, mcp, redis_server.url, namespace, processes=2, rounds=8)
+    mcp, ledger = slow_workspace
+    configs = fleet_configs(tmp_path, mcp, redis_server.url, namespace, processes=2, rounds=4)
     for config in configs:
         config.update(agents=3, ttl=0.5, recheck=0.1)
     processes = [spawn(config) for config in configs]
@@ -361,8 +373,11 @@ def test_repeated_flushalls_never_let_two_writes_overlap(
     client = redis_py.Redis.from_url(redis_server.url)
     try:
         for _ in range(4):
-            time.sleep(rng.uniform(0.3, 0.9))
-            client.flushall()
+            time.sleep(rng.uniform(0.2, 0.6))
+            deadline = time.monotonic() + 10
+            while not open_write(ledger) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            client.flushall()  # under a write in flight: its hold is gone from Redis
     finally:
         client.close()
     wait_all(processes, timeout=90)
