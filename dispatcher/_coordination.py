@@ -5,7 +5,7 @@ server need one more step: once the local gate admits a call, the worker asks th
 `Coordinator` for a *hold* on the call's server, runs the call inside it, and releases it when the call
 has settled::
 
-    async with coordinator.hold(server="notes", exclusive=True, keys=(), on_lost=lost):
+    async with coordinator.hold(server="notes", exclusive=True, keys=(), on_lost=lost) as lease:
         ...  # run the call
 
 The default is no coordinator: nothing is asked, the worker runs `Dispatcher._run` directly and a single
@@ -19,6 +19,11 @@ A coordinator reports failure in two ways, both values for the call rather than 
 - `on_lost(reason)` is called when a hold is lost while the call runs (its lease expired): the call
   settles FAILED with the reason and is abandoned like a timed-out call (cancelled here, possibly still
   running on the server).
+
+The hold hands the call a `Lease` (or None): `admitted_runner` puts it on the call record for the hold's
+length, and the MCP invocation calls `Lease.confirm()` right before each request leaves (no await
+between the check and the send) and sends the hold's fencing token where the server reads it
+(`Lease.stamp`). A confirm that fails loses the hold there (the call settles HOLD_LOST, not sent).
 
 The retry budget is shared the same way: `retry_budget(server, capacity, refill)` returns the budget the
 call's retries spend from, or None for the dispatcher's own local one.

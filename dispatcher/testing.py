@@ -65,8 +65,8 @@ if TYPE_CHECKING:
 __all__ = [
     "Execution",
     "FaultInjector",
-    "FencedResource",
     "FaultKind",
+    "FencedResource",
     "HostileServer",
     "InjectedFault",
     "Outcome",

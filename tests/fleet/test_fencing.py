@@ -304,3 +304,28 @@ def test_fenced_resource_refuses_lower_tokens_per_resource() -> None:
             fence.admit(token)
         assert info.value.error.code == FencedResource.code
     assert (fence.highest(), fence.highest("other"), fence.refused) == (7, 3, 4)
+
+
+async def test_a_write_still_running_when_a_newer_holder_writes_is_refused_where_it_takes_effect() -> None:
+    """Fenced workspace: a slow write (token 5) overtaken by a newer holder's (token 6) changes nothing."""
+    workspace = Workspace(fence=META, latency_by_tool={"append_note": 0.5, "set_note": 0.0})
+    outcomes: dict[str, str] = {}
+
+    async def write(tool: str, text: str, token: int) -> None:
+        async with Client(workspace.server) as client:
+            try:
+                await client.call_tool(tool, {"name": "a", "text": text}, meta=cast("RequestParamsMeta", {META: token}))
+            except MCPError as exc:
+                outcomes[text] = exc.error.message
+            else:
+                outcomes[text] = "ok"
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(write, "append_note", "old", 5)
+        with anyio.fail_after(10):
+            while not workspace.in_flight:  # noqa: ASYNC110  # the old write is on the server
+                await anyio.sleep(0.01)
+        tg.start_soon(write, "set_note", "new", 6)
+    assert outcomes["new"] == "ok"
+    assert "stale fencing token 5" in outcomes["old"], outcomes
+    assert workspace.notes == {"a": "new"}
