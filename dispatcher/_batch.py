@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from ._calls import ToolResult
+    from ._coordination import Lease
     from ._execution import Executor
     from ._hooks import CallHooks
 
@@ -39,12 +40,15 @@ class PendingCall(CallRecord):
     Its lifecycle (`_lifecycle.CallRecord`) is the executor's business: read `done`, `result()`, or wait.
     """
 
-    __slots__ = ("_waiters",)
+    __slots__ = ("_waiters", "lease")
 
     def __init__(self, call: ToolCall, batch: Batch, queued_at: float) -> None:
         super().__init__(call, batch, batch._hooks, queued_at)
         # One event per task waiting for this call alone (`wait`), set when it settles.
         self._waiters: list[anyio.Event] | None = None
+        # The fleet hold the call runs in (set by `_coordination.admitted_runner` for the hold's length):
+        # the invocation confirms it and sends its fencing token.
+        self.lease: Lease | None = None
 
     @property
     def done(self) -> bool:

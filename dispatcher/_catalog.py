@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
     from mcp.types import CallToolResult, ToolAnnotations
 
+    from ._coordination import Lease
     from ._keys import KeyFunction
 
 __all__ = ["MAX_TOMBSTONES", "Catalog", "Resolution", "ToolEntry", "ToolImpl"]
@@ -69,8 +70,8 @@ class ToolImpl(Protocol):
         """Check arguments before the call is queued; raise `ArgumentError` to reject them."""
         ...
 
-    async def invoke(self, prepared: Any) -> CallToolResult:
-        """Run the tool once with prepared arguments."""
+    async def invoke(self, prepared: Any, lease: Lease | None = None) -> CallToolResult:
+        """Run the tool once with prepared arguments (inside `lease`, a fleet hold, if not None)."""
         ...
 
 

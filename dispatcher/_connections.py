@@ -40,7 +40,7 @@ import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import anyio.lowlevel
@@ -79,7 +79,7 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup, TaskStatus
     from mcp.client.session import IncomingMessage, MessageHandlerFnT
     from mcp.shared.dispatcher import ProgressFnT
-    from mcp.types import CallToolResult, Tool
+    from mcp.types import CallToolResult, RequestParamsMeta, Tool
 
     from ._catalog import Catalog, ToolImpl
     from ._keys import KeyFunction
@@ -495,16 +495,32 @@ class Connection:
                 raise ToolUnavailableError(f"could not reconnect to server {self.server!r}: {attempt.error}")
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any] | None = None, *, progress_callback: ProgressFnT | None = None
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        progress_callback: ProgressFnT | None = None,
+        meta: dict[str, Any] | None = None,
+        confirm: Callable[[], None] | None = None,
     ) -> CallToolResult:
-        """Call a tool on the current client; a lost connection is noted and the error re-raised."""
-        return await self._call(name, arguments, None, progress_callback)
+        """Call a tool on the current client; a lost connection is noted and the error re-raised.
 
-    async def call_task(self, name: str, arguments: dict[str, Any], bound: TaskBound) -> CallToolResult:
+        `meta` is the request's `_meta`; `confirm` (a fleet hold's check) is called right before the send.
+        """
+        return await self._call(name, arguments, None, progress_callback, meta, confirm)
+
+    async def call_task(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        bound: TaskBound,
+        *,
+        confirm: Callable[[], None] | None = None,
+    ) -> CallToolResult:
         """Call a tool as a task on the current client (`call_as_task`), with `call_tool`'s connection handling."""
         self._tasks += 1
         try:
-            return await self._call(name, arguments, bound)
+            return await self._call(name, arguments, bound, confirm=confirm)
         finally:
             self._tasks -= 1
             self._tasks_idle.set()
@@ -516,6 +532,8 @@ class Connection:
         arguments: dict[str, Any] | None,
         task: TaskBound | None,
         progress: ProgressFnT | None = None,
+        meta: dict[str, Any] | None = None,
+        confirm: Callable[[], None] | None = None,
     ) -> CallToolResult:
         if self._verdict is not None:
             # A call on this client was given up on: first learn whether the client still answers.
@@ -527,12 +545,14 @@ class Connection:
         reason = self._unavailable(name)
         if reason is not None:
             raise ToolUnavailableError(reason)
+        if confirm is not None:
+            confirm()  # no await between it and the send
         try:
             if task is not None:
                 return await call_as_task(client, name, arguments or {}, task)
-            if progress is not None:
-                return await client.call_tool(name, arguments, progress_callback=progress)
-            return await client.call_tool(name, arguments)
+            return await client.call_tool(
+                name, arguments, progress_callback=progress, meta=cast("RequestParamsMeta | None", meta)
+            )
         except anyio.get_cancelled_exc_class():
             # Given up on (a timeout, or its caller's cancellation): check that the connection still answers.
             if client is self._client:

@@ -5,7 +5,7 @@ server need one more step: once the local gate admits a call, the worker asks th
 `Coordinator` for a *hold* on the call's server, runs the call inside it, and releases it when the call
 has settled::
 
-    async with coordinator.hold(server="notes", exclusive=True, keys=(), on_lost=lost):
+    async with coordinator.hold(server="notes", exclusive=True, keys=(), on_lost=lost) as lease:
         ...  # run the call
 
 The default is no coordinator: nothing is asked, the worker runs `Dispatcher._run` directly and a single
@@ -20,6 +20,11 @@ A coordinator reports failure in two ways, both values for the call rather than 
   settles FAILED with the reason and is abandoned like a timed-out call (cancelled here, possibly still
   running on the server).
 
+The hold hands the call a `Lease` (or None): `admitted_runner` puts it on the call record for the hold's
+length, and the MCP invocation calls `Lease.confirm()` right before each request leaves (no await
+between the check and the send) and sends the hold's fencing token where the server reads it
+(`Lease.stamp`). A confirm that fails loses the hold there (the call settles HOLD_LOST, not sent).
+
 The retry budget is shared the same way: `retry_budget(server, capacity, refill)` returns the budget the
 call's retries spend from, or None for the dispatcher's own local one.
 """
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 import math
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import anyio
 
@@ -54,20 +59,69 @@ class Lease:
     """A fleet hold in force, as a coordinator keeps it: lost at most once, with the reason said once.
 
     The one record of a hold's loss: however many ways a coordinator notices it (a renewal refused, a
-    lease about to end, the coordinator closing), the call's `on_lost` hears of it once.
+    lease about to end, the coordinator closing, the check before a send), the call's `on_lost` hears of
+    it once.
+
+    It is also what the hold hands to the call it covers (`hold` yields it): the call's invocation
+    calls `confirm()` right before each request leaves and sends `token` where the server reads it
+    (`stamp`), so a server can refuse the requests of a holder whose turn was handed on.
 
     Args:
         server: The server the hold is on.
         on_lost: What `hold` was given: told the reason when the hold is lost.
+        margin: Seconds before `valid_until` from which a request is no longer sent.
+        fence_argument: The argument that carries `token`, if the server reads it there.
+        fence_meta: The request's `_meta` entry that carries `token`, if the server reads it there.
     """
 
-    __slots__ = ("_on_lost", "reason", "server")
+    __slots__ = ("_on_lost", "fence_argument", "fence_meta", "margin", "reason", "server", "token", "valid_until")
 
-    def __init__(self, server: str, on_lost: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        server: str,
+        on_lost: Callable[[str], None],
+        *,
+        margin: float = 0.0,
+        fence_argument: str | None = None,
+        fence_meta: str | None = None,
+    ) -> None:
         self.server = server
         self._on_lost = on_lost
         self.reason: str | None = None
         """Why the hold was lost, or None while it holds."""
+        self.token: int | None = None
+        """The hold's fencing token: larger than that of every hold granted before it on the server."""
+        self.valid_until = math.inf
+        """Until when (loop clock) the holder is sure the coordinator keeps the hold."""
+        self.margin = margin
+        self.fence_argument = fence_argument
+        self.fence_meta = fence_meta
+
+    def confirm(self) -> None:
+        """Check, right before a request the hold covers is sent, that the hold cannot have ended.
+
+        Synchronous, so nothing runs between the check and the send that follows it. The lease's end is
+        measured from before the request that granted or renewed it was sent, so it is never later than
+        the end the coordinator keeps.
+
+        Raises:
+            CoordinationError: The hold was lost, or its lease may end within `margin` (it is lost now).
+        """
+        if self.reason is None and anyio.current_time() >= self.valid_until - self.margin:
+            self.lose("its lease could have ended before the request was sent (the process was late, or frozen)")
+        if self.reason is not None:
+            raise CoordinationError(self.reason)
+
+    def stamp(self, arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The arguments and the `_meta` to send: the fencing token added where the server reads it."""
+        token = self.token
+        if token is None:
+            return arguments, None
+        if self.fence_argument is not None:
+            return {**arguments, self.fence_argument: token}, None
+        if self.fence_meta is not None:
+            return arguments, {self.fence_meta: token}
+        return arguments, None
 
     @property
     def lost(self) -> bool:
@@ -97,8 +151,11 @@ class Coordinator(Protocol):
         exclusive: bool,
         keys: Collection[Hashable] = (),
         on_lost: Callable[[str], None],
-    ) -> AbstractAsyncContextManager[None]:
+    ) -> AbstractAsyncContextManager[Lease | None]:
         """Wait for the right to run one call on `server`; keep it for the length of the block.
+
+        The block gets the hold as a `Lease` (its fencing token, the check before each send), or None
+        when the hold has neither.
 
         Args:
             server: The dispatcher's name for the call's server (the same in every process of a fleet).
@@ -136,9 +193,9 @@ class LocalCoordinator:
         exclusive: bool,
         keys: Collection[Hashable] = (),
         on_lost: Callable[[str], None],
-    ) -> AsyncIterator[None]:
+    ) -> AsyncIterator[Lease | None]:
         """Grant the hold at once."""
-        yield
+        yield None
 
     def retry_budget(self, server: str, capacity: float, refill: float) -> RetryBudget | None:
         """None: the dispatcher keeps its own budget per server."""
@@ -215,11 +272,16 @@ def admitted_runner(
         work.waiting(scope)
         acquired = False
         try:
-            async with checked.hold(server=server, exclusive=exclusive, keys=keys, on_lost=lost):
+            async with checked.hold(server=server, exclusive=exclusive, keys=keys, on_lost=lost) as lease:
                 acquired = True
                 scope.deadline = math.inf
                 work.waiting(None)
-                await run(work)
+                # Handed to the invocation, which confirms it and sends its token with each attempt.
+                work.lease = lease
+                try:
+                    await run(work)
+                finally:
+                    work.lease = None
         except CoordinationError as exc:
             work.waiting(None)
             work.settle(Ending.NO_HOLD, anyio.current_time(), exc)

@@ -576,7 +576,7 @@ class Executor:
         impl = work.impl
         assert impl is not None
         try:
-            result = await impl.invoke(work.prepared)
+            result = await impl.invoke(work.prepared, work.lease)
         except Exception as exc:
             return _failed(exc)
         except BaseException as exc:

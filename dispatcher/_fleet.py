@@ -18,8 +18,13 @@ which is the bound on noticing a lease that expired with nobody left to release 
 Holds are leases: each process renews all its holds every `lease_ttl / 3` in one script call per
 server. A process that stops renewing (killed, frozen, cut off) loses its holds `lease_ttl` after its
 last renewal; they are then free for the others within `lease_ttl + recheck`. A process that cannot
-renew gives the calls up itself `recheck` seconds before their leases end (they end FAILED, abandoned like a timed-out
-call, since the server may still be running them), so a call never runs on a lease Redis no longer has.
+renew gives the calls up itself `recheck` seconds before their leases end (they end FAILED, abandoned like
+a timed-out call, since the server may still be running them). Each lease end is measured from before the
+request that granted or renewed it was sent, and each request a hold covers is confirmed against it right
+before it is sent (`Lease.confirm`, synchronous): no request leaves after its lease could have ended, and a
+grant whose reply came too late is given back. A request already on its way when the lease ends (delayed
+in the client, the network or the server) can still run beside the next holder's; only the server can
+refuse it, by the hold's fencing token (`FleetServer.fence_argument` / `fence_meta`; see `_fleet_lua`).
 A call that cannot get its hold because Redis cannot be reached ends FAILED with the reason, and never
 runs unguarded.
 
@@ -76,6 +81,12 @@ class FleetServer:
             limit.
         share_retry_budget: Whether the server's retry budget (`RetryPolicy.budget`) is one token
             bucket for the fleet rather than one per process.
+        fence_argument: The name of the argument in which every call of this server carries its hold's
+            fencing token (an int that grows with every grant on the server, across the fleet), for a
+            server that refuses a token lower than the highest it has seen (see
+            `dispatcher.testing.FencedResource`). The argument is added to the call's arguments as sent.
+        fence_meta: The `_meta` entry of the request in which the token is sent instead (a name such as
+            ``"example.com/fence"``), for a server that reads it there. At most one of the two.
 
     Raises:
         ConfigurationError: A value is out of range.
@@ -84,6 +95,8 @@ class FleetServer:
     limit: int | None = None
     shared_state: bool = False
     share_retry_budget: bool = True
+    fence_argument: str | None = None
+    fence_meta: str | None = None
 
     def __post_init__(self) -> None:
         limit = self.limit
@@ -92,6 +105,16 @@ class FleetServer:
         for name in ("shared_state", "share_retry_budget"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("fence_argument", "fence_meta"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value or value != value.strip()):
+                raise ConfigurationError(f"{name} must be a non-empty name without surrounding spaces, got {value!r}")
+        if self.fence_argument is not None and self.fence_meta is not None:
+            raise ConfigurationError("declare the fencing token in fence_argument or in fence_meta, not both")
+        if (self.fence_argument is not None or self.fence_meta is not None) and not self.holds:
+            raise ConfigurationError(
+                "a fencing token comes with a hold: set limit or shared_state=True on a server that declares one"
+            )
 
     @property
     def holds(self) -> bool:
@@ -100,15 +123,34 @@ class FleetServer:
 
 
 class _Lease(Lease):
-    """A hold in Redis: its lease id, its locks, and until when (loop clock) Redis surely keeps it."""
+    """A hold in Redis: its lease id, its locks and the namespace's epoch when it was granted."""
 
-    __slots__ = ("id", "locks", "valid_until")
+    __slots__ = ("_active", "epoch", "id", "locks")
 
-    def __init__(self, lease_id: str, server: str, locks: str, on_lost: Callable[[str], None]) -> None:
-        super().__init__(server, on_lost)
+    def __init__(
+        self,
+        lease_id: str,
+        server: str,
+        locks: str,
+        on_lost: Callable[[str], None],
+        config: FleetServer,
+        margin: float,
+        active: dict[str, _Lease],
+    ) -> None:
+        super().__init__(
+            server, on_lost, margin=margin, fence_argument=config.fence_argument, fence_meta=config.fence_meta
+        )
         self.id = lease_id
         self.locks = locks
-        self.valid_until = -math.inf
+        self.epoch = ""
+        self._active = active
+        self.valid_until = -math.inf  # until granted
+
+    def lose(self, why: str) -> bool:
+        if not super().lose(why):
+            return False
+        self._active.pop(self.id, None)  # no longer renewed
+        return True
 
 
 class RedisCoordinator:
@@ -208,7 +250,8 @@ class RedisCoordinator:
 
     def _keys(self, server: str) -> list[str]:
         prefix = f"{self.namespace}:server:{server}:"
-        return [prefix + name for name in ("queue", "waiting", "waiting_exp", "holders", "holders_exp", "seq", "meta")]
+        names = ("queue", "waiting", "waiting_exp", "holders", "holders_exp", "seq", "meta", "tokens", "fence")
+        return [prefix + name for name in names]
 
     def _args(self, server: str) -> list[Any]:
         limit = self.servers[server].limit
@@ -259,12 +302,15 @@ class RedisCoordinator:
         exclusive: bool,
         keys: Collection[Hashable] = (),
         on_lost: Callable[[str], None],
-    ) -> AsyncIterator[None]:
+    ) -> AsyncIterator[Lease | None]:
         """Wait for a fleet-wide hold on `server`, keep it renewed for the block, then give it back.
 
         On a `shared_state` server the hold excludes what the gate of one process would: a write
         (`exclusive`) excludes the holds whose `keys` conflict with its own, reads exclude writes of
         their keys, and no keys means the root key (the whole server).
+
+        Yields the hold (its fencing `token`, and `confirm()` to call right before each request it
+        covers is sent), or None for a server without holds.
 
         Raises:
             CoordinationError: Redis cannot be reached, the coordinator is not open, or `wait_timeout`
@@ -272,14 +318,22 @@ class RedisCoordinator:
         """
         config = self.servers.get(server)
         if config is None or not config.holds:
-            yield
+            yield None
             return
-        lease = _Lease(f"{self._uid}:{next(self._counter)}", server, _locks(config, exclusive, keys), on_lost)
-        await self._acquire(lease)
         active = self._active.setdefault(server, {})
+        lease = _Lease(
+            f"{self._uid}:{next(self._counter)}",
+            server,
+            _locks(config, exclusive, keys),
+            on_lost,
+            config,
+            self.recheck,
+            active,
+        )
+        await self._acquire(lease)
         active[lease.id] = lease
         try:
-            yield
+            yield lease
         finally:
             active.pop(lease.id, None)
             with anyio.CancelScope(shield=True):
@@ -316,10 +370,21 @@ class RedisCoordinator:
         try:
             while True:
                 sent = anyio.current_time()
-                if await link.run("acquire", keys, args) == 1:
-                    lease.valid_until = sent + self.lease_ttl
-                    return
+                reply = await link.run("acquire", keys, args)
                 now = anyio.current_time()
+                if reply[0] == 1:
+                    # Redis set the lease's end after this request was sent: sent + ttl is no later.
+                    lease.valid_until = sent + self.lease_ttl
+                    lease.token = int(reply[1])
+                    lease.epoch = str(reply[2])
+                    if now >= lease.valid_until - self.recheck:
+                        # The reply came too late to be sure the lease still holds (a frozen process,
+                        # a stalled network): not granted, and given back by the handler below.
+                        raise CoordinationError(
+                            f"the fleet hold on server {server!r} was granted, but the reply came {now - sent:.3f}s "
+                            f"after the request, too late to trust a lease_ttl={self.lease_ttl}s lease"
+                        )
+                    return
                 if now >= deadline:
                     raise CoordinationError(
                         f"no fleet hold on server {server!r} within wait_timeout={self.wait_timeout}s"
@@ -383,7 +448,7 @@ class RedisCoordinator:
     async def _renew(self, link: _Link, server: str, leases: list[_Lease], interval: float) -> None:
         args = self._args(server)
         for lease in leases:
-            args += [lease.id, lease.locks]
+            args += [lease.id, lease.locks, lease.epoch]
         sent = anyio.current_time()
         try:
             renewed = await link.run("renew", self._keys(server), args)
@@ -404,11 +469,10 @@ class RedisCoordinator:
             elif flag == 1:
                 lease.valid_until = sent + self.lease_ttl
             else:
-                self._lose(lease, "it expired in Redis and was taken")
+                self._lose(lease, "it expired in Redis and was taken, or Redis lost the fleet's state since its grant")
 
     def _lose(self, lease: _Lease, why: str) -> None:
-        if lease.lose(why):
-            self._active.get(lease.server, {}).pop(lease.id, None)
+        lease.lose(why)
 
     async def _flush_budgets(self, link: _Link) -> None:
         for budget in self._budgets.values():

@@ -8,7 +8,9 @@ Every script works on one server's keys (all declared in KEYS, so each runs as o
     KEYS[4] holders      HASH  lease id -> locks            (granted holds)
     KEYS[5] holders_exp  ZSET  lease id -> expiry (ms)      (a holder that stops renewing is dropped)
     KEYS[6] seq          STRING  the arrival counter
-    KEYS[7] meta         HASH  run_id, quiet_until (ms): see below
+    KEYS[7] meta         HASH  run_id, quiet_until (ms), epoch: see below
+    KEYS[8] tokens       HASH  lease id -> fencing token    (of the granted holds)
+    KEYS[9] fence        STRING  the last fencing token granted
 
     ARGV[1] lease ttl (ms), ARGV[2] the server's limit (0: none), ARGV[3] the wake-up channel prefix.
 
@@ -27,14 +29,25 @@ when the limit is reached, when a waiting write on the root key blocks everythin
 `WALK` waiters. Each grant is PUBLISHed on the owner's channel (prefix .. the part of the lease id
 before ":") to wake its waiting task.
 
+Fencing tokens. Every grant takes the next number of the server's `fence` counter: the larger of the last
+token plus one and Redis' clock in microseconds (TIME). The counter never goes back while its key lives,
+and when the key is gone (a FLUSHALL, an eviction, a Redis restarted empty) the next token is still larger
+than every token granted before, as long as Redis' clock has not gone back by more than the time since the
+last grant: the tokens a resource has seen stay below the new ones. Holds that conflict are granted one
+after the other, so a resource that refuses a token lower than the highest it has seen refuses the
+requests of a holder whose turn was handed on.
+
 The quiet period. A Redis that lost the holders (a restart, a failover to a replica that lacked recent
-writes) must not grant while holds still running elsewhere are missing from it: those re-register by
-renewing within a third of a ttl, and a holder that could not renew for a whole ttl has given its call up.
-So `meta` remembers the run_id of the Redis instance that wrote it. When it is missing (a fresh namespace,
-or a Redis that came back empty) nothing is granted until that Redis has been up for one ttl (`INFO`'s
-uptime): a fresh namespace on a Redis that has been running starts at once. When it names another
-instance (a restart that restored a snapshot, a failover) nothing is granted for one ttl from then.
-A FLUSHALL or an eviction on a running Redis is not noticed (see docs/fleet.md).
+writes, a FLUSHALL, an eviction or a DEL of the namespace's keys) must not grant while holds still running
+elsewhere are missing from it: a holder that could not renew, or that found its hold gone, gives its call
+up within one ttl of its last renewal. So `meta` remembers the run_id of the Redis instance that wrote it
+and the namespace's *epoch* (Redis' clock when the state was created). When `meta` is missing (a fresh
+namespace, a Redis that came back empty, state that vanished on a live Redis) or names another instance,
+nothing is granted for one ttl from then, and a new epoch begins. A holder renews with the epoch of its
+grant: a hold missing from Redis under another epoch is lost (never re-registered), while under the same
+epoch (a replica that had the namespace but not this hold) it is re-registered during the quiet period.
+A fresh namespace therefore waits one ttl before its first grant: Redis cannot tell it from one whose
+state vanished.
 """
 
 from __future__ import annotations
@@ -46,39 +59,44 @@ WALK = 1000
 
 _PRELUDE = """
 local Q, W, WE, H, HE, SEQ, META = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local TOK, FENCE = KEYS[8], KEYS[9]
 local ttl = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local prefix = ARGV[3]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Microseconds since the epoch (about 1.8e15) are exact in Lua's doubles (up to 9e15).
+local micros = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- BLOCKERS[m]: the modes held on a path that a lock of mode m cannot share it with (as in _gate).
 local BLOCKERS = {[0] = {3}, [1] = {2, 3}, [2] = {1, 3}, [3] = {0, 1, 2, 3}}
 
 local function quiet()
-  -- A Redis that refuses INFO (renamed away on some managed services) gets a quiet period of one ttl
-  -- from the first request that finds no state, and a failover there goes unnoticed.
+  -- A Redis that refuses INFO (renamed away on some managed services) is taken for one instance, so a
+  -- failover there goes unnoticed; a loss of state is noticed all the same.
   local info = redis.pcall('INFO', 'server')
   if type(info) ~= 'string' then info = '' end
   local run_id = string.match(info, 'run_id:(%w+)') or 'unknown'
-  local seen = redis.call('HMGET', META, 'run_id', 'quiet_until')
+  local seen = redis.call('HMGET', META, 'run_id', 'quiet_until', 'epoch')
   local untl = seen[2]
-  if seen[1] ~= run_id then
-    if seen[1] then
-      untl = now + ttl
-    else
-      -- Its uptime is whole seconds: the latest this Redis can have started.
-      local uptime = tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0
-      untl = now - uptime * 1000 + ttl
-    end
-    redis.call('HSET', META, 'run_id', run_id, 'quiet_until', untl)
+  if seen[1] ~= run_id or not seen[3] then
+    -- State missing or written by another instance: holds running elsewhere may be missing here.
+    untl = now + ttl
+    local epoch = seen[3]
+    if not epoch then epoch = string.format('%.0f', micros) end
+    redis.call('HSET', META, 'run_id', run_id, 'quiet_until', untl, 'epoch', epoch)
   end
   return now < tonumber(untl)
+end
+
+local function epoch()
+  return redis.call('HGET', META, 'epoch')
 end
 
 local function purge()
   -- One by one: unpack() of a long list would overflow Lua's stack after a mass crash.
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', HE, '-inf', now)) do
     redis.call('HDEL', H, id)
+    redis.call('HDEL', TOK, id)
   end
   redis.call('ZREMRANGEBYSCORE', HE, '-inf', now)
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', WE, '-inf', now)) do
@@ -130,6 +148,10 @@ end
 local function hold(id, spec)
   redis.call('HSET', H, id, spec)
   redis.call('ZADD', HE, now + ttl, id)
+  local last = tonumber(redis.call('GET', FENCE) or '0') or 0
+  local token = string.format('%.0f', math.max(last + 1, micros))
+  redis.call('SET', FENCE, token)
+  redis.call('HSET', TOK, id, token)
 end
 
 local function grant()
@@ -177,12 +199,16 @@ end
 ACQUIRE = (
     _PRELUDE
     + """
--- ARGV[4] lease id, ARGV[5] its locks. Returns 1 when the hold is granted, 0 while it waits.
+-- ARGV[4] lease id, ARGV[5] its locks. Returns {1, fencing token, epoch} when the hold is granted, {0}
+-- while it waits.
 local id, spec = ARGV[4], ARGV[5]
 purge()
+local function granted()
+  return {1, redis.call('HGET', TOK, id) or '0', epoch() or '0'}
+end
 if redis.call('HEXISTS', H, id) == 1 then
   redis.call('ZADD', HE, now + ttl, id)
-  return 1
+  return granted()
 end
 if redis.call('HEXISTS', W, id) == 0 then
   redis.call('ZADD', Q, redis.call('INCR', SEQ), id)
@@ -190,7 +216,8 @@ if redis.call('HEXISTS', W, id) == 0 then
 end
 redis.call('ZADD', WE, now + ttl, id)
 grant()
-return redis.call('HEXISTS', H, id)
+if redis.call('HEXISTS', H, id) == 1 then return granted() end
+return {0}
 """
 )
 
@@ -200,6 +227,7 @@ RELEASE = (
 -- ARGV[4] lease id: gives a hold back, or leaves the queue. Returns 1.
 local id = ARGV[4]
 redis.call('HDEL', H, id)
+redis.call('HDEL', TOK, id)
 redis.call('ZREM', HE, id)
 redis.call('ZREM', Q, id)
 redis.call('HDEL', W, id)
@@ -213,21 +241,27 @@ return 1
 RENEW = (
     _PRELUDE
     + """
--- ARGV[4], ARGV[5], ...: lease id, locks pairs of holds in force. Returns one flag per hold: 1 renewed,
--- 0 lost (it had expired here and its place was taken meanwhile).
+-- ARGV[4], ARGV[5], ARGV[6], ...: lease id, locks, epoch of the grant, for each hold in force. Returns one
+-- flag per hold: 1 renewed, 0 lost (it had expired here and its place was taken meanwhile, or the
+-- namespace's state vanished since its grant).
 purge()
 local quiet_now = quiet()
+local current = epoch()
 local taken, count = state()
 local out = {}
-for i = 4, #ARGV, 2 do
-  local id, spec = ARGV[i], ARGV[i + 1]
+for i = 4, #ARGV, 3 do
+  local id, spec, since = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   if redis.call('HEXISTS', H, id) == 1 then
     redis.call('ZADD', HE, now + ttl, id)
     out[#out + 1] = 1
+  elseif since ~= current then
+    -- The state it was granted in is gone: whatever Redis grants now knows nothing of this hold.
+    out[#out + 1] = 0
   else
     local locks = cjson.decode(spec)
     if quiet_now or (room(count) and not blocked(taken, locks)) then
-      -- Re-registered: after a loss of state (quiet period), or after a late renewal while it still fits.
+      -- Re-registered: after a failover to a replica that lacked it (quiet period), or after a late
+      -- renewal while it still fits.
       hold(id, spec)
       take(taken, locks)
       count = count + 1

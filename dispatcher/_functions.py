@@ -30,6 +30,8 @@ from ._catalog import ArgumentError
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from ._coordination import Lease
+
 __all__ = ["FunctionTool", "ThreadWatch", "describe_validation_error"]
 
 
@@ -148,7 +150,7 @@ class FunctionTool:
         values = model.__dict__
         return {key: values[name] for name, key in self._fields}
 
-    async def invoke(self, prepared: dict[str, Any]) -> CallToolResult:
+    async def invoke(self, prepared: dict[str, Any], lease: Lease | None = None) -> CallToolResult:
         try:
             if self.is_async:
                 value = await self.fn(**prepared)

@@ -16,9 +16,10 @@ import json
 import logging
 import math
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self, cast
 
 import anyio
+import anyio.lowlevel
 import httpx2
 import pydantic_core
 from mcp import Client, StdioServerParameters
@@ -49,6 +50,7 @@ from mcp.types import (
 
 from ._calls import CallStatus
 from ._catalog import ArgumentError
+from ._coordination import CoordinationError
 from ._failures import (
     ANSWER_TOO_LARGE,
     AuthenticationRequired,
@@ -65,7 +67,9 @@ if TYPE_CHECKING:
 
     from mcp.client import Transport
     from mcp.shared.dispatcher import CallOptions, ProgressFnT
-    from mcp.types import Task, Tool
+    from mcp.types import RequestParamsMeta, Task, Tool
+
+    from ._coordination import Lease
 
 __all__ = [
     "ANSWER_TOO_LARGE",
@@ -286,6 +290,20 @@ class ToolCaller(Protocol):
     ) -> CallToolResult: ...
 
 
+class _ConfirmingCaller(Protocol):
+    """A connection the dispatcher owns: it may wait (a reconnect) before it sends, so it confirms last."""
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        progress_callback: ProgressFnT | None = None,
+        meta: dict[str, Any] | None = None,
+        confirm: Callable[[], None] | None = None,
+    ) -> CallToolResult: ...
+
+
 async def list_all_tools(client: Client, *, refresh: bool = False) -> list[Tool]:
     """Every tool of a server, following pagination; `refresh` bypasses the client's response cache.
 
@@ -462,29 +480,36 @@ class MCPTool:
         _check(self._required, prepared)
         return prepared
 
-    async def _invoke_task(self, prepared: dict[str, Any], bound: TaskBound) -> CallToolResult:
+    async def _invoke_task(self, prepared: dict[str, Any], bound: TaskBound, lease: Lease | None) -> CallToolResult:
         # Polling stays inside this invocation, so the call keeps its turn (and its place under its
-        # server's limit) until the task ends, with no help from the executor.
+        # server's limit) until the task ends, with no help from the executor. A fleet hold's token goes
+        # in the arguments only (a task's request carries no `_meta` of ours).
         client = self.client
+        if lease is not None:
+            prepared, _ = lease.stamp(prepared)
         if isinstance(client, Client):
+            if lease is not None:
+                lease.confirm()  # nothing awaits between this and the send
             return await call_as_task(client, self.name, prepared, bound)
         caller: TaskCaller = client  # type: ignore[assignment]  # connections the dispatcher owns
-        return await caller.call_task(self.name, prepared, bound)
+        return await caller.call_task(self.name, prepared, bound, confirm=lease.confirm if lease else None)
 
-    async def invoke(self, prepared: dict[str, Any]) -> CallToolResult:
+    async def invoke(self, prepared: dict[str, Any], lease: Lease | None = None) -> CallToolResult:
         if self.guard is not None:
             reason = self.guard()
             if reason is not None:
                 raise ToolUnavailableError(reason)
         if self.task is not None:
-            return await self._invoke_task(prepared, self.task)
+            return await self._invoke_task(prepared, self.task, lease)
         # Only an observed call asks for progress: a callback makes the SDK put a token on the request.
         progress = progress_reporter()
         if self.idle_timeout is not None:
-            return await self._invoke_idle(prepared, self.idle_timeout, progress)
-        return await self._send(prepared, progress)
+            return await self._invoke_idle(prepared, self.idle_timeout, progress, lease)
+        return await self._send(prepared, progress, lease)
 
-    async def _invoke_idle(self, prepared: dict[str, Any], idle: float, report: ProgressFnT | None) -> CallToolResult:
+    async def _invoke_idle(
+        self, prepared: dict[str, Any], idle: float, report: ProgressFnT | None, lease: Lease | None
+    ) -> CallToolResult:
         """Call the tool, cut off when `idle` seconds pass with no progress from the server (each report resets it)."""
         with anyio.CancelScope(deadline=anyio.current_time() + idle) as scope:
 
@@ -493,15 +518,33 @@ class MCPTool:
                 if report is not None:
                     await report(progress, total, message)
 
-            return await self._send(prepared, on_progress)
+            return await self._send(prepared, on_progress, lease)
         raise TimeoutError(f"no progress from the server within idle_timeout={idle}s")
 
-    async def _send(self, prepared: dict[str, Any], progress: ProgressFnT | None) -> CallToolResult:
+    async def _send(
+        self, prepared: dict[str, Any], progress: ProgressFnT | None, lease: Lease | None
+    ) -> CallToolResult:
         client = self.client
         try:
-            if progress is None:
-                return await client.call_tool(self.name, prepared)
-            return await client.call_tool(self.name, prepared, progress_callback=progress)
+            if lease is None:
+                if progress is None:
+                    return await client.call_tool(self.name, prepared)
+                return await client.call_tool(self.name, prepared, progress_callback=progress)
+            prepared, meta = lease.stamp(prepared)
+            try:
+                if isinstance(client, Client):
+                    lease.confirm()  # the fleet hold still holds: nothing awaits between this and the send
+                    return await client.call_tool(
+                        self.name, prepared, progress_callback=progress, meta=cast("RequestParamsMeta | None", meta)
+                    )
+                owned = cast("_ConfirmingCaller", client)
+                return await owned.call_tool(
+                    self.name, prepared, progress_callback=progress, meta=meta, confirm=lease.confirm
+                )
+            except CoordinationError:
+                # Not sent. Losing the hold settled the call and cancelled it: let that land here.
+                await anyio.lowlevel.checkpoint()
+                raise
         except MCPError as exc:
             # A connection the dispatcher owns has checked this already; a user's client is checked here.
             if (
@@ -545,7 +588,9 @@ class TaskBound:
 class TaskCaller(Protocol):
     """A connection the dispatcher owns that can run a call as a task (see `call_as_task`)."""
 
-    async def call_task(self, name: str, arguments: dict[str, Any], bound: TaskBound) -> CallToolResult: ...
+    async def call_task(
+        self, name: str, arguments: dict[str, Any], bound: TaskBound, *, confirm: Callable[[], None] | None = None
+    ) -> CallToolResult: ...
 
 
 def serves_tasks(client: Client) -> bool:

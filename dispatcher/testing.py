@@ -45,13 +45,14 @@ your approver or your ``on_definition_change`` hook, through the client the disp
 from __future__ import annotations
 
 import random
+import threading
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 
 import anyio
 from mcp.shared.exceptions import MCPError
-from mcp.types import CONNECTION_CLOSED, INTERNAL_ERROR, CallToolResult, TextContent
+from mcp.types import CONNECTION_CLOSED, INTERNAL_ERROR, CallToolResult, ErrorData, TextContent
 
 from ._hostile import HostileServer
 
@@ -65,6 +66,7 @@ __all__ = [
     "Execution",
     "FaultInjector",
     "FaultKind",
+    "FencedResource",
     "HostileServer",
     "InjectedFault",
     "Outcome",
@@ -380,3 +382,68 @@ if __name__ == "__main__":
     from ._hostile import main
 
     main()
+
+
+class FencedResource:
+    """The server side of fencing tokens: refuse a request whose token is lower than the highest seen.
+
+    A fleet hold carries a fencing token (`dispatcher.fleet.FleetServer`'s `fence_argument` or
+    `fence_meta` says where each request carries it) that grows with every grant on the server. A
+    resource that admits each write with its token, and refuses one lower than the highest it has
+    admitted, refuses the late write of a holder whose turn was handed on (it froze, or was cut off,
+    after its lease ended): the next holder's token, already seen, is higher. Admit at the point where
+    the write takes effect (under the lock that applies it) so that a write still running when a newer
+    holder arrives is refused too::
+
+        fence = FencedResource()
+
+        async def set_note(name: str, text: str, fence_token: int) -> str:
+            with lock:
+                fence.admit(fence_token)  # raises MCPError: the client's call fails, nothing is written
+                notes[name] = text
+
+    Resources are named, so a server whose holds are keyed (a `domain` and conflict keys) can fence each
+    key on its own; the default is one resource for the whole server. Thread-safe.
+    """
+
+    code: Final = -32010
+    """The JSON-RPC error code of a refused request (in the range JSON-RPC leaves to servers)."""
+
+    def __init__(self) -> None:
+        self._highest: dict[str, int] = {}
+        self._refused = 0
+        self._lock = threading.Lock()
+
+    def admit(self, token: object, resource: str = "") -> None:
+        """Admit a request with `token` on `resource`, or refuse it.
+
+        Raises:
+            MCPError: The token is missing (not an int) or lower than the highest admitted on `resource`.
+        """
+        with self._lock:
+            highest = self._highest.get(resource)
+            if not isinstance(token, int) or isinstance(token, bool):
+                self._refused += 1
+                raise MCPError.from_error_data(
+                    ErrorData(code=self.code, message=f"refused: no fencing token (an int), got {token!r}")
+                )
+            if highest is not None and token < highest:
+                self._refused += 1
+                raise MCPError.from_error_data(
+                    ErrorData(
+                        code=self.code,
+                        message=f"refused: stale fencing token {token} (a newer holder has {highest})",
+                    )
+                )
+            self._highest[resource] = token
+
+    def highest(self, resource: str = "") -> int | None:
+        """The highest token admitted on `resource`, or None."""
+        with self._lock:
+            return self._highest.get(resource)
+
+    @property
+    def refused(self) -> int:
+        """How many requests were refused."""
+        with self._lock:
+            return self._refused

@@ -242,7 +242,7 @@ class _Unused:
     def prepare(self, arguments: Any) -> Any:
         return arguments
 
-    async def invoke(self, prepared: Any) -> CallToolResult:
+    async def invoke(self, prepared: Any, lease: object = None) -> CallToolResult:
         raise AssertionError("not called")
 
 

@@ -21,7 +21,7 @@ class _Nothing:
     def prepare(self, arguments: Any) -> Any:
         return arguments
 
-    async def invoke(self, prepared: Any) -> CallToolResult:
+    async def invoke(self, prepared: Any, lease: object = None) -> CallToolResult:
         raise AssertionError("not called")
 
 

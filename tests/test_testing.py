@@ -52,6 +52,7 @@ def test_public_names() -> None:
     assert set(dispatcher.testing.__all__) == {
         "Execution",
         "FaultInjector",
+        "FencedResource",
         "FaultKind",
         "HostileServer",
         "InjectedFault",

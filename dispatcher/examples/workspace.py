@@ -28,6 +28,9 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 import anyio
+from mcp.shared.exceptions import MCPError
+
+from dispatcher.testing import FencedResource
 
 from ._http import serve_http
 from ._workspace import FaultConfig, ToolRun, Workspace, saturated_latency
@@ -69,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             saturation=args.saturation,
             faults=faults,
             name=args.name,
+            fence=args.fence,
         )
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
@@ -110,7 +114,8 @@ class _LedgerFile:
     """Middleware that appends a JSON line to a file as each tool call starts and as it ends.
 
     Lines are ``{"event": "start", "pid", "seq", "tool", "arguments"}`` and ``{"event": "end", "pid",
-    "seq", "outcome"}``, where outcome is ``ok``, ``tool_error``, ``error`` or ``cancelled``. Each is one
+    "seq", "outcome"}``, where outcome is ``ok``, ``tool_error``, ``error``, ``cancelled`` or ``fenced`` (a
+    write the fenced mode refused as it took effect). Each is one
     unbuffered append, so a killed process leaves every line it wrote, and restarts may share a file.
     """
 
@@ -136,6 +141,10 @@ class _LedgerFile:
         except anyio.get_cancelled_exc_class():
             outcome = "cancelled"
             raise
+        except MCPError as exc:
+            if exc.error.code == FencedResource.code:
+                outcome = "fenced"  # refused as it took effect: it changed nothing
+            raise
         finally:
             self._write({"event": "end", "seq": seq, "outcome": outcome})
 
@@ -157,6 +166,9 @@ def _parser() -> argparse.ArgumentParser:
         "--fault-kinds", default="error", metavar="K,L", help="of hang, drop, error, tool_error, crash (default: error)"
     )
     faults.add_argument("--exit-after", type=int, metavar="N", help="exit abruptly on the N-th tool call (a crash)")
+    parser.add_argument(
+        "--fence", metavar="META", help="fenced mode: refuse writes whose fencing token (this _meta entry) is stale"
+    )
     faults.add_argument("--ledger", type=pathlib.Path, metavar="PATH", help="append a JSON line per tool call to PATH")
     transport = parser.add_mutually_exclusive_group()
     transport.add_argument("--stdio", action="store_true", help="serve over stdin/stdout (the default)")

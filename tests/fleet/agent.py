@@ -5,31 +5,73 @@ read to one MCP server over streamable HTTP, through a dispatcher coordinated by
 ``redis`` is null), and writes every result to ``out`` as JSON. In "hold" mode it takes one exclusive fleet
 hold, prints ``HELD`` and waits to be killed. In "keyed" mode each agent writes its note (``k0`` or ``k1``,
 by the parity of its number) `rounds` times, on a server whose writes are keyed by the note's name.
+
+With ``fence`` the server's requests carry their fencing token in that `_meta` entry. With
+``freeze_after`` N the process stops itself (SIGSTOP) right after its N-th grant of a write, once, having printed
+``FROZEN``: a process frozen between its grant and its send, which the test resumes (SIGCONT). With
+``unchecked`` the process never learns that a hold ended (the check before the send, the watch and
+the renewals are switched off): the unsafe behaviour the tests' oracles must catch.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import signal
 import sys
-from typing import Any
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from dispatcher import Dispatcher, ToolCall
 from dispatcher.fleet import FleetServer, RedisCoordinator
 
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
 SERVER = "ws"
+
+
+class _Faulty(RedisCoordinator):
+    """The fleet's coordinator with the faults of `freeze_after` and `unchecked` (module docstring)."""
+
+    def __init__(self, *args: Any, freeze_after: int | None, unchecked: bool, **options: Any) -> None:
+        super().__init__(*args, **options)
+        self.freeze_after = freeze_after
+        self.unchecked = unchecked
+        self.grants = 0
+
+    @asynccontextmanager
+    async def hold(self, **options: Any) -> AsyncIterator[Any]:
+        async with super().hold(**options) as lease:
+            self.grants += bool(options.get("exclusive"))
+            if self.unchecked and lease is not None:
+                lease.margin = -math.inf
+            if options.get("exclusive") and self.grants == self.freeze_after:
+                print("FROZEN", flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            yield lease
+
+    def _lose(self, lease: Any, why: str) -> None:
+        if not self.unchecked:
+            super()._lose(lease, why)
 
 
 def _coordinator(config: dict[str, Any]) -> RedisCoordinator | None:
     if config.get("redis") is None:
         return None
-    return RedisCoordinator(
+    server = FleetServer(
+        limit=config.get("limit"), shared_state=config.get("shared_state", False), fence_meta=config.get("fence")
+    )
+    return _Faulty(
         config["redis"],
+        freeze_after=config.get("freeze_after"),
+        unchecked=config.get("unchecked", False),
         namespace=config["namespace"],
-        servers={SERVER: FleetServer(limit=config.get("limit"), shared_state=config.get("shared_state", False))},
+        servers={SERVER: server},
         lease_ttl=config.get("ttl", 1.0),
         recheck=config.get("recheck", 0.2),
         timeout=config.get("timeout", 1.0),

@@ -40,13 +40,33 @@ def namespace() -> str:
     return f"test-{uuid.uuid4().hex[:8]}"
 
 
+FENCE = "example.com/fence"
+"""The `_meta` entry of the fenced workspace's tokens."""
+
+
 @pytest.fixture
 def workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
     """The example workspace over HTTP with a ledger; yields its URL and the ledger's path."""
+    yield from _workspace(tmp_path)
+
+
+@pytest.fixture
+def fenced_workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
+    """The same workspace in its fenced mode: writes with a stale token in _meta[FENCE] are refused."""
+    yield from _workspace(tmp_path, "--fence", FENCE, "--latency", "0.06")
+
+
+@pytest.fixture
+def slow_workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
+    """The workspace with 0.2 s calls: a flush or a freeze finds writes in flight."""
+    yield from _workspace(tmp_path, "--latency", "0.2")
+
+
+def _workspace(tmp_path: pathlib.Path, *options: str) -> Iterator[tuple[str, pathlib.Path]]:
     ledger = tmp_path / "ledger.jsonl"
     process = subprocess.Popen(
         [sys.executable, "-m", "dispatcher.examples.workspace", "--http", "--port", "0", "--latency", "0.03",
-         "--ledger", str(ledger)],
+         "--ledger", str(ledger), *options],
         stdout=subprocess.PIPE,
         cwd=ROOT,
     )  # fmt: skip

@@ -38,7 +38,8 @@ step = st.one_of(
 
 def redis_keys(namespace: str) -> list[str]:
     prefix = f"{namespace}:server:ws:"
-    return [prefix + name for name in ("queue", "waiting", "waiting_exp", "holders", "holders_exp", "seq", "meta")]
+    names = ("queue", "waiting", "waiting_exp", "holders", "holders_exp", "seq", "meta", "tokens", "fence")
+    return [prefix + name for name in names]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -54,7 +55,7 @@ def test_redis_grants_exactly_what_the_gate_starts(
         keys = redis_keys(namespace)
         # No quiet period: this Redis instance is the one that has always held this namespace's state.
         run_id = client.info("server")["run_id"]
-        client.hset(keys[6], mapping={"run_id": run_id, "quiet_until": 0})
+        client.hset(keys[6], mapping={"run_id": run_id, "quiet_until": 0, "epoch": 1})
         args: list[str | int] = [60_000, limit, f"{namespace}:wake:"]
         gate: Gate[str] = Gate(limit or None)
         tickets: list[Ticket[str]] = []
@@ -88,7 +89,7 @@ def test_the_model_check_can_tell_a_whole_server_hold_from_a_keyed_one(redis_ser
     try:
         acquire = client.register_script(ACQUIRE)
         keys = redis_keys("oracle")
-        client.hset(keys[6], mapping={"run_id": client.info("server")["run_id"], "quiet_until": 0})
+        client.hset(keys[6], mapping={"run_id": client.info("server")["run_id"], "quiet_until": 0, "epoch": 1})
         args: list[str | int] = [60_000, 0, "oracle:wake:"]
         for lease in ("t:0", "t:1"):
             acquire(keys=keys, args=[*args, lease, _locks(SHARED, True, ())])

@@ -39,11 +39,18 @@ class Overlaps:
 
 
 def read_ledger(path: pathlib.Path) -> Overlaps:
-    """The server's peak concurrency and how many times a write overlapped another call, from its ledger."""
+    """The server's peak concurrency and how many times a write overlapped another call, from its ledger.
+
+    A write the fenced workspace refused where it would have taken effect (outcome ``fenced``) changed
+    nothing, so it overlaps nothing.
+    """
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    fenced = {record["seq"] for record in records if record["event"] == "end" and record["outcome"] == "fenced"}
     running: dict[int, str] = {}
     peak = overlaps = calls = 0
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
+    for record in records:
+        if record["seq"] in fenced:
+            continue
         if record["event"] == "start":
             calls += 1
             tool = record["tool"]
@@ -238,3 +245,148 @@ def test_a_sigkilled_process_loses_its_hold_within_the_lease_bound(
             holder.wait()
         assert holder.stdout is not None
         holder.stdout.close()
+
+
+def frozen_fleet(
+    tmp_path: pathlib.Path, mcp: str, redis: str, namespace: str, backend: str, **options: Any
+) -> tuple[list[dict[str, Any]], list[subprocess.Popen[bytes]]]:
+    """Two processes on `backend`; the first stops itself (SIGSTOP) right after its second write's grant.
+
+    The other has more to do, so it is still writing when the first resumes.
+    """
+    configs = fleet_configs(tmp_path, mcp, redis, namespace, processes=2, rounds=4)
+    for index, config in enumerate(configs):
+        config.update(backend=backend, agents=2, ttl=0.5, recheck=0.1, **options)
+        if index == 0:
+            config["freeze_after"] = 2
+        else:
+            config["rounds"] = 16
+    processes = [spawn(config) for config in configs]
+    for process in processes:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == b"READY"
+    return configs, processes
+
+
+def thaw_after(process: subprocess.Popen[bytes], seconds: float) -> None:
+    """Wait until `process` froze itself, let the fleet run `seconds` without it, then resume it."""
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == b"FROZEN"
+    time.sleep(seconds)  # the lease (0.5 s) ends and the other process takes the server meanwhile
+    process.send_signal(signal.SIGCONT)
+
+
+def test_a_holder_frozen_between_grant_and_send_never_writes_beside_the_next_one(
+    tmp_path: pathlib.Path,
+    redis_server: RedisServer,
+    namespace: str,
+    fenced_workspace: tuple[str, pathlib.Path],
+    anyio_backend_name: str,
+) -> None:
+    """SIGSTOP for 3 ttl right after a grant: its call is given up before the send; 0 overlapping writes."""
+    mcp, ledger = fenced_workspace
+    from tests.fleet.conftest import FENCE
+
+    configs, processes = frozen_fleet(tmp_path, mcp, redis_server.url, namespace, anyio_backend_name, fence=FENCE)
+    thaw_after(processes[0], 1.0)
+    wait_all(processes, timeout=60)
+    results = results_of(configs)
+    assert sorted(result["id"] for result in results) == expected_ids(configs), "a call lost its result"
+    lost = [result for result in results if result["status"] != "ok"]
+    assert lost and all("fleet hold" in result["error"] for result in lost), lost
+    seen = read_ledger(ledger)
+    assert seen.write_overlaps == 0, f"a write overlapped another call {seen.write_overlaps} times"
+
+
+def test_a_late_write_that_got_past_the_holder_is_refused_by_the_fenced_server(
+    tmp_path: pathlib.Path,
+    redis_server: RedisServer,
+    namespace: str,
+    fenced_workspace: tuple[str, pathlib.Path],
+    anyio_backend_name: str,
+) -> None:
+    """The holder never learns its lease ended (unchecked): its late write is refused by the token alone."""
+    mcp, ledger = fenced_workspace
+    from tests.fleet.conftest import FENCE
+
+    configs, processes = frozen_fleet(
+        tmp_path, mcp, redis_server.url, namespace, anyio_backend_name, fence=FENCE, unchecked=True
+    )
+    thaw_after(processes[0], 1.0)
+    wait_all(processes, timeout=60)
+    results = results_of(configs)
+    assert sorted(result["id"] for result in results) == expected_ids(configs), "a call lost its result"
+    refused = [result for result in results if result["status"] != "ok"]
+    assert refused and all("fencing token" in result["error"] for result in refused), refused
+    seen = read_ledger(ledger)
+    assert seen.write_overlaps == 0, f"a write overlapped another call {seen.write_overlaps} times"
+
+
+def test_the_oracle_an_unchecked_holder_on_an_unfenced_server_overlaps_writes(
+    tmp_path: pathlib.Path,
+    redis_server: RedisServer,
+    namespace: str,
+    workspace: tuple[str, pathlib.Path],
+    anyio_backend_name: str,
+) -> None:
+    """Neither the check nor a fence: the late write reaches the server, and the ledger shows it overlapping."""
+    mcp, ledger = workspace
+    configs, processes = frozen_fleet(tmp_path, mcp, redis_server.url, namespace, anyio_backend_name, unchecked=True)
+    thaw_after(processes[0], 1.0)
+    wait_all(processes, timeout=60)
+    records = [json.loads(line) for line in ledger.read_text().splitlines()]
+    # The frozen process's write started after the other process had been granted the server.
+    assert read_ledger(ledger).calls == len(results_of(configs))
+    assert any(record["event"] == "start" for record in records)
+    assert read_ledger(ledger).write_overlaps > 0, "the checks cannot tell a late, unfenced write"
+
+
+def open_write(ledger: pathlib.Path) -> bool:
+    """Whether the ledger shows a write that started and has not ended."""
+    running: set[int] = set()
+    for line in ledger.read_text().splitlines() if ledger.exists() else ():
+        record = json.loads(line)
+        if record["event"] == "start" and record["tool"] in WRITES:
+            running.add(record["seq"])
+        elif record["event"] == "end":
+            running.discard(record["seq"])
+    return bool(running)
+
+
+def test_repeated_flushalls_never_let_two_writes_overlap(
+    tmp_path: pathlib.Path, redis_server: RedisServer, namespace: str, slow_workspace: tuple[str, pathlib.Path]
+) -> None:
+    """FLUSHALL four times, each while a write runs (seeded pauses): one result per call, 0 overlapping writes."""
+    import random
+
+    import redis as redis_py
+
+    mcp, ledger = slow_workspace
+    configs = fleet_configs(tmp_path, mcp, redis_server.url, namespace, processes=2, rounds=4)
+    for config in configs:
+        config.update(agents=3, ttl=0.5, recheck=0.1)
+    processes = [spawn(config) for config in configs]
+    for process in processes:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == b"READY"
+    rng = random.Random(24)
+    client = redis_py.Redis.from_url(redis_server.url)
+    try:
+        for _ in range(4):
+            time.sleep(rng.uniform(0.2, 0.6))
+            deadline = time.monotonic() + 10
+            while not open_write(ledger) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            client.flushall()  # under a write in flight: its hold is gone from Redis
+    finally:
+        client.close()
+    wait_all(processes, timeout=90)
+    results = results_of(configs)
+    assert sorted(result["id"] for result in results) == expected_ids(configs), "a call lost its result"
+    for result in results:
+        assert result["status"] in ("ok", "failed"), result
+        if result["status"] == "failed":
+            assert "fleet hold" in result["error"] or "Redis" in result["error"], result
+    seen = read_ledger(ledger)
+    assert seen.peak <= LIMIT, f"{seen.peak} calls ran at once on the server; the fleet limit is {LIMIT}"
+    assert seen.write_overlaps == 0, f"a write overlapped another call {seen.write_overlaps} times"
