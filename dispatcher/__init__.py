@@ -10,6 +10,7 @@ from ._approval import SessionGuard as SessionGuard
 from ._batch import Batch as Batch
 from ._batch import PendingCall as PendingCall
 from ._calls import CallStatus as CallStatus
+from ._calls import Effect as Effect
 from ._calls import ToolCall as ToolCall
 from ._calls import ToolResult as ToolResult
 from ._catalog import ToolEntry as ToolEntry
@@ -38,6 +39,7 @@ __all__ = [
     "Dispatcher",
     "DispatcherClosedError",
     "DispatcherError",
+    "Effect",
     "NotFinishedError",
     "PendingCall",
     "ReconnectPolicy",

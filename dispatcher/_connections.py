@@ -57,6 +57,7 @@ from ._catalog import ToolEntry
 from ._errors import ConfigurationError
 from ._failures import ConnectionLost, ToolUnavailableError, explain, innermost, is_transport_failure
 from ._keys import check_domain, check_key_functions
+from ._lifecycle import mark_sent
 from ._mcp import DEFAULT_MAX_ANSWER_BYTES, MCPTool, answers, capped_transport, list_all_tools
 from ._pins import DefinitionChange, Pins
 from ._reconnect import ReconnectPolicy
@@ -119,6 +120,9 @@ class Connection:
     Calls go through `call_tool`, which waits for a connection (connecting one if needed) and reports a
     lost connection so that the next call connects afresh.
     """
+
+    # `call_tool` marks the send itself, once it has a client to send on (`_mcp.ToolCaller`).
+    marks_sent = True
 
     def __init__(
         self,
@@ -476,6 +480,7 @@ class Connection:
         reason = self._unavailable(name)
         if reason is not None:
             raise ToolUnavailableError(reason)
+        mark_sent()  # past this point the SDK may write the request (see `_lifecycle.Moment`)
         try:
             return await client.call_tool(name, arguments)
         except anyio.get_cancelled_exc_class():

@@ -31,6 +31,15 @@ call gets; a pair missing from it is a bug of the driver (a call denied while it
 it started) and raises `LifecycleError` instead of giving a result. An answered attempt brings its own
 status (OK or TOOL_ERROR from the tool's answer, FAILED or TIMEOUT from how it failed: `_failures`).
 
+Whether the call's effect happened (`Effect`) is read from a second, smaller table, `EFFECTS`, by the
+last `Moment` the call reached: nothing sent yet (NEVER_RAN), its request possibly sent (UNKNOWN), the
+tool's answer received (RAN). The moment moves forward only: `sent` is called by the boundary with the
+tool (`mark_sent`, just before the SDK or the local function is handed the request: `_mcp`,
+`_connections`, `_functions`), and an answer is a `CallToolResult` the attempt returned. Nothing a server
+sends can move it back: an error instead of a result after the send reads UNKNOWN, and a later attempt
+that was not sent leaves an earlier attempt's UNKNOWN as it is. A call that settles before it runs never
+left the client (NEVER_RAN) whatever ended it.
+
 When the call settles, its owner (the batch, see `Owner`) is told, once, with the result; the record then
 drops what it held for running (the gate's ticket, the tool, the prepared arguments, the owner itself), so
 a settled call holds no cycle and is freed by reference counting alone.
@@ -43,9 +52,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._calls import CallStatus, ToolResult
+from ._calls import CallStatus, Effect, ToolResult
 
 if TYPE_CHECKING:
     from mcp.types import CallToolResult
@@ -57,6 +67,7 @@ if TYPE_CHECKING:
     from ._observe import CallState
 
 __all__ = [
+    "EFFECTS",
     "MAX_ERROR",
     "OUTCOMES",
     "CallRecord",
@@ -64,8 +75,10 @@ __all__ = [
     "Ending",
     "Interrupt",
     "LifecycleError",
+    "Moment",
     "Owner",
     "Phase",
+    "mark_sent",
 ]
 
 MAX_ERROR = 1000
@@ -112,6 +125,35 @@ class Ending(enum.Enum):
     """A fleet-wide hold could not be granted in time; it never ran."""
     HOLD_LOST = "hold lost"
     """Its fleet-wide hold was lost while it ran."""
+
+
+class Moment(enum.IntEnum):
+    """How far a call's request got: the one thing that decides its `Effect` (through `EFFECTS`)."""
+
+    BEFORE_SEND = 0
+    """Nothing of the call was handed to its tool yet."""
+    SENT = 1
+    """The request was handed to the SDK (or the local function was called): it may have reached the tool."""
+    ANSWERED = 2
+    """The tool's answer (a `CallToolResult`, OK or isError) came back."""
+
+
+EFFECTS = {Moment.BEFORE_SEND: Effect.NEVER_RAN, Moment.SENT: Effect.UNKNOWN, Moment.ANSWERED: Effect.RAN}
+"""The effect of a call, by the last moment it reached before it settled."""
+
+_sending: ContextVar[CallRecord | None] = ContextVar("dispatcher_sending", default=None)
+
+
+def mark_sent() -> None:
+    """The request of the call this task runs may reach its tool from now on (see `Moment.SENT`).
+
+    Called by each tool implementation at the last point before which nothing can have reached the
+    tool: just before it hands the request to the SDK (which may write it at once), or calls the
+    local function. Outside a call (a listing, a ping), it does nothing.
+    """
+    record = _sending.get()
+    if record is not None:
+        record.sent()
 
 
 _BEFORE = (Phase.QUEUED, Phase.AWAITING_APPROVAL, Phase.ADMITTED)
@@ -185,6 +227,7 @@ class CallRecord:
         "hooks",
         "impl",
         "interrupt",
+        "moment",
         "outcome",
         "owner",
         "phase",
@@ -212,6 +255,7 @@ class CallRecord:
         self.interrupt: Interrupt | None = None
         self.cancel_requested = False
         self.attempts = 0
+        self.moment = Moment.BEFORE_SEND
         self.errors: list[str] | None = None
         # Whether an error quotes text a server wrote, so far (see `ToolResult.untrusted_content`).
         self.untrusted = False
@@ -289,12 +333,20 @@ class CallRecord:
         self._expect(Phase.ADMITTED, what="start")
         self.phase = Phase.RUNNING
         self.started_at = now
+        # The tool's implementation, awaited in this task, marks the send through this (`mark_sent`).
+        # Left set after the call: a settled call ignores it, and the task's next call replaces it.
+        _sending.set(self)
         return True
 
     def attempted(self) -> None:
         """An attempt starts (the first one with `start`)."""
         self._expect(Phase.RUNNING, what="attempt")
         self.attempts += 1
+
+    def sent(self) -> None:
+        """The running attempt's request may reach the tool from now on (`mark_sent`)."""
+        if self.phase is Phase.RUNNING:
+            self.moment = Moment.SENT
 
     def failed_attempt(self, error: str) -> None:
         """An attempt ended without success, for `error`."""
@@ -368,6 +420,8 @@ class CallRecord:
             # Anything an open-world tool sent back, errors included, may carry instructions.
             self.attempts > 0 and entry is not None and bool(entry.annotations.open_world_hint)
         )
+        if result is not None and phase is Phase.RUNNING:
+            self.moment = Moment.ANSWERED
         self.phase = Phase.SETTLED
         self.outcome = outcome = build_result(
             self.call,
@@ -382,6 +436,8 @@ class CallRecord:
             now,
             earlier,
             untrusted,
+            EFFECTS[self.moment],
+            entry is None or not entry.annotations.read_only_hint,
         )
         # A settled call waits for nothing: an approval still being asked, a fleet hold being waited for.
         interrupt = self.interrupt
@@ -420,6 +476,8 @@ _set_started_at = _slot["started_at"].__set__
 _set_finished_at = _slot["finished_at"].__set__
 _set_attempt_errors = _slot["attempt_errors"].__set__
 _set_untrusted_content = _slot["untrusted_content"].__set__
+_set_effect = _slot["effect"].__set__
+_set_mutating = _slot["mutating"].__set__
 # `build_result` sets every field (each by its name) and relies on nothing to run after __init__.
 assert [field.name for field in dataclasses.fields(ToolResult)] == [
     "call",
@@ -434,6 +492,8 @@ assert [field.name for field in dataclasses.fields(ToolResult)] == [
     "finished_at",
     "attempt_errors",
     "untrusted_content",
+    "effect",
+    "mutating",
 ]
 assert not hasattr(ToolResult, "__post_init__")
 
@@ -451,6 +511,8 @@ def build_result(
     finished_at: float,
     attempt_errors: tuple[str, ...],
     untrusted_content: bool,
+    effect: Effect = Effect.UNKNOWN,
+    mutating: bool = True,
 ) -> ToolResult:
     """A `ToolResult` equal to the one its constructor builds, at less than half the cost.
 
@@ -471,4 +533,6 @@ def build_result(
     _set_finished_at(new, finished_at)
     _set_attempt_errors(new, attempt_errors)
     _set_untrusted_content(new, untrusted_content)
+    _set_effect(new, effect)
+    _set_mutating(new, mutating)
     return new

@@ -27,6 +27,7 @@ from mcp.types import CONNECTION_CLOSED, ErrorData, JSONRPCError, JSONRPCNotific
 
 from ._catalog import ArgumentError
 from ._failures import ANSWER_TOO_LARGE, ConnectionLost, ToolUnavailableError, is_transport_failure
+from ._lifecycle import mark_sent
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -189,7 +190,11 @@ def _sse_too_large(error: ErrorData) -> bool:
 
 
 class ToolCaller(Protocol):
-    """What runs a tool on a server: an entered `mcp.Client`, or a connection the dispatcher owns."""
+    """What runs a tool on a server: an entered `mcp.Client`, or a connection the dispatcher owns.
+
+    A caller whose class sets ``marks_sent = True`` calls `_lifecycle.mark_sent` itself, at the point it
+    hands the request to the SDK; for any other, `MCPTool` marks the send before calling it.
+    """
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> CallToolResult: ...
 
@@ -370,6 +375,10 @@ class MCPTool:
             if reason is not None:
                 raise ToolUnavailableError(reason)
         client = self.client
+        if not getattr(client, "marks_sent", False):
+            # Past this point the SDK may write the request: the call's effect is unknown until it answers.
+            # (A connection the dispatcher owns marks it itself, once it has a client to send on.)
+            mark_sent()
         try:
             return await client.call_tool(self.name, prepared)
         except MCPError as exc:
