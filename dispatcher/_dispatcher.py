@@ -80,6 +80,11 @@ class Dispatcher:
             name when it is free, but an untrusted server never holds a name that a trusted server
             (or a local function) also offers (see docs/mcp.md, "Tool names"). Local functions keep
             the names you give them either way.
+        fail_fast: Stop what depends on a failed write: once a call that may mutate fails or ends
+            with an unknown outcome, the later calls of its batch that conflict with it (the same
+            conflict key or domain; without keys, every later call) are not run, each with a FAILED,
+            never-ran result naming the call it depended on. Calls that conflict with none run as
+            usual. False (the default): every call runs. Every batch can set its own (docs/retries.md).
 
     Use it as an async context manager; calls run in its task group::
 
@@ -101,6 +106,7 @@ class Dispatcher:
         tracer_provider: TracerProvider | None = None,
         coordinator: Coordinator | None = None,
         qualified_names: bool = False,
+        fail_fast: bool = False,
     ) -> None:
         if max_concurrency is not None and (
             not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1
@@ -122,6 +128,7 @@ class Dispatcher:
         self._retry = retry
         if not isinstance(qualified_names, bool):
             raise ConfigurationError(f"qualified_names must be True or False, got {qualified_names!r}")
+        self._fail_fast = _check_fail_fast(fail_fast, default=False)
         self._catalog = Catalog(qualified=qualified_names)
         self._servers = ServerRegistry(self._catalog)
         self._executor = Executor(
@@ -605,14 +612,16 @@ class Dispatcher:
         approve: Approver | None = None,
         approval: ApprovalPolicy | None = None,
         guard: SessionGuard | None = None,
+        fail_fast: bool | None = None,
     ) -> Batch:
         """Start an incremental batch: submit calls one by one, as they arrive.
 
-        ``approve``, ``approval`` and ``guard`` replace the dispatcher's own for this batch (see
-        `dispatch`).
+        ``approve``, ``approval``, ``guard`` and ``fail_fast`` replace the dispatcher's own for this
+        batch (see `dispatch`).
         """
         self._check_open()
-        return Batch(self._executor, self._batch_hooks(approve, approval, guard))
+        fail = _check_fail_fast(fail_fast, default=self._fail_fast)
+        return Batch(self._executor, self._batch_hooks(approve, approval, guard), fail_fast=fail)
 
     async def dispatch(
         self,
@@ -621,6 +630,7 @@ class Dispatcher:
         approve: Approver | None = None,
         approval: ApprovalPolicy | None = None,
         guard: SessionGuard | None = None,
+        fail_fast: bool | None = None,
     ) -> list[ToolResult]:
         """Run a batch of calls and return one result per call, in call order.
 
@@ -638,6 +648,8 @@ class Dispatcher:
             approval: This batch's approval policy, instead of the dispatcher's.
             guard: The `SessionGuard` of the session this batch belongs to, instead of the
                 dispatcher's.
+            fail_fast: Whether this batch stops what depends on a failed write (see `Dispatcher`);
+                None: the dispatcher's setting.
 
         Raises:
             BatchError: An item is not a `ToolCall`, or two calls share an id; nothing was run.
@@ -645,7 +657,8 @@ class Dispatcher:
             ConfigurationError: ``approve``, ``approval`` or ``guard`` is not of the right kind, or the
                 approval policy names a tool that is not registered (see `ApprovalPolicy`).
         """
-        batch = Batch(self._executor, self._batch_hooks(approve, approval, guard))
+        fail = _check_fail_fast(fail_fast, default=self._fail_fast)
+        batch = Batch(self._executor, self._batch_hooks(approve, approval, guard), fail_fast=fail)
         await self._executor.submit_yielding(batch, batch._accept(calls))
         return await batch.wait()
 
@@ -672,6 +685,14 @@ class Dispatcher:
     def _check_not_closed(self) -> None:
         if self._tg is not None:
             self._executor.check_open()  # entered once: registering is only for while it is open
+
+
+def _check_fail_fast(value: object, *, default: bool) -> bool:
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"fail_fast must be True or False (or None for the dispatcher's), got {value!r}")
+    return value
 
 
 def _check_approvals(approve: object, approval: object, guard: object) -> None:

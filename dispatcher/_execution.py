@@ -43,7 +43,7 @@ from ._failures import ToolUnavailableError
 from ._failures import describe as describe_failure
 from ._gate import Gate, TicketState
 from ._keys import KeyRuleError, call_keys
-from ._lifecycle import Ending, Phase
+from ._lifecycle import Ending, Phase, done_sending
 from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible, is_transient
 
 if TYPE_CHECKING:
@@ -99,6 +99,8 @@ class Executor:
         self._new_budget = budget_factory(coordinator)
         self._rng = random.Random(retry.seed if retry is not None else None)
         self.gate: Gate[PendingCall] = Gate(max_concurrency)
+        # Whether `skip_dependents` is under way (settling a skipped call calls it again).
+        self._skipping = False
         self.live: set[Batch] = set()
         """The batches that have calls without a result."""
         self._tg: TaskGroup | None = None
@@ -232,6 +234,12 @@ class Executor:
         except KeyRuleError as exc:
             work.settle(Ending.REJECTED, now, f"invalid conflict keys: {exc}")
             return work
+        fail_fast = batch.fail_fast
+        if fail_fast:  # an earlier call of the batch failed: this one may depend on it
+            why = fail_fast.blocker(work.position, keys)
+            if why is not None:
+                work.settle(Ending.SKIPPED, now, why)
+                return work
         if hooks is None:
             work.enter(self.gate.submit(work, exclusive=entry.exclusive, server=entry.server, keys=keys), held=False)
             return work
@@ -394,6 +402,34 @@ class Executor:
         if withdrew and self._open:
             self._pump()
 
+    def skip_dependents(self, batch: Batch, failed: PendingCall) -> None:
+        """Settle as SKIPPED the waiting calls of `batch` after `failed` that depend on a failure (`FailFast`).
+
+        One forward pass: a skipped call that may mutate is a failure in turn (settling it calls back
+        here, and returns at once), which the calls after it, still ahead in the pass, see.
+        """
+        if self._skipping:
+            return
+        rules = batch.fail_fast
+        assert rules is not None
+        self._skipping = True
+        withdrew = False
+        try:
+            now = anyio.current_time()
+            works = batch._works
+            for later in works[failed.position + 1 :]:
+                ticket = later.ticket
+                if ticket is None or ticket.state not in _WAITING:
+                    continue
+                why = rules.blocker(later.position, ticket.keys)
+                if why is not None and self.gate.withdraw(ticket):
+                    withdrew = True
+                    later.settle(Ending.SKIPPED, now, why)
+        finally:
+            self._skipping = False
+        if withdrew and self._open:
+            self._pump()
+
     # Running ---------------------------------------------------------------------------------------
 
     def _pump(self) -> None:
@@ -439,6 +475,7 @@ class Executor:
                 if closing:
                     raise
             finally:
+                done_sending()
                 gate.finish(ticket)
             following = gate.take() if self._open else None
             if following is not None:

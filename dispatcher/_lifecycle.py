@@ -56,6 +56,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._calls import CallStatus, Effect, ToolResult
+from ._gate import ROOT_KEYS, conflicts
 
 if TYPE_CHECKING:
     from mcp.types import CallToolResult
@@ -73,11 +74,13 @@ __all__ = [
     "CallRecord",
     "build_result",
     "Ending",
+    "FailFast",
     "Interrupt",
     "LifecycleError",
     "Moment",
     "Owner",
     "Phase",
+    "done_sending",
     "mark_sent",
 ]
 
@@ -125,6 +128,8 @@ class Ending(enum.Enum):
     """A fleet-wide hold could not be granted in time; it never ran."""
     HOLD_LOST = "hold lost"
     """Its fleet-wide hold was lost while it ran."""
+    SKIPPED = "skipped"
+    """Fail-fast: an earlier call of its batch that it conflicts with, and that may mutate, failed (`FailFast`)."""
 
 
 class Moment(enum.IntEnum):
@@ -156,6 +161,11 @@ def mark_sent() -> None:
         record.sent()
 
 
+def done_sending() -> None:
+    """This task runs no call any more: forget it (a settled call must not be kept alive by its task)."""
+    _sending.set(None)
+
+
 _BEFORE = (Phase.QUEUED, Phase.AWAITING_APPROVAL, Phase.ADMITTED)
 _ANY = (*_BEFORE, Phase.RUNNING)
 
@@ -184,6 +194,9 @@ def _table() -> dict[tuple[Ending, Phase], tuple[CallStatus, str]]:
             "{}; the call was abandoned (like a timed-out call, it may still be running on the server)",
         )
     table[Ending.NO_HOLD, Phase.ADMITTED] = (CallStatus.FAILED, "{}")
+    # Only a call that waits can be skipped: one that conflicts with a failed write waits behind it.
+    for phase in (Phase.QUEUED, Phase.AWAITING_APPROVAL):
+        table[Ending.SKIPPED, phase] = (CallStatus.FAILED, "not run: {}")
     return table
 
 
@@ -227,10 +240,12 @@ class CallRecord:
         "hooks",
         "impl",
         "interrupt",
+        "keys",
         "moment",
         "outcome",
         "owner",
         "phase",
+        "position",
         "prepared",
         "queued_at",
         "started_at",
@@ -252,6 +267,10 @@ class CallRecord:
         self.impl: ToolImpl | None = None
         self.prepared: Any = None
         self.ticket: Ticket[Any] | None = None
+        # Its conflict keys as the gate last had them (kept after it settles, for `FailFast`), and
+        # its place in its batch.
+        self.keys: tuple[str, ...] = ROOT_KEYS
+        self.position = 0
         self.interrupt: Interrupt | None = None
         self.cancel_requested = False
         self.attempts = 0
@@ -333,8 +352,8 @@ class CallRecord:
         self._expect(Phase.ADMITTED, what="start")
         self.phase = Phase.RUNNING
         self.started_at = now
-        # The tool's implementation, awaited in this task, marks the send through this (`mark_sent`).
-        # Left set after the call: a settled call ignores it, and the task's next call replaces it.
+        # The tool's implementation, awaited in this task, marks the send through this (`mark_sent`);
+        # the driver clears it when the call's task is done with it (`done_sending`).
         _sending.set(self)
         return True
 
@@ -446,7 +465,10 @@ class CallRecord:
             interrupt.cancel()
         # Drop what running needed; the owner last, after telling it (a settled call holds no cycle).
         self.prepared = None
-        self.ticket = None
+        ticket = self.ticket
+        if ticket is not None:
+            self.keys = ticket.keys
+            self.ticket = None
         self.errors = None
         owner = self.owner
         self.owner = None
@@ -460,6 +482,51 @@ class CallRecord:
 
     def __repr__(self) -> str:
         return f"<CallRecord {self.call.id!r} {self.phase.name}>"
+
+
+class FailFast:
+    """The failed calls of one batch that later calls conflicting with them depend on (opt-in, sans I/O).
+
+    A call that may mutate (`ToolResult.mutating`) and did not end OK (failed, a tool error, timed out,
+    denied, of unknown effect, skipped itself) is a failure, except a call cancelled before it ran (the
+    caller gave up on it, as on the rest of a cancelled batch). A later call of the batch (a higher
+    `CallRecord.position`) whose keys conflict with a failure's (`_gate.conflicts`: the same key, a key
+    under it, or the root key, which every call without declared keys has) is not run: the driver settles
+    it as `Ending.SKIPPED`, naming the call it depended on. A call that conflicts with none runs as usual.
+    """
+
+    __slots__ = ("_failed",)
+
+    def __init__(self) -> None:
+        self._failed: list[tuple[int, tuple[str, ...], str]] = []
+
+    def failed(self, record: CallRecord, result: ToolResult) -> bool:
+        """Note a settled call of the batch; True if it is a failure later calls may depend on."""
+        if result.status is CallStatus.OK or not result.mutating:
+            return False
+        if result.status is CallStatus.CANCELLED and result.effect is Effect.NEVER_RAN:
+            return False
+        if result.effect is Effect.UNKNOWN:
+            how = f"ended with an unknown outcome ({result.status.value}: it may or may not have happened)"
+        elif result.effect is Effect.NEVER_RAN:
+            how = f"was not run ({result.status.value})"
+        else:
+            how = f"failed ({result.status.value})"
+        tool = result.tool or result.call.name
+        self._failed.append(
+            (record.position, record.keys, f"it depends on call {result.call.id!r} ({tool}), which {how}")
+        )
+        return True
+
+    def blocker(self, position: int, keys: tuple[str, ...]) -> str | None:
+        """Why a call at `position` with `keys` must not run (the earliest failure it conflicts with), or None."""
+        for at, failed_keys, why in self._failed:
+            if at < position and conflicts(failed_keys, keys):
+                return why
+        return None
+
+    def __bool__(self) -> bool:
+        return bool(self._failed)
 
 
 _new = object.__new__
