@@ -21,6 +21,7 @@ from ._errors import DispatcherClosedError as DispatcherClosedError
 from ._errors import DispatcherError as DispatcherError
 from ._errors import NotFinishedError as NotFinishedError
 from ._errors import ServerConnectionError as ServerConnectionError
+from ._idempotency import IdempotencyKeys as IdempotencyKeys
 from ._observe import CallEvent as CallEvent
 from ._pins import DefinitionChange as DefinitionChange
 from ._reconnect import ReconnectPolicy as ReconnectPolicy
@@ -40,6 +41,7 @@ __all__ = [
     "DispatcherClosedError",
     "DispatcherError",
     "Effect",
+    "IdempotencyKeys",
     "NotFinishedError",
     "PendingCall",
     "ReconnectPolicy",

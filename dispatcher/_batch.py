@@ -116,12 +116,14 @@ class Batch:
         results = batch.results()
     """
 
-    __slots__ = ("_executor", "_hooks", "_ids", "_in_order", "_remaining", "_waiters", "_works", "fail_fast")
+    __slots__ = ("_executor", "_hooks", "_ids", "_in_order", "_remaining", "_waiters", "_works", "fail_fast", "number")
 
     def __init__(self, executor: Executor, hooks: CallHooks | None = None, *, fail_fast: bool = False) -> None:
         self._executor = executor
         # The failed writes later calls depend on, when the batch fails fast (see `FailFast`).
         self.fail_fast = FailFast() if fail_fast else None
+        # Unique in its dispatcher: part of each call's identity, from which its idempotency key derives.
+        self.number = executor.number_batch()
         self._in_order: InOrder | None = None
         self._hooks = hooks
         self._works: list[PendingCall] = []

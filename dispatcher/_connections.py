@@ -468,7 +468,9 @@ class Connection:
             if attempt.error is not None:
                 raise ToolUnavailableError(f"could not reconnect to server {self.server!r}: {attempt.error}")
 
-    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> CallToolResult:
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any] | None = None, *, meta: Any = None
+    ) -> CallToolResult:
         """Call a tool on the current client; a lost connection is noted and the error re-raised."""
         if self._verdict is not None:
             # A call on this client was given up on: first learn whether the client still answers.
@@ -482,6 +484,8 @@ class Connection:
             raise ToolUnavailableError(reason)
         mark_sent()  # past this point the SDK may write the request (see `_lifecycle.Moment`)
         try:
+            if meta is not None:
+                return await client.call_tool(name, arguments, meta=meta)
             return await client.call_tool(name, arguments)
         except anyio.get_cancelled_exc_class():
             # Given up on (a timeout, or its caller's cancellation): check that the connection still answers.

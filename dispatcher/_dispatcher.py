@@ -23,6 +23,7 @@ from ._failures import explain as _describe
 from ._failures import innermost as _innermost
 from ._functions import FunctionTool, ThreadWatch
 from ._hooks import CallHooks
+from ._idempotency import IdempotencyKeys
 from ._keys import check_domain, check_key_functions
 from ._mcp import DEFAULT_MAX_ANSWER_BYTES
 from ._observe import Observer, resolve_tracer
@@ -310,6 +311,7 @@ class Dispatcher:
         domain: str | None = None,
         keys: Mapping[str, KeyFunction] | None = None,
         review_new_tools: bool = False,
+        idempotency: IdempotencyKeys | None = None,
     ) -> list[ToolEntry]:
         """Register the tools of an MCP server reached through an entered `mcp.Client`.
 
@@ -343,6 +345,11 @@ class Dispatcher:
                 first seen (after the first listing, or with pins imported for it) as a change to
                 review, as it always is for an untrusted server: hidden from `tools()` and failing its
                 calls until accepted. False (the default) lets a trusted server's new tools in at once.
+            idempotency: How the server takes an idempotency key (`IdempotencyKeys`: a named
+                argument or a ``_meta`` entry), if it deduplicates calls by one: each call of its tools
+                that may mutate carries one key, the same on every attempt. A trusted server's
+                non-idempotent tools then become retryable on transient failures. None (the default):
+                no key is sent. See docs/retries.md.
 
         Returns:
             The server's callable catalogue entries.
@@ -363,11 +370,13 @@ class Dispatcher:
             review_new_tools=review_new_tools,
         )
         self._executor.gate.set_server_limit(name, max_concurrency)
+        self._executor.set_idempotency(name, _check_idempotency(idempotency))
         try:
             await self._servers.add_client(server, client)
         except BaseException:
             self._servers.release(server)
             self._executor.gate.set_server_limit(name, None)
+            self._executor.set_idempotency(name, None)
             raise
         return self._server_entries(name)
 
@@ -388,6 +397,7 @@ class Dispatcher:
         keys: Mapping[str, KeyFunction] | None = None,
         max_answer_bytes: int | None = DEFAULT_MAX_ANSWER_BYTES,
         review_new_tools: bool = False,
+        idempotency: IdempotencyKeys | None = None,
     ) -> list[ToolEntry]:
         """Connect to an MCP server and register its tools; the dispatcher owns the connection.
 
@@ -428,6 +438,7 @@ class Dispatcher:
                 here).
             review_new_tools: For a trusted server, review its new tools (see `add_mcp_server`); an
                 untrusted server's new tools are always reviewed.
+            idempotency: How the server takes an idempotency key (see `add_mcp_server`).
 
         Returns:
             The server's callable catalogue entries.
@@ -475,12 +486,14 @@ class Dispatcher:
             max_answer_bytes=max_answer_bytes,
         )
         self._executor.gate.set_server_limit(name, max_concurrency)
+        self._executor.set_idempotency(name, _check_idempotency(idempotency))
         assert self._tg is not None
         try:
             await self._tg.start(connection.run)
         except BaseException as exc:
             self._servers.release(server)
             self._executor.gate.set_server_limit(name, None)
+            self._executor.set_idempotency(name, None)
             cause = _innermost(exc)
             if isinstance(cause, ConfigurationError):
                 raise cause from None  # the caller's mistake, found in the listing
@@ -685,6 +698,14 @@ class Dispatcher:
     def _check_not_closed(self) -> None:
         if self._tg is not None:
             self._executor.check_open()  # entered once: registering is only for while it is open
+
+
+def _check_idempotency(value: object) -> IdempotencyKeys | None:
+    if value is not None and not isinstance(value, IdempotencyKeys):
+        raise ConfigurationError(
+            f"idempotency must be an IdempotencyKeys (how the server takes a key) or None, got {type(value).__name__}"
+        )
+    return value
 
 
 def _check_fail_fast(value: object, *, default: bool) -> bool:

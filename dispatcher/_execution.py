@@ -25,9 +25,11 @@ attempt nor the task group.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import random
+import secrets
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -42,6 +44,7 @@ from ._errors import DispatcherClosedError
 from ._failures import ToolUnavailableError
 from ._failures import describe as describe_failure
 from ._gate import Gate, TicketState
+from ._idempotency import IdempotencyKeys, call_key
 from ._keys import KeyRuleError, call_keys
 from ._lifecycle import Ending, Phase, done_sending
 from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible, is_transient
@@ -101,6 +104,10 @@ class Executor:
         self.gate: Gate[PendingCall] = Gate(max_concurrency)
         # Whether `skip_dependents` is under way (settling a skipped call calls it again).
         self._skipping = False
+        # How each server declared to deduplicate takes its idempotency keys, and the secret they derive from.
+        self._idempotency: dict[str, IdempotencyKeys] = {}
+        self._key_secret = secrets.token_bytes(32)
+        self._batches = itertools.count()
         self.live: set[Batch] = set()
         """The batches that have calls without a result."""
         self._tg: TaskGroup | None = None
@@ -229,6 +236,15 @@ class Executor:
             error = f"invalid arguments: {type(exc).__name__}: {exc}"
             work.settle(Ending.REJECTED, now, error, untrusted=not entry.trusted)
             return work
+        server = entry.server
+        if server is not None and self._idempotency and self._keyed(entry):
+            # One key per logical call, the same on every attempt; the model's value, if any, is replaced.
+            how = self._idempotency[server]
+            key = call_key(self._key_secret, batch.number, work.position, call.id, server, entry.tool)
+            if how.argument is not None and isinstance(work.prepared, dict):
+                work.prepare({**work.prepared, how.argument: key})
+            elif how.meta is not None:
+                work.meta = {how.meta: key}
         try:
             keys = call_keys(entry, arguments)
         except KeyRuleError as exc:
@@ -402,6 +418,21 @@ class Executor:
         if withdrew and self._open:
             self._pump()
 
+    def set_idempotency(self, server: str, keys: IdempotencyKeys | None) -> None:
+        """How `server` takes idempotency keys from now on (None: it takes none)."""
+        if keys is None:
+            self._idempotency.pop(server, None)
+        else:
+            self._idempotency[server] = keys
+
+    def number_batch(self) -> int:
+        """A number for a new batch, never given before by this executor."""
+        return next(self._batches)
+
+    def _keyed(self, entry: ToolEntry) -> bool:
+        server = entry.server
+        return server is not None and server in self._idempotency and not entry.annotations.read_only_hint
+
     def skip_dependents(self, batch: Batch, failed: PendingCall) -> None:
         """Settle as SKIPPED the waiting calls of `batch` after `failed` that depend on a failure (`FailFast`).
 
@@ -536,7 +567,7 @@ class Executor:
                 return
             if not work.start(started := anyio.current_time()):
                 return  # settled while it was on its way (its fleet hold lost)
-            if retry is None or not eligible(retry, entry):
+            if retry is None or not eligible(retry, entry, keyed=self._keyed(entry)):
                 timeout = self._call_timeout
                 if timeout is not None:
                     scope.deadline = started + timeout
@@ -587,7 +618,7 @@ class Executor:
         current = self._catalog.get(entry.server, entry.tool)
         if current is None:
             return f"tool {entry.name!r} is no longer in the catalogue"
-        if eligible(policy, current):
+        if eligible(policy, current, keyed=self._keyed(current)):
             return None
         if entry.trusted and not current.trusted:
             return f"server {entry.server!r} is no longer trusted"

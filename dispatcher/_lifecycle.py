@@ -82,6 +82,7 @@ __all__ = [
     "Phase",
     "done_sending",
     "mark_sent",
+    "request_meta",
 ]
 
 MAX_ERROR = 1000
@@ -159,6 +160,12 @@ def mark_sent() -> None:
     record = _sending.get()
     if record is not None:
         record.sent()
+
+
+def request_meta() -> dict[str, Any] | None:
+    """The `_meta` entries the dispatcher adds to the request of the call this task runs, or None."""
+    record = _sending.get()
+    return None if record is None else record.meta
 
 
 def done_sending() -> None:
@@ -241,6 +248,7 @@ class CallRecord:
         "impl",
         "interrupt",
         "keys",
+        "meta",
         "moment",
         "outcome",
         "owner",
@@ -271,6 +279,8 @@ class CallRecord:
         # its place in its batch.
         self.keys: tuple[str, ...] = ROOT_KEYS
         self.position = 0
+        # The request's `_meta` entries of the dispatcher's own (an idempotency key), or None.
+        self.meta: dict[str, Any] | None = None
         self.interrupt: Interrupt | None = None
         self.cancel_requested = False
         self.attempts = 0

@@ -27,7 +27,7 @@ from mcp.types import CONNECTION_CLOSED, ErrorData, JSONRPCError, JSONRPCNotific
 
 from ._catalog import ArgumentError
 from ._failures import ANSWER_TOO_LARGE, ConnectionLost, ToolUnavailableError, is_transport_failure
-from ._lifecycle import mark_sent
+from ._lifecycle import mark_sent, request_meta
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -196,7 +196,9 @@ class ToolCaller(Protocol):
     hands the request to the SDK; for any other, `MCPTool` marks the send before calling it.
     """
 
-    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> CallToolResult: ...
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any] | None = None, *, meta: Any = None
+    ) -> CallToolResult: ...
 
 
 async def list_all_tools(client: Client, *, refresh: bool = False) -> list[Tool]:
@@ -379,7 +381,10 @@ class MCPTool:
             # Past this point the SDK may write the request: the call's effect is unknown until it answers.
             # (A connection the dispatcher owns marks it itself, once it has a client to send on.)
             mark_sent()
+        meta = request_meta()  # an idempotency key, for a server that takes it in `_meta`
         try:
+            if meta is not None:
+                return await client.call_tool(self.name, prepared, meta=meta)
             return await client.call_tool(self.name, prepared)
         except MCPError as exc:
             # A connection the dispatcher owns has checked this already; a user's client is checked here.

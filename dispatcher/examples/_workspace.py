@@ -39,7 +39,9 @@ The tool list can change while clients are connected, as real servers' lists do:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
+import inspect
 import logging
 import math
 import re
@@ -220,6 +222,10 @@ class Workspace:
         faults: Which calls fail on purpose (through `dispatcher.testing.inject_faults`); `None` injects
             no faults.
         name: The server name announced to clients.
+        idempotency_key: The name of an argument through which the tools that may mutate take an
+            idempotency key (declare it to the dispatcher with ``IdempotencyKeys(argument=...)``):
+            the workspace remembers each key with the first outcome of its call and answers a
+            repeated key with that outcome, applying nothing again. None (the default): no keys.
 
     Raises:
         ValueError: A knob is out of range or names a tool the workspace does not have.
@@ -245,6 +251,7 @@ class Workspace:
         saturation: int | None = None,
         faults: FaultConfig | None = None,
         name: str = "workspace",
+        idempotency_key: str | None = None,
     ) -> None:
         _check_latency("latency", latency)
         latency_by_tool = dict(latency_by_tool or {})
@@ -272,6 +279,11 @@ class Workspace:
         self._descriptions: dict[str, str | None] = dict.fromkeys(_ANNOTATIONS)
         self._removed: set[str] = set()
         self._bus = _LoopAwareBus()
+        self._key_argument = idempotency_key
+        # The first outcome (a result text or the error raised) of each idempotency key, and how
+        # many times each key's effect was applied (once, for a server that honours keys).
+        self._answers: dict[str, str | Exception] = {}
+        self._applied: dict[str, int] = {}
         self._legacy_clients: list[tuple[ServerSession, EventLoopToken]] = []
         self.server: MCPServer[Any] = self._build_server(name)
         """The MCP server, to pass to `mcp.Client` or `serve_http`."""
@@ -301,6 +313,12 @@ class Workspace:
         """The largest number of tool executions that have run at the same time."""
         with self._lock:
             return self._max_in_flight
+
+    @property
+    def applied_by_key(self) -> dict[str, int]:
+        """How many times the effect of each idempotency key was applied (1 each, when keys are honoured)."""
+        with self._lock:
+            return dict(self._applied)
 
     @property
     def notes(self) -> dict[str, str]:
@@ -441,14 +459,46 @@ class Workspace:
         for name in self.tool_names:
             if name in self._removed:
                 continue
+            function = self._functions[name]
+            annotations = self._annotations[name]
+            if self._key_argument is not None and not (annotations is not None and annotations.read_only_hint):
+                function = self._taking_key(function, self._key_argument)
             server.add_tool(
-                self._functions[name],
+                function,
                 description=self._descriptions[name],
-                annotations=self._annotations[name],
+                annotations=annotations,
                 # Plain text results: an output schema would add nothing for one string.
                 structured_output=False,
             )
             self._registered.add(name)
+
+    def _taking_key(self, function: Callable[..., Any], argument: str) -> Callable[..., Any]:
+        """`function` with one more optional argument, `argument`, the call's idempotency key."""
+        signature = inspect.signature(function)
+        if argument in signature.parameters:
+            raise ValueError(f"idempotency_key {argument!r} is already an argument of {function.__name__}")
+
+        async def keyed(**arguments: Any) -> str:
+            key = arguments.pop(argument, None)
+            if key is not None:
+                with self._lock:
+                    answer = self._answers.get(key)
+                if answer is not None:
+                    return _replay(answer)
+            token = _KEY.set(key)
+            try:
+                result: str = await function(**arguments)
+                return result
+            finally:
+                _KEY.reset(token)
+
+        keyed.__name__ = function.__name__
+        keyed.__doc__ = function.__doc__
+        extra = inspect.Parameter(argument, inspect.Parameter.KEYWORD_ONLY, default=None, annotation="str | None")
+        keyed.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[*signature.parameters.values(), extra]
+        )
+        return keyed
 
     async def _remember_legacy_client(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         """Middleware: note each legacy connection, which `notify_tools_changed` must reach by itself.
@@ -484,8 +534,9 @@ class Workspace:
         try:
             # Sleep even for zero latency: the checkpoint lets concurrent calls start and overlap.
             await anyio.sleep(delay)
+            key = _KEY.get()
             with self._lock:
-                result = effect()
+                result = effect() if key is None else self._once(key, effect)
         except anyio.get_cancelled_exc_class():
             outcome = "cancelled"
             raise
@@ -501,6 +552,20 @@ class Workspace:
                 self._ledger[seq] = replace(self._ledger[seq], ended=anyio.current_time(), outcome=outcome)
 
     # -- the effects, applied under the lock ---------------------------------------------------
+
+    def _once(self, key: str, effect: Callable[[], str]) -> str:
+        """Apply a keyed call's effect the first time its key is seen; replay its outcome after that."""
+        answer = self._answers.get(key)
+        if answer is not None:  # an attempt with the same key got here first, while this one waited
+            return _replay(answer)
+        self._applied[key] = self._applied.get(key, 0) + 1
+        try:
+            result = effect()
+        except Exception as exc:
+            self._answers[key] = exc
+            raise
+        self._answers[key] = result
+        return result
 
     def _search(self, query: str) -> str:
         needle = query.casefold()
@@ -562,6 +627,17 @@ class Workspace:
         for path in sorted(root.glob(f"*{_NOTE_SUFFIX}")):
             if _NOTE_NAME.fullmatch(path.stem):
                 self._notes[path.stem] = path.read_text(encoding="utf-8")
+
+
+# The idempotency key of the call a tool function runs for, when the workspace honours keys.
+_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("workspace_idempotency_key", default=None)
+
+
+def _replay(answer: str | Exception) -> str:
+    """The first outcome of a key again: its result, or the same error."""
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
 
 
 class _LoopAwareBus(InMemorySubscriptionBus):
