@@ -61,7 +61,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import ToolAnnotations
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from dispatcher.testing import FaultInjector, FaultKind, Outcome, inject_faults
+from dispatcher.testing import FaultInjector, FaultKind, Outcome, Strike, inject_faults
 
 if TYPE_CHECKING:
     import pathlib
@@ -109,21 +109,24 @@ _INJECTION = (
 class FaultConfig:
     """Which tool calls of the workspace fail on purpose, and how.
 
-    The workspace passes these to `dispatcher.testing.inject_faults` (faults strike before the tool
-    runs): the fate of the n-th targeted call depends only on `seed` and n, so runs that send their
-    calls in the same order fail in the same places.
+    The workspace passes these to `dispatcher.testing.inject_faults`: the fate of the n-th targeted
+    call depends only on `seed` and n, so runs that send their calls in the same order fail in the
+    same places.
 
     Attributes:
         rate: The probability, from 0 to 1, that a targeted call fails.
         seed: The seed of the random generator.
         tools: The names of the tools whose calls may fail; `None` targets every tool.
         kinds: The fault kinds to choose from, uniformly (see `dispatcher.testing.FaultKind`).
+        strike: When they strike (see `dispatcher.testing.Strike`): ``"after"`` lets the tool run and
+            have its effect, then loses its answer.
     """
 
     rate: float = 0.0
     seed: int = 0
     tools: frozenset[str] | None = None
     kinds: tuple[FaultKind, ...] = ("error",)
+    strike: Strike = "before"
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.rate <= 1.0):
@@ -291,7 +294,12 @@ class Workspace:
         """The fault injector on `server` when `faults` was given, with its ledger of every call."""
         if faults is not None:
             self.faults = inject_faults(
-                self.server, rate=faults.rate, seed=faults.seed, tools=faults.tools, kinds=faults.kinds
+                self.server,
+                rate=faults.rate,
+                seed=faults.seed,
+                tools=faults.tools,
+                kinds=faults.kinds,
+                strike=faults.strike,
             )
 
     # -- what happened -------------------------------------------------------------------------
