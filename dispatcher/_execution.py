@@ -243,8 +243,10 @@ class Executor:
             key = call_key(self._key_secret, batch.number, work.position, call.id, server, entry.tool)
             if how.argument is not None and isinstance(work.prepared, dict):
                 work.prepare({**work.prepared, how.argument: key})
+                work.keyed = True
             elif how.meta is not None:
                 work.meta = {how.meta: key}
+                work.keyed = True
         try:
             keys = call_keys(entry, arguments)
         except KeyRuleError as exc:
@@ -567,7 +569,10 @@ class Executor:
                 return
             if not work.start(started := anyio.current_time()):
                 return  # settled while it was on its way (its fleet hold lost)
-            if retry is None or not eligible(retry, entry, keyed=self._keyed(entry)):
+            # Only a call that carries its key is repeatable for its key (not one queued while its
+            # tool was read-only, which got none).
+            keyed = work.keyed and self._keyed(entry)
+            if retry is None or not eligible(retry, entry, keyed=keyed):
                 timeout = self._call_timeout
                 if timeout is not None:
                     scope.deadline = started + timeout
@@ -597,7 +602,7 @@ class Executor:
                     self._budget(retry, entry.server),
                     self._rng,
                     entry.server,
-                    recheck=functools.partial(self._still_eligible, retry, entry),
+                    recheck=functools.partial(self._still_eligible, retry, entry, keyed),
                 )
                 last = await retrier.run(functools.partial(self._attempt, work, True), started)
             work.waiting(None)
@@ -613,12 +618,12 @@ class Executor:
         else:
             work.settle(Ending.TIMED_OUT, now, self._call_timeout)
 
-    def _still_eligible(self, policy: RetryPolicy, entry: ToolEntry) -> str | None:
+    def _still_eligible(self, policy: RetryPolicy, entry: ToolEntry, keyed: bool) -> str | None:
         """Why a call of `entry` may no longer be retried, reading its tool's entry again; None if it may."""
         current = self._catalog.get(entry.server, entry.tool)
         if current is None:
             return f"tool {entry.name!r} is no longer in the catalogue"
-        if eligible(policy, current, keyed=self._keyed(current)):
+        if eligible(policy, current, keyed=keyed and self._keyed(current)):
             return None
         if entry.trusted and not current.trusted:
             return f"server {entry.server!r} is no longer trusted"

@@ -247,6 +247,7 @@ class CallRecord:
         "hooks",
         "impl",
         "interrupt",
+        "keyed",
         "keys",
         "meta",
         "moment",
@@ -281,6 +282,8 @@ class CallRecord:
         self.position = 0
         # The request's `_meta` entries of the dispatcher's own (an idempotency key), or None.
         self.meta: dict[str, Any] | None = None
+        # Whether its request carries an idempotency key (in its arguments or `meta`).
+        self.keyed = False
         self.interrupt: Interrupt | None = None
         self.cancel_requested = False
         self.attempts = 0

@@ -135,3 +135,22 @@ async def test_the_oracle_catches_a_server_that_ignores_keys() -> None:
         [result] = await d.dispatch([ToolCall("a", "append", {"text": "x"})])
     assert result.ok and result.attempts == 2
     assert applied == ["x", "x"]  # what a key-honouring server must prevent, and the workspace test checks
+
+
+async def test_reads_carry_no_key_and_keep_their_rules() -> None:
+    """A read-only tool of a keyed server gets no key, and is retried only as any read is."""
+    server: MCPServer[Any] = MCPServer("reads")
+    seen: list[dict[str, Any]] = []
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def lookup(ctx: Context, key: str) -> str:
+        seen.append(dict(ctx.request_context.meta or {}))
+        return key
+
+    faults = inject_faults(server, rate=0.0)
+    faults.fail_next("lookup", "drop", strike="after")
+    async with Dispatcher(retry=RetryPolicy(attempts=3, wait_initial=0.01, retry_read_only=False)) as d:
+        await d.connect("r", server, trusted=True, idempotency=IdempotencyKeys(meta="io.example/key"))
+        [result] = await d.dispatch([ToolCall("l", "lookup", {"key": "k"})])
+    assert result.status is CallStatus.FAILED and result.attempts == 1  # not made repeatable by the key rule
+    assert len(seen) == 1 and "io.example/key" not in seen[0]
