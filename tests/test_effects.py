@@ -25,6 +25,7 @@ from dispatcher import _connections as connections_module
 from dispatcher import _mcp as mcp_module
 from dispatcher.examples import Workspace
 from dispatcher.formats import UNKNOWN_EFFECT_NOTE, anthropic_results, openai_chat_results
+from dispatcher.timeline import Timeline
 
 from .chaos.harness import HttpWorkspace
 
@@ -207,6 +208,12 @@ async def test_events_and_formats_show_the_effect() -> None:
     assert UNKNOWN_EFFECT_NOTE not in texts[0]  # a read-only call: nothing to check
     assert texts[1].endswith(UNKNOWN_EFFECT_NOTE)
     assert UNKNOWN_EFFECT_NOTE not in texts[2]  # it never ran: nothing to check
+    assert "effect unknown" in Timeline.from_results(results).text(color=False)
+    assert [row.effect for row in Timeline.from_events(events).rows] == [
+        Effect.UNKNOWN,
+        Effect.UNKNOWN,
+        Effect.NEVER_RAN,
+    ]
     chat = openai_chat_results(results)
     assert chat[1]["content"].startswith("Error (timeout):") and chat[1]["content"].endswith(UNKNOWN_EFFECT_NOTE)
 
