@@ -6,6 +6,8 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from mcp.types import ToolAnnotations
 
 from dispatcher import ApprovalPolicy, CallStatus, ConfigurationError, Dispatcher, Effect, ToolCall, ToolResult
@@ -189,3 +191,39 @@ async def test_a_long_cascade_settles_without_recursion() -> None:
         results = await d.dispatch(calls(("write", "bad"), *[("write", str(i)) for i in range(3000)]))
     assert len(skipped(results)) == 3000
     assert files.ran == [("write", "bad")]
+
+
+def _related(first: str, second: str) -> bool:
+    return first == second or first.startswith(f"{second}/") or second.startswith(f"{first}/")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    specs=st.lists(
+        st.tuples(st.sampled_from(["read", "write", "bad"]), st.sampled_from(["a", "a/x", "b", "c"])), max_size=20
+    )
+)
+async def test_random_batches_skip_exactly_the_dependents(anyio_backend: Any, specs: list[tuple[str, str]]) -> None:
+    """Against a model: a call is skipped iff an earlier failed (or skipped) write touches its path; the rest run."""
+    files = Files()
+    calls = [
+        ToolCall(f"c{i}", "read" if kind == "read" else "write", {"path": path if kind != "bad" else f"bad{path}"})
+        for i, (kind, path) in enumerate(specs)
+    ]
+    # "bad<path>" fails, and is keyed by that path: model it on the path it names.
+    paths = [f"bad{path}" if kind == "bad" else path for kind, path in specs]
+    async with Dispatcher(fail_fast=True) as d:
+        files.register(d)
+        results = await d.dispatch(calls)
+    failed: list[int] = []
+    expected = []
+    for i, (kind, _) in enumerate(specs):
+        if any(_related(paths[j], paths[i]) for j in failed):
+            expected.append(f"c{i}")
+            if kind != "read":
+                failed.append(i)  # a skipped write is a failure in turn
+        elif kind == "bad":
+            failed.append(i)
+    assert skipped(results) == expected
+    ran = sorted(str(call.arguments["path"]) for call in calls if call.id not in expected)  # type: ignore[index]
+    assert sorted(path for _, path in files.ran) == ran  # 0 conflicting calls ran, 0 independent ones skipped
