@@ -10,6 +10,7 @@ from ._approval import SessionGuard as SessionGuard
 from ._batch import Batch as Batch
 from ._batch import PendingCall as PendingCall
 from ._calls import CallStatus as CallStatus
+from ._calls import Effect as Effect
 from ._calls import ToolCall as ToolCall
 from ._calls import ToolResult as ToolResult
 from ._catalog import ToolEntry as ToolEntry
@@ -20,6 +21,7 @@ from ._errors import DispatcherClosedError as DispatcherClosedError
 from ._errors import DispatcherError as DispatcherError
 from ._errors import NotFinishedError as NotFinishedError
 from ._errors import ServerConnectionError as ServerConnectionError
+from ._idempotency import IdempotencyKeys as IdempotencyKeys
 from ._observe import CallEvent as CallEvent
 from ._pins import DefinitionChange as DefinitionChange
 from ._reconnect import ReconnectPolicy as ReconnectPolicy
@@ -38,6 +40,8 @@ __all__ = [
     "Dispatcher",
     "DispatcherClosedError",
     "DispatcherError",
+    "Effect",
+    "IdempotencyKeys",
     "NotFinishedError",
     "PendingCall",
     "ReconnectPolicy",

@@ -14,7 +14,7 @@ import anyio
 
 from ._calls import ToolCall
 from ._errors import BatchError, NotFinishedError
-from ._lifecycle import CallRecord
+from ._lifecycle import CallRecord, FailFast
 from ._turns import InOrder
 
 if TYPE_CHECKING:
@@ -120,10 +120,14 @@ class Batch:
         results = batch.results()
     """
 
-    __slots__ = ("_executor", "_hooks", "_ids", "_in_order", "_remaining", "_waiters", "_works")
+    __slots__ = ("_executor", "_hooks", "_ids", "_in_order", "_remaining", "_waiters", "_works", "fail_fast", "number")
 
-    def __init__(self, executor: Executor, hooks: CallHooks | None = None) -> None:
+    def __init__(self, executor: Executor, hooks: CallHooks | None = None, *, fail_fast: bool = False) -> None:
         self._executor = executor
+        # The failed writes later calls depend on, when the batch fails fast (see `FailFast`).
+        self.fail_fast = FailFast() if fail_fast else None
+        # Unique in its dispatcher: part of each call's identity, from which its idempotency key derives.
+        self.number = executor.number_batch()
         self._in_order: InOrder | None = None
         self._hooks = hooks
         self._works: list[PendingCall] = []
@@ -261,6 +265,7 @@ class Batch:
 
     def _add(self, work: PendingCall) -> None:
         """Count a call the executor queues for this batch."""
+        work.position = len(self._works)
         self._works.append(work)
         self._remaining += 1
         if self._remaining == 1:
@@ -283,3 +288,7 @@ class Batch:
                 self._waiters = []
                 for event in waiters:
                     event.set()
+        fail_fast = self.fail_fast
+        # Noted even when nothing is left: calls submitted later depend on it too (see `Executor._queue`).
+        if fail_fast is not None and fail_fast.failed(record, result) and self._remaining:
+            self._executor.skip_dependents(self, record)

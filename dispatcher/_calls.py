@@ -1,4 +1,4 @@
-"""Tool calls in, results out: `ToolCall`, `ToolResult` and `CallStatus`."""
+"""Tool calls in, results out: `ToolCall`, `ToolResult`, `CallStatus` and `Effect`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
     from mcp.types import CallToolResult
 
-__all__ = ["CallStatus", "ToolCall", "ToolResult"]
+__all__ = ["CallStatus", "Effect", "ToolCall", "ToolResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,12 @@ class ToolCall:
 
 
 class CallStatus(enum.Enum):
-    """How a call ended."""
+    """How a call ended.
+
+    The statuses are today's; whether the call's effect happened is a separate reading, `Effect`
+    (`ToolResult.effect`): a TIMEOUT, FAILED or CANCELLED call may have never run or be of unknown
+    effect, depending on whether its request had been sent. OK and TOOL_ERROR always ran; DENIED never did.
+    """
 
     OK = "ok"
     """The tool ran and returned a result."""
@@ -49,6 +54,27 @@ class CallStatus(enum.Enum):
     """The caller gave up on the call before it ended."""
     DENIED = "denied"
     """The call needed approval and did not get it (refused, failed or timed out); it never ran."""
+
+
+class Effect(enum.Enum):
+    """Whether a call's effect happened, read from *when* it ended, never from what a server sent.
+
+    The dispatcher knows three moments of a call: before its request was sent (nothing can have
+    reached the tool), after it was sent (it may have), and after the tool's answer came back. A call
+    that ended in the first is NEVER_RAN, in the second UNKNOWN, in the third RAN. Once a request may
+    have reached the server nothing makes the call read NEVER_RAN again: not a later attempt that was
+    not sent, not an error the server (or the SDK, for a lost transport) answered with.
+    """
+
+    RAN = "ran"
+    """The tool answered (OK or TOOL_ERROR): its effect, whatever it was, happened."""
+    NEVER_RAN = "never_ran"
+    """Nothing was sent to the tool: an unknown tool, bad arguments, a denial, a cancellation or
+    timeout before the request left, no fleet hold. Repeating the call cannot do the work twice."""
+    UNKNOWN = "unknown"
+    """The request was sent and no answer came (a timeout, a lost connection, a cancellation in
+    flight, an error instead of the tool's result): it may or may not have happened. A call that may
+    mutate should be checked before it is repeated."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +96,12 @@ class ToolResult:
         started_at: When its first attempt started, or None if it never started.
         finished_at: When its result was settled.
         attempt_errors: Why each earlier attempt failed, oldest first, when the call was retried.
+        effect: Whether the call's effect happened: `Effect.RAN`, `Effect.NEVER_RAN` or
+            `Effect.UNKNOWN` (see `Effect`). Set by the dispatcher from when the call ended; a result
+            built by hand is UNKNOWN unless it says otherwise.
+        mutating: Whether the call's tool may change something (its effective readOnlyHint is not
+            true; an unknown tool counts as mutating): with an UNKNOWN effect, the model is told to check
+            before it repeats the call (`dispatcher.formats`).
         untrusted_content: Whether what the tool sent back came from an open world: the tool's
             effective openWorldHint is true and it ran (an untrusted server's tools always count as
             open-world), or the error quotes text a server wrote (the changed definition of a blocked
@@ -90,6 +122,8 @@ class ToolResult:
     finished_at: float = 0.0
     attempt_errors: tuple[str, ...] = ()
     untrusted_content: bool = False
+    effect: Effect = Effect.UNKNOWN
+    mutating: bool = True
 
     @property
     def call_id(self) -> str:

@@ -57,6 +57,7 @@ from ._catalog import ToolEntry, sanitize
 from ._errors import ConfigurationError
 from ._failures import ConnectionLost, ToolUnavailableError, explain, innermost, is_transport_failure
 from ._keys import check_domain, check_key_functions
+from ._lifecycle import mark_sent
 from ._mcp import (
     DEFAULT_MAX_ANSWER_BYTES,
     TASK_CANCEL_WAIT,
@@ -132,6 +133,9 @@ class Connection:
     Calls go through `call_tool`, which waits for a connection (connecting one if needed) and reports a
     lost connection so that the next call connects afresh.
     """
+
+    # `call_tool` marks the send itself, once it has a client to send on (`_mcp.ToolCaller`).
+    marks_sent = True
 
     def __init__(
         self,
@@ -547,6 +551,7 @@ class Connection:
             raise ToolUnavailableError(reason)
         if confirm is not None:
             confirm()  # no await between it and the send
+        mark_sent()  # past this point the SDK may write the request (see `_lifecycle.Moment`)
         try:
             if task is not None:
                 return await call_as_task(client, name, arguments or {}, task)

@@ -23,6 +23,7 @@ from ._failures import explain as _describe
 from ._failures import innermost as _innermost
 from ._functions import FunctionTool, ThreadWatch
 from ._hooks import CallHooks
+from ._idempotency import IdempotencyKeys
 from ._keys import check_domain, check_key_functions
 from ._mcp import DEFAULT_MAX_ANSWER_BYTES
 from ._observe import Observer, resolve_tracer
@@ -80,6 +81,11 @@ class Dispatcher:
             name when it is free, but an untrusted server never holds a name that a trusted server
             (or a local function) also offers (see docs/mcp.md, "Tool names"). Local functions keep
             the names you give them either way.
+        fail_fast: Stop what depends on a failed write: once a call that may mutate fails or ends
+            with an unknown outcome, the later calls of its batch that conflict with it (the same
+            conflict key or domain; without keys, every later call) are not run, each with a FAILED,
+            never-ran result naming the call it depended on. Calls that conflict with none run as
+            usual. False (the default): every call runs. Every batch can set its own (docs/retries.md).
 
     Use it as an async context manager; calls run in its task group::
 
@@ -101,6 +107,7 @@ class Dispatcher:
         tracer_provider: TracerProvider | None = None,
         coordinator: Coordinator | None = None,
         qualified_names: bool = False,
+        fail_fast: bool = False,
     ) -> None:
         if max_concurrency is not None and (
             not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1
@@ -122,6 +129,7 @@ class Dispatcher:
         self._retry = retry
         if not isinstance(qualified_names, bool):
             raise ConfigurationError(f"qualified_names must be True or False, got {qualified_names!r}")
+        self._fail_fast = _check_fail_fast(fail_fast, default=False)
         self._catalog = Catalog(qualified=qualified_names)
         self._servers = ServerRegistry(self._catalog)
         self._executor = Executor(
@@ -303,6 +311,7 @@ class Dispatcher:
         domain: str | None = None,
         keys: Mapping[str, KeyFunction] | None = None,
         review_new_tools: bool = False,
+        idempotency: IdempotencyKeys | None = None,
     ) -> list[ToolEntry]:
         """Register the tools of an MCP server reached through an entered `mcp.Client`.
 
@@ -336,6 +345,11 @@ class Dispatcher:
                 first seen (after the first listing, or with pins imported for it) as a change to
                 review, as it always is for an untrusted server: hidden from `tools()` and failing its
                 calls until accepted. False (the default) lets a trusted server's new tools in at once.
+            idempotency: How the server takes an idempotency key (`IdempotencyKeys`: a named
+                argument or a ``_meta`` entry), if it deduplicates calls by one: each call of its tools
+                that may mutate carries one key, the same on every attempt. A trusted server's
+                non-idempotent tools then become retryable on transient failures. None (the default):
+                no key is sent. See docs/retries.md.
 
         Returns:
             The server's callable catalogue entries.
@@ -356,11 +370,13 @@ class Dispatcher:
             review_new_tools=review_new_tools,
         )
         self._executor.gate.set_server_limit(name, max_concurrency)
+        self._executor.set_idempotency(name, _check_idempotency(idempotency))
         try:
             await self._servers.add_client(server, client)
         except BaseException:
             self._servers.release(server)
             self._executor.gate.set_server_limit(name, None)
+            self._executor.set_idempotency(name, None)
             raise
         return self._server_entries(name)
 
@@ -383,6 +399,7 @@ class Dispatcher:
         review_new_tools: bool = False,
         task_timeout: float | None = None,
         idle_timeout: float | None = None,
+        idempotency: IdempotencyKeys | None = None,
     ) -> list[ToolEntry]:
         """Connect to an MCP server and register its tools; the dispatcher owns the connection.
 
@@ -434,6 +451,7 @@ class Dispatcher:
                 before it ends TIMEOUT (`no progress from the server within idle_timeout=...`), or
                 None. Each notification starts the wait again; `call_timeout` stays the hard cap, so
                 a call that keeps reporting runs until it. Not applied to task calls (polled instead).
+            idempotency: How the server takes an idempotency key (see `add_mcp_server`).
 
         Returns:
             The server's callable catalogue entries.
@@ -490,12 +508,14 @@ class Dispatcher:
             idle_timeout=idle_timeout,
         )
         self._executor.gate.set_server_limit(name, max_concurrency)
+        self._executor.set_idempotency(name, _check_idempotency(idempotency))
         assert self._tg is not None
         try:
             await self._tg.start(connection.run)
         except BaseException as exc:
             self._servers.release(server)
             self._executor.gate.set_server_limit(name, None)
+            self._executor.set_idempotency(name, None)
             cause = _innermost(exc)
             if isinstance(cause, ConfigurationError):
                 raise cause from None  # the caller's mistake, found in the listing
@@ -642,14 +662,16 @@ class Dispatcher:
         approve: Approver | None = None,
         approval: ApprovalPolicy | None = None,
         guard: SessionGuard | None = None,
+        fail_fast: bool | None = None,
     ) -> Batch:
         """Start an incremental batch: submit calls one by one, as they arrive.
 
-        ``approve``, ``approval`` and ``guard`` replace the dispatcher's own for this batch (see
-        `dispatch`).
+        ``approve``, ``approval``, ``guard`` and ``fail_fast`` replace the dispatcher's own for this
+        batch (see `dispatch`).
         """
         self._check_open()
-        return Batch(self._executor, self._batch_hooks(approve, approval, guard))
+        fail = _check_fail_fast(fail_fast, default=self._fail_fast)
+        return Batch(self._executor, self._batch_hooks(approve, approval, guard), fail_fast=fail)
 
     async def dispatch(
         self,
@@ -658,6 +680,7 @@ class Dispatcher:
         approve: Approver | None = None,
         approval: ApprovalPolicy | None = None,
         guard: SessionGuard | None = None,
+        fail_fast: bool | None = None,
     ) -> list[ToolResult]:
         """Run a batch of calls and return one result per call, in call order.
 
@@ -675,6 +698,8 @@ class Dispatcher:
             approval: This batch's approval policy, instead of the dispatcher's.
             guard: The `SessionGuard` of the session this batch belongs to, instead of the
                 dispatcher's.
+            fail_fast: Whether this batch stops what depends on a failed write (see `Dispatcher`);
+                None: the dispatcher's setting.
 
         Raises:
             BatchError: An item is not a `ToolCall`, or two calls share an id; nothing was run.
@@ -682,7 +707,8 @@ class Dispatcher:
             ConfigurationError: ``approve``, ``approval`` or ``guard`` is not of the right kind, or the
                 approval policy names a tool that is not registered (see `ApprovalPolicy`).
         """
-        batch = Batch(self._executor, self._batch_hooks(approve, approval, guard))
+        fail = _check_fail_fast(fail_fast, default=self._fail_fast)
+        batch = Batch(self._executor, self._batch_hooks(approve, approval, guard), fail_fast=fail)
         await self._executor.submit_yielding(batch, batch._accept(calls))
         return await batch.wait()
 
@@ -709,6 +735,22 @@ class Dispatcher:
     def _check_not_closed(self) -> None:
         if self._tg is not None:
             self._executor.check_open()  # entered once: registering is only for while it is open
+
+
+def _check_idempotency(value: object) -> IdempotencyKeys | None:
+    if value is not None and not isinstance(value, IdempotencyKeys):
+        raise ConfigurationError(
+            f"idempotency must be an IdempotencyKeys (how the server takes a key) or None, got {type(value).__name__}"
+        )
+    return value
+
+
+def _check_fail_fast(value: object, *, default: bool) -> bool:
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"fail_fast must be True or False (or None for the dispatcher's), got {value!r}")
+    return value
 
 
 def _check_approvals(approve: object, approval: object, guard: object) -> None:

@@ -25,9 +25,11 @@ attempt nor the task group.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import random
+import secrets
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -42,8 +44,9 @@ from ._errors import DispatcherClosedError
 from ._failures import ToolUnavailableError
 from ._failures import describe as describe_failure
 from ._gate import Gate, TicketState
+from ._idempotency import IdempotencyKeys, call_key
 from ._keys import KeyRuleError, call_keys
-from ._lifecycle import Ending, Phase
+from ._lifecycle import Ending, Phase, done_sending
 from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible, is_transient
 
 if TYPE_CHECKING:
@@ -99,6 +102,12 @@ class Executor:
         self._new_budget = budget_factory(coordinator)
         self._rng = random.Random(retry.seed if retry is not None else None)
         self.gate: Gate[PendingCall] = Gate(max_concurrency)
+        # Whether `skip_dependents` is under way (settling a skipped call calls it again).
+        self._skipping = False
+        # How each server declared to deduplicate takes its idempotency keys, and the secret they derive from.
+        self._idempotency: dict[str, IdempotencyKeys] = {}
+        self._key_secret = secrets.token_bytes(32)
+        self._batches = itertools.count()
         self.live: set[Batch] = set()
         """The batches that have calls without a result."""
         self._tg: TaskGroup | None = None
@@ -227,11 +236,28 @@ class Executor:
             error = f"invalid arguments: {type(exc).__name__}: {exc}"
             work.settle(Ending.REJECTED, now, error, untrusted=not entry.trusted)
             return work
+        server = entry.server
+        if server is not None and self._idempotency and self._keyed(entry):
+            # One key per logical call, the same on every attempt; the model's value, if any, is replaced.
+            how = self._idempotency[server]
+            key = call_key(self._key_secret, batch.number, work.position, call.id, server, entry.tool)
+            if how.argument is not None and isinstance(work.prepared, dict):
+                work.prepare({**work.prepared, how.argument: key})
+                work.keyed = True
+            elif how.meta is not None:
+                work.meta = {how.meta: key}
+                work.keyed = True
         try:
             keys = call_keys(entry, arguments)
         except KeyRuleError as exc:
             work.settle(Ending.REJECTED, now, f"invalid conflict keys: {exc}")
             return work
+        fail_fast = batch.fail_fast
+        if fail_fast:  # an earlier call of the batch failed: this one may depend on it
+            why = fail_fast.blocker(work.position, keys)
+            if why is not None:
+                work.settle(Ending.SKIPPED, now, why)
+                return work
         if hooks is None:
             work.enter(self.gate.submit(work, exclusive=entry.exclusive, server=entry.server, keys=keys), held=False)
             return work
@@ -394,6 +420,49 @@ class Executor:
         if withdrew and self._open:
             self._pump()
 
+    def set_idempotency(self, server: str, keys: IdempotencyKeys | None) -> None:
+        """How `server` takes idempotency keys from now on (None: it takes none)."""
+        if keys is None:
+            self._idempotency.pop(server, None)
+        else:
+            self._idempotency[server] = keys
+
+    def number_batch(self) -> int:
+        """A number for a new batch, never given before by this executor."""
+        return next(self._batches)
+
+    def _keyed(self, entry: ToolEntry) -> bool:
+        server = entry.server
+        return server is not None and server in self._idempotency and not entry.annotations.read_only_hint
+
+    def skip_dependents(self, batch: Batch, failed: PendingCall) -> None:
+        """Settle as SKIPPED the waiting calls of `batch` after `failed` that depend on a failure (`FailFast`).
+
+        One forward pass: a skipped call that may mutate is a failure in turn (settling it calls back
+        here, and returns at once), which the calls after it, still ahead in the pass, see.
+        """
+        if self._skipping:
+            return
+        rules = batch.fail_fast
+        assert rules is not None
+        self._skipping = True
+        withdrew = False
+        try:
+            now = anyio.current_time()
+            works = batch._works
+            for later in works[failed.position + 1 :]:
+                ticket = later.ticket
+                if ticket is None or ticket.state not in _WAITING:
+                    continue
+                why = rules.blocker(later.position, ticket.keys)
+                if why is not None and self.gate.withdraw(ticket):
+                    withdrew = True
+                    later.settle(Ending.SKIPPED, now, why)
+        finally:
+            self._skipping = False
+        if withdrew and self._open:
+            self._pump()
+
     # Running ---------------------------------------------------------------------------------------
 
     def _pump(self) -> None:
@@ -444,6 +513,7 @@ class Executor:
                 work.settle(Ending.CLOSED, anyio.current_time())
                 raise
             finally:
+                done_sending()
                 gate.finish(ticket)
             following = gate.take() if self._open else None
             if following is not None:
@@ -504,7 +574,10 @@ class Executor:
                 return
             if not work.start(started := anyio.current_time()):
                 return  # settled while it was on its way (its fleet hold lost)
-            if retry is None or not eligible(retry, entry):
+            # Only a call that carries its key is repeatable for its key (not one queued while its
+            # tool was read-only, which got none).
+            keyed = work.keyed and self._keyed(entry)
+            if retry is None or not eligible(retry, entry, keyed=keyed):
                 timeout = self._call_timeout
                 if timeout is not None:
                     scope.deadline = started + timeout
@@ -515,7 +588,7 @@ class Executor:
                     self._budget(retry, entry.server),
                     self._rng,
                     entry.server,
-                    recheck=functools.partial(self._still_eligible, retry, entry),
+                    recheck=functools.partial(self._still_eligible, retry, entry, keyed),
                 )
                 last = await retrier.run(functools.partial(self._attempt, work, True), started)
             work.waiting(None)
@@ -531,12 +604,12 @@ class Executor:
         else:
             work.settle(Ending.TIMED_OUT, now, self._call_timeout)
 
-    def _still_eligible(self, policy: RetryPolicy, entry: ToolEntry) -> str | None:
+    def _still_eligible(self, policy: RetryPolicy, entry: ToolEntry, keyed: bool) -> str | None:
         """Why a call of `entry` may no longer be retried, reading its tool's entry again; None if it may."""
         current = self._catalog.get(entry.server, entry.tool)
         if current is None:
             return f"tool {entry.name!r} is no longer in the catalogue"
-        if eligible(policy, current):
+        if eligible(policy, current, keyed=keyed and self._keyed(current)):
             return None
         if entry.trusted and not current.trusted:
             return f"server {entry.server!r} is no longer trusted"

@@ -26,6 +26,7 @@ from mcp.types import CallToolResult, TextContent
 from pydantic import ValidationError
 
 from ._catalog import ArgumentError
+from ._lifecycle import mark_sent
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -151,6 +152,7 @@ class FunctionTool:
         return {key: values[name] for name, key in self._fields}
 
     async def invoke(self, prepared: dict[str, Any], lease: Lease | None = None) -> CallToolResult:
+        mark_sent()  # the function may do its work from the moment it is called
         try:
             if self.is_async:
                 value = await self.fn(**prepared)

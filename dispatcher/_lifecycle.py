@@ -31,6 +31,15 @@ call gets; a pair missing from it is a bug of the driver (a call denied while it
 it started) and raises `LifecycleError` instead of giving a result. An answered attempt brings its own
 status (OK or TOOL_ERROR from the tool's answer, FAILED or TIMEOUT from how it failed: `_failures`).
 
+Whether the call's effect happened (`Effect`) is read from a second, smaller table, `EFFECTS`, by the
+last `Moment` the call reached: nothing sent yet (NEVER_RAN), its request possibly sent (UNKNOWN), the
+tool's answer received (RAN). The moment moves forward only: `sent` is called by the boundary with the
+tool (`mark_sent`, just before the SDK or the local function is handed the request: `_mcp`,
+`_connections`, `_functions`), and an answer is a `CallToolResult` the attempt returned. Nothing a server
+sends can move it back: an error instead of a result after the send reads UNKNOWN, and a later attempt
+that was not sent leaves an earlier attempt's UNKNOWN as it is. A call that settles before it runs never
+left the client (NEVER_RAN) whatever ended it.
+
 When the call settles, its owner (the batch, see `Owner`) is told, once, with the result; the record then
 drops what it held for running (the gate's ticket, the tool, the prepared arguments, the owner itself), so
 a settled call holds no cycle and is freed by reference counting alone.
@@ -43,9 +52,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._calls import CallStatus, ToolResult
+from ._calls import CallStatus, Effect, ToolResult
+from ._gate import ROOT_KEYS, conflicts
 
 if TYPE_CHECKING:
     from mcp.types import CallToolResult
@@ -57,15 +68,21 @@ if TYPE_CHECKING:
     from ._observe import CallState
 
 __all__ = [
+    "EFFECTS",
     "MAX_ERROR",
     "OUTCOMES",
     "CallRecord",
     "build_result",
     "Ending",
+    "FailFast",
     "Interrupt",
     "LifecycleError",
+    "Moment",
     "Owner",
     "Phase",
+    "done_sending",
+    "mark_sent",
+    "request_meta",
 ]
 
 MAX_ERROR = 1000
@@ -112,6 +129,48 @@ class Ending(enum.Enum):
     """A fleet-wide hold could not be granted in time; it never ran."""
     HOLD_LOST = "hold lost"
     """Its fleet-wide hold was lost while it ran."""
+    SKIPPED = "skipped"
+    """Fail-fast: an earlier call of its batch that it conflicts with, and that may mutate, failed (`FailFast`)."""
+
+
+class Moment(enum.IntEnum):
+    """How far a call's request got: the one thing that decides its `Effect` (through `EFFECTS`)."""
+
+    BEFORE_SEND = 0
+    """Nothing of the call was handed to its tool yet."""
+    SENT = 1
+    """The request was handed to the SDK (or the local function was called): it may have reached the tool."""
+    ANSWERED = 2
+    """The tool's answer (a `CallToolResult`, OK or isError) came back."""
+
+
+EFFECTS = {Moment.BEFORE_SEND: Effect.NEVER_RAN, Moment.SENT: Effect.UNKNOWN, Moment.ANSWERED: Effect.RAN}
+"""The effect of a call, by the last moment it reached before it settled."""
+
+_sending: ContextVar[CallRecord | None] = ContextVar("dispatcher_sending", default=None)
+
+
+def mark_sent() -> None:
+    """The request of the call this task runs may reach its tool from now on (see `Moment.SENT`).
+
+    Called by each tool implementation at the last point before which nothing can have reached the
+    tool: just before it hands the request to the SDK (which may write it at once), or calls the
+    local function. Outside a call (a listing, a ping), it does nothing.
+    """
+    record = _sending.get()
+    if record is not None:
+        record.sent()
+
+
+def request_meta() -> dict[str, Any] | None:
+    """The `_meta` entries the dispatcher adds to the request of the call this task runs, or None."""
+    record = _sending.get()
+    return None if record is None else record.meta
+
+
+def done_sending() -> None:
+    """This task runs no call any more: forget it (a settled call must not be kept alive by its task)."""
+    _sending.set(None)
 
 
 _BEFORE = (Phase.QUEUED, Phase.AWAITING_APPROVAL, Phase.ADMITTED)
@@ -142,6 +201,9 @@ def _table() -> dict[tuple[Ending, Phase], tuple[CallStatus, str]]:
             "{}; the call was abandoned (like a timed-out call, it may still be running on the server)",
         )
     table[Ending.NO_HOLD, Phase.ADMITTED] = (CallStatus.FAILED, "{}")
+    # Only a call that waits can be skipped: one that conflicts with a failed write waits behind it.
+    for phase in (Phase.QUEUED, Phase.AWAITING_APPROVAL):
+        table[Ending.SKIPPED, phase] = (CallStatus.FAILED, "not run: {}")
     return table
 
 
@@ -185,9 +247,14 @@ class CallRecord:
         "hooks",
         "impl",
         "interrupt",
+        "keyed",
+        "keys",
+        "meta",
+        "moment",
         "outcome",
         "owner",
         "phase",
+        "position",
         "prepared",
         "queued_at",
         "started_at",
@@ -209,9 +276,18 @@ class CallRecord:
         self.impl: ToolImpl | None = None
         self.prepared: Any = None
         self.ticket: Ticket[Any] | None = None
+        # Its conflict keys as the gate last had them (kept after it settles, for `FailFast`), and
+        # its place in its batch.
+        self.keys: tuple[str, ...] = ROOT_KEYS
+        self.position = 0
+        # The request's `_meta` entries of the dispatcher's own (an idempotency key), or None.
+        self.meta: dict[str, Any] | None = None
+        # Whether its request carries an idempotency key (in its arguments or `meta`).
+        self.keyed = False
         self.interrupt: Interrupt | None = None
         self.cancel_requested = False
         self.attempts = 0
+        self.moment = Moment.BEFORE_SEND
         self.errors: list[str] | None = None
         # Whether an error quotes text a server wrote, so far (see `ToolResult.untrusted_content`).
         self.untrusted = False
@@ -289,12 +365,20 @@ class CallRecord:
         self._expect(Phase.ADMITTED, what="start")
         self.phase = Phase.RUNNING
         self.started_at = now
+        # The tool's implementation, awaited in this task, marks the send through this (`mark_sent`);
+        # the driver clears it when the call's task is done with it (`done_sending`).
+        _sending.set(self)
         return True
 
     def attempted(self) -> None:
         """An attempt starts (the first one with `start`)."""
         self._expect(Phase.RUNNING, what="attempt")
         self.attempts += 1
+
+    def sent(self) -> None:
+        """The running attempt's request may reach the tool from now on (`mark_sent`)."""
+        if self.phase is Phase.RUNNING:
+            self.moment = Moment.SENT
 
     def failed_attempt(self, error: str) -> None:
         """An attempt ended without success, for `error`."""
@@ -368,6 +452,8 @@ class CallRecord:
             # Anything an open-world tool sent back, errors included, may carry instructions.
             self.attempts > 0 and entry is not None and bool(entry.annotations.open_world_hint)
         )
+        if result is not None and phase is Phase.RUNNING:
+            self.moment = Moment.ANSWERED
         self.phase = Phase.SETTLED
         self.outcome = outcome = build_result(
             self.call,
@@ -382,6 +468,8 @@ class CallRecord:
             now,
             earlier,
             untrusted,
+            EFFECTS[self.moment],
+            entry is None or not entry.annotations.read_only_hint,
         )
         # A settled call waits for nothing: an approval still being asked, a fleet hold being waited for.
         interrupt = self.interrupt
@@ -390,7 +478,10 @@ class CallRecord:
             interrupt.cancel()
         # Drop what running needed; the owner last, after telling it (a settled call holds no cycle).
         self.prepared = None
-        self.ticket = None
+        ticket = self.ticket
+        if ticket is not None:
+            self.keys = ticket.keys
+            self.ticket = None
         self.errors = None
         owner = self.owner
         self.owner = None
@@ -404,6 +495,51 @@ class CallRecord:
 
     def __repr__(self) -> str:
         return f"<CallRecord {self.call.id!r} {self.phase.name}>"
+
+
+class FailFast:
+    """The failed calls of one batch that later calls conflicting with them depend on (opt-in, sans I/O).
+
+    A call that may mutate (`ToolResult.mutating`) and did not end OK (failed, a tool error, timed out,
+    denied, of unknown effect, skipped itself) is a failure, except a call cancelled before it ran (the
+    caller gave up on it, as on the rest of a cancelled batch). A later call of the batch (a higher
+    `CallRecord.position`) whose keys conflict with a failure's (`_gate.conflicts`: the same key, a key
+    under it, or the root key, which every call without declared keys has) is not run: the driver settles
+    it as `Ending.SKIPPED`, naming the call it depended on. A call that conflicts with none runs as usual.
+    """
+
+    __slots__ = ("_failed",)
+
+    def __init__(self) -> None:
+        self._failed: list[tuple[int, tuple[str, ...], str]] = []
+
+    def failed(self, record: CallRecord, result: ToolResult) -> bool:
+        """Note a settled call of the batch; True if it is a failure later calls may depend on."""
+        if result.status is CallStatus.OK or not result.mutating:
+            return False
+        if result.status is CallStatus.CANCELLED and result.effect is Effect.NEVER_RAN:
+            return False
+        if result.effect is Effect.UNKNOWN:
+            how = f"ended with an unknown outcome ({result.status.value}: it may or may not have happened)"
+        elif result.effect is Effect.NEVER_RAN:
+            how = f"was not run ({result.status.value})"
+        else:
+            how = f"failed ({result.status.value})"
+        tool = result.tool or result.call.name
+        self._failed.append(
+            (record.position, record.keys, f"it depends on call {result.call.id!r} ({tool}), which {how}")
+        )
+        return True
+
+    def blocker(self, position: int, keys: tuple[str, ...]) -> str | None:
+        """Why a call at `position` with `keys` must not run (the earliest failure it conflicts with), or None."""
+        for at, failed_keys, why in self._failed:
+            if at < position and conflicts(failed_keys, keys):
+                return why
+        return None
+
+    def __bool__(self) -> bool:
+        return bool(self._failed)
 
 
 _new = object.__new__
@@ -420,6 +556,8 @@ _set_started_at = _slot["started_at"].__set__
 _set_finished_at = _slot["finished_at"].__set__
 _set_attempt_errors = _slot["attempt_errors"].__set__
 _set_untrusted_content = _slot["untrusted_content"].__set__
+_set_effect = _slot["effect"].__set__
+_set_mutating = _slot["mutating"].__set__
 # `build_result` sets every field (each by its name) and relies on nothing to run after __init__.
 assert [field.name for field in dataclasses.fields(ToolResult)] == [
     "call",
@@ -434,6 +572,8 @@ assert [field.name for field in dataclasses.fields(ToolResult)] == [
     "finished_at",
     "attempt_errors",
     "untrusted_content",
+    "effect",
+    "mutating",
 ]
 assert not hasattr(ToolResult, "__post_init__")
 
@@ -451,6 +591,8 @@ def build_result(
     finished_at: float,
     attempt_errors: tuple[str, ...],
     untrusted_content: bool,
+    effect: Effect = Effect.UNKNOWN,
+    mutating: bool = True,
 ) -> ToolResult:
     """A `ToolResult` equal to the one its constructor builds, at less than half the cost.
 
@@ -471,4 +613,6 @@ def build_result(
     _set_finished_at(new, finished_at)
     _set_attempt_errors(new, attempt_errors)
     _set_untrusted_content(new, untrusted_content)
+    _set_effect(new, effect)
+    _set_mutating(new, mutating)
     return new

@@ -59,6 +59,7 @@ from ._failures import (
     ToolUnavailableError,
     is_transport_failure,
 )
+from ._lifecycle import mark_sent, request_meta
 from ._observe import progress_reporter
 
 if TYPE_CHECKING:
@@ -283,10 +284,19 @@ def _sse_too_large(error: ErrorData) -> bool:
 
 
 class ToolCaller(Protocol):
-    """What runs a tool on a server: an entered `mcp.Client`, or a connection the dispatcher owns."""
+    """What runs a tool on a server: an entered `mcp.Client`, or a connection the dispatcher owns.
+
+    A caller whose class sets ``marks_sent = True`` calls `_lifecycle.mark_sent` itself, at the point it
+    hands the request to the SDK; for any other, `MCPTool` marks the send before calling it.
+    """
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any] | None = None, *, progress_callback: ProgressFnT | None = None
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        progress_callback: ProgressFnT | None = None,
+        meta: Any = None,
     ) -> CallToolResult: ...
 
 
@@ -490,6 +500,7 @@ class MCPTool:
         if isinstance(client, Client):
             if lease is not None:
                 lease.confirm()  # nothing awaits between this and the send
+            mark_sent()
             return await call_as_task(client, self.name, prepared, bound)
         caller: TaskCaller = client  # type: ignore[assignment]  # connections the dispatcher owns
         return await caller.call_task(self.name, prepared, bound, confirm=lease.confirm if lease else None)
@@ -525,15 +536,30 @@ class MCPTool:
         self, prepared: dict[str, Any], progress: ProgressFnT | None, lease: Lease | None
     ) -> CallToolResult:
         client = self.client
+        if not getattr(client, "marks_sent", False):
+            # Past this point the SDK may write the request: the call's effect is unknown until it answers.
+            # (A connection the dispatcher owns marks it itself, once it has a client to send on.)
+            mark_sent()
+        meta = request_meta()  # an idempotency key, for a server that takes it in `_meta`
         try:
+            keyed = request_meta()  # an idempotency key, for a server that takes it in `_meta`
             if lease is None:
-                if progress is None:
-                    return await client.call_tool(self.name, prepared)
-                return await client.call_tool(self.name, prepared, progress_callback=progress)
-            prepared, meta = lease.stamp(prepared)
+                if not getattr(client, "marks_sent", False):
+                    # Past this point the SDK may write the request: the call's effect is unknown until
+                    # it answers. (A connection the dispatcher owns marks it itself, once it has a client.)
+                    mark_sent()
+                options: dict[str, Any] = {}
+                if progress is not None:
+                    options["progress_callback"] = progress
+                if keyed is not None:
+                    options["meta"] = keyed
+                return await client.call_tool(self.name, prepared, **options)
+            prepared, fenced = lease.stamp(prepared)
+            meta = {**(keyed or {}), **(fenced or {})} or None
             try:
                 if isinstance(client, Client):
                     lease.confirm()  # the fleet hold still holds: nothing awaits between this and the send
+                    mark_sent()
                     return await client.call_tool(
                         self.name, prepared, progress_callback=progress, meta=cast("RequestParamsMeta | None", meta)
                     )

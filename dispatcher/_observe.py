@@ -15,7 +15,7 @@ Both are off unless configured, and cost nothing then: the scheduler checks one 
 Span names and attributes follow the OpenTelemetry GenAI conventions where they exist
 (``execute_tool {tool}``, ``gen_ai.operation.name``, ``gen_ai.tool.name``, ``gen_ai.tool.call.id``,
 ``error.type``) and use a ``dispatcher.`` prefix for the rest: server, trust, scheduling class, the four
-effective hints, attempt, status, attempts, queue and run time.
+effective hints, attempt, status, effect (`ToolResult.effect`), attempts, queue and run time.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
     from ._approval import ApprovalRequest
-    from ._calls import CallStatus, ToolCall, ToolResult
+    from ._calls import CallStatus, Effect, ToolCall, ToolResult
     from ._catalog import ToolEntry
 
 __all__ = ["CallEvent", "CallState", "EventKind", "Observer", "progress_reporter", "resolve_tracer"]
@@ -62,6 +62,7 @@ class CallEvent:
         result: For ``finished``, the result; else None.
         keys: The call's conflict keys (see docs/conflicts.md; ``("",)`` is the root key, which
             conflicts with every call); empty for ``queued`` and for a call that never got keys.
+        effect: For ``finished``, whether the call's effect happened (`ToolResult.effect`); else None.
         progress: For ``progress``, how far the server says it is (its number, which only grows), and
             `total` its total if it gave one; `message` its message, cut to 500 characters. The
             server's own words: untrusted.
@@ -76,6 +77,7 @@ class CallEvent:
     error: str | None = None
     result: ToolResult | None = None
     keys: tuple[str, ...] = ()
+    effect: Effect | None = None
     progress: float | None = None
     total: float | None = None
     message: str | None = None
@@ -271,6 +273,7 @@ class Observer:
                 result.error,
                 {
                     "dispatcher.status": result.status.value,
+                    "dispatcher.effect": result.effect.value,
                     "dispatcher.attempts": result.attempts,
                     "dispatcher.queue_time_s": result.queue_time,
                     "dispatcher.run_time_s": result.run_time,
@@ -289,6 +292,7 @@ class Observer:
                 error=result.error,
                 result=result,
                 keys=state.keys,
+                effect=result.effect,
             )
         )
 

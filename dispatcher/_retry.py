@@ -154,14 +154,18 @@ class RetryPolicy:
         return rng.uniform(self.wait_initial, min(self.wait_max, 2.0 * wait))
 
 
-def eligible(policy: RetryPolicy, entry: ToolEntry) -> bool:
+def eligible(policy: RetryPolicy, entry: ToolEntry, *, keyed: bool = False) -> bool:
     """Whether the calls of a tool may be repeated under this policy.
 
     `entry.annotations` are the effective annotations, which hold only trusted hints: an untrusted
     server's claims were replaced by the spec defaults (not idempotent, not read-only) when it was
-    registered, while the user's overrides for it were kept.
+    registered, while the user's overrides for it were kept. `keyed`: the user declared the tool's
+    server to deduplicate calls by an idempotency key (`IdempotencyKeys`), which each call carries; a
+    trusted server's tools are then all repeatable, since a repeated key does nothing more.
     """
     annotations = entry.annotations
+    if keyed and entry.trusted and not annotations.read_only_hint:
+        return True
     return bool(annotations.idempotent_hint) or (policy.retry_read_only and bool(annotations.read_only_hint))
 
 

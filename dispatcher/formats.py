@@ -26,7 +26,9 @@ by `mark_untrusted` unless you pass ``untrusted=None``: each wrapper ends with a
 fresh random boundary that the content does not contain, so no content can close it early. Their media
 sit between the wrapper's opening and its closing (Anthropic ``tool_result``, Responses
 ``function_call_output``), and never go into a user-role message: Chat Completions describes them and
-says they were not sent.
+says they were not sent. A failed call that may mutate and whose effect is unknown (`Effect.UNKNOWN`: sent,
+and no answer came) ends with `UNKNOWN_EFFECT_NOTE`, outside any wrapper: it may have happened, and
+should be checked before it is repeated.
 
 A tool's description, or its title when it has no description, is what the model reads about it; both
 are part of the tool's pinned definition, so a server cannot change them without the tool being blocked.
@@ -62,7 +64,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._calls import CallStatus, ToolCall
+from ._calls import CallStatus, Effect, ToolCall
 from ._errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
     from ._catalog import ToolEntry
 
 __all__ = [
+    "UNKNOWN_EFFECT_NOTE",
     "anthropic_calls",
     "anthropic_results",
     "anthropic_tools",
@@ -86,6 +89,11 @@ __all__ = [
 ]
 
 _NO_OUTPUT = "(no output)"
+# Told, after everything else, for a call that may mutate and whose effect is unknown (`Effect.UNKNOWN`).
+UNKNOWN_EFFECT_NOTE = (
+    "[dispatcher: this call's outcome is unknown: its request was sent and no answer came back, so it may "
+    "have taken effect. Check whether it did before calling it again.]"
+)
 _UNTRUSTED_TAG = "untrusted-content"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
 
@@ -771,6 +779,10 @@ def _presented(
         parts = [f"{text}\n{_WITHHELD}" if media else text]
     if prefix_errors and not result.ok:
         parts[0] = f"Error ({result.status.value}): {parts[0]}"
+    if result.effect is Effect.UNKNOWN and result.mutating and result.result is None:
+        # The dispatcher's own words, after any wrapper: what the server sent cannot reach past them.
+        last = max(index for index, part in enumerate(parts) if isinstance(part, str))
+        parts[last] = f"{parts[last]}\n{UNKNOWN_EFFECT_NOTE}"
     return parts
 
 

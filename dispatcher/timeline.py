@@ -29,7 +29,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._calls import CallStatus, ToolCall, ToolResult
+from ._calls import CallStatus, Effect, ToolCall, ToolResult
 from ._gate import conflicts
 from ._observe import CallEvent
 
@@ -154,6 +154,8 @@ class TimelineRow:
         error: The result's error text, if any.
         untrusted_content: Whether its result came from an open world.
         wait: What it waited for, or None if it started without waiting.
+        effect: Whether its effect happened (`ToolResult.effect`), or None if the record ends before
+            it did; the text notes an unknown one.
     """
 
     call: ToolCall
@@ -171,6 +173,7 @@ class TimelineRow:
     error: str | None
     untrusted_content: bool
     wait: Wait | None
+    effect: Effect | None = None
 
     @property
     def label(self) -> str:
@@ -200,6 +203,7 @@ class _Record:
     keys: tuple[str, ...]
     error: str | None
     untrusted_content: bool
+    effect: Effect | None = None
 
 
 class Timeline:
@@ -325,6 +329,8 @@ class Timeline:
                 notes.append(f"{row.attempts} attempts")
             if row.untrusted_content:
                 notes.append("untrusted content")
+            if row.effect is Effect.UNKNOWN:
+                notes.append("effect unknown")
             if row.wait is not None:
                 # It names other calls by their ids, which the model chose.
                 notes.append(_printable(row.wait.describe(), limit=400))
@@ -548,6 +554,7 @@ def _from_result(result: ToolResult, batch: int) -> _Record:
         keys=(),
         error=result.error,
         untrusted_content=result.untrusted_content,
+        effect=result.effect,
     )
 
 
@@ -591,6 +598,7 @@ def _from_call_events(history: list[CallEvent], batch: int) -> _Record:
         keys=keys,
         error=result.error if result is not None else None,
         untrusted_content=result.untrusted_content if result is not None else False,
+        effect=result.effect if result is not None else None,
     )
 
 
@@ -620,6 +628,7 @@ def _row(record: _Record, position: int, ordered: Sequence[_Record], ends: Seque
         error=record.error,
         untrusted_content=record.untrusted_content,
         wait=_wait(record, position, ordered, ends),
+        effect=record.effect,
     )
 
 

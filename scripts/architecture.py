@@ -63,7 +63,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "admission and lifecycle",
         "sans-I/O state machines: which submitted call may start now (the gate and the conflict keys it orders"
         " by), and where each call is in its life until its one result (the lifecycle)",
-        ("dispatcher._gate", "dispatcher._keys", "dispatcher._lifecycle"),
+        ("dispatcher._gate", "dispatcher._keys", "dispatcher._idempotency", "dispatcher._lifecycle"),
     ),
     (
         "execution",

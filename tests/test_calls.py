@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from mcp.types import CallToolResult, TextContent
 
-from dispatcher import CallStatus, ToolCall, ToolResult
+from dispatcher import CallStatus, Effect, ToolCall, ToolResult
 from dispatcher._lifecycle import build_result as settled_result
 
 
@@ -16,7 +16,20 @@ def test_the_executor_builds_results_equal_to_the_constructor() -> None:
     call = ToolCall("c1", "read", {"key": "k"}, server="files")
     answer = CallToolResult(content=[TextContent(type="text", text="boom")], is_error=True)
     fast = settled_result(
-        call, CallStatus.TOOL_ERROR, answer, "boom", 2, "read", "files", 1.0, 1.5, 2.5, ("timed out",), True
+        call,
+        CallStatus.TOOL_ERROR,
+        answer,
+        "boom",
+        2,
+        "read",
+        "files",
+        1.0,
+        1.5,
+        2.5,
+        ("timed out",),
+        True,
+        Effect.RAN,
+        False,
     )
     built = ToolResult(
         call,
@@ -31,6 +44,8 @@ def test_the_executor_builds_results_equal_to_the_constructor() -> None:
         finished_at=2.5,
         attempt_errors=("timed out",),
         untrusted_content=True,
+        effect=Effect.RAN,
+        mutating=False,
     )
     assert fast == built and dataclasses.astuple(fast) == dataclasses.astuple(built)
     assert fast.run_time == 1.0 and fast.queue_time == 0.5

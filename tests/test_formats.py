@@ -471,4 +471,5 @@ def _result(status: CallStatus, answer: CallToolResult | None, *, tool: str = "r
         result=answer,
         error=None if status is CallStatus.OK else "it broke",
         tool=tool,
+        mutating=False,  # a read: an unknown outcome adds no note to check it
     )

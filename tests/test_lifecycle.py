@@ -9,6 +9,7 @@ of the call exactly once, with the result it keeps.
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
-from dispatcher import CallStatus, ToolCall, ToolResult
+from dispatcher import CallStatus, Effect, ToolCall, ToolResult
 from dispatcher._annotations import effective_annotations
 from dispatcher._catalog import ToolEntry
 from dispatcher._lifecycle import MAX_ERROR, OUTCOMES, CallRecord, Ending, LifecycleError, Phase
@@ -49,6 +50,7 @@ SPEC: dict[Ending, dict[Phase, CallStatus]] = {
     Ending.SELF_CANCELLED: {D: CANCELLED, R: CANCELLED},
     Ending.NO_HOLD: {D: CallStatus.FAILED},
     Ending.HOLD_LOST: {D: CallStatus.FAILED, R: CallStatus.FAILED},
+    Ending.SKIPPED: {Q: CallStatus.FAILED, A: CallStatus.FAILED},
 }
 
 
@@ -86,11 +88,12 @@ operation = st.one_of(
     st.tuples(st.just("settle"), st.sampled_from(list(Ending))),
     st.tuples(st.just("interruptible"), st.none()),
     st.tuples(st.just("cancel_requested"), st.none()),
+    st.tuples(st.just("sent"), st.none()),
 )
 
 
 def _act(record: CallRecord, op: str, now: float, error: str) -> Any:
-    ticket: Any = object()
+    ticket: Any = types.SimpleNamespace(keys=("",))
     if op == "enter":
         return record.enter(ticket, held=False)
     if op == "enter_held":
@@ -118,9 +121,16 @@ def run_against_model(ops: list[tuple[str, Any]], record_type: type[CallRecord] 
     errors: list[str] = []
     started = False
     interrupt: Interrupted | None = None
+    # The effect model: nothing sent, sent (and no answer since), answered.
+    moment = Effect.NEVER_RAN
     now = 2.0
     for op, arg in ops:
         now += 1.0
+        if op == "sent":
+            record.sent()
+            if phase is R:
+                moment = Effect.UNKNOWN  # a later attempt sent again: unknown until it answers
+            continue
         if op == "interruptible":
             interrupt = Interrupted()
             record.waiting(interrupt)
@@ -162,6 +172,8 @@ def run_against_model(ops: list[tuple[str, Any]], record_type: type[CallRecord] 
                 assert record.phase is phase, "a refused transition changed the phase"
                 continue
             result = act()
+            if op in ("answered", "tool_error"):
+                moment = Effect.RAN
             if op in ("answered", "tool_error", "ended"):
                 assert result is True
                 expected = {"answered": CallStatus.OK, "tool_error": CallStatus.TOOL_ERROR, "ended": CallStatus.FAILED}
@@ -183,6 +195,8 @@ def run_against_model(ops: list[tuple[str, Any]], record_type: type[CallRecord] 
             assert outcome.attempts == attempts
             assert (outcome.started_at is not None) == started
             assert outcome.finished_at == now and outcome.queued_at == 1.0
+            # The effect is read from the last moment reached, never from how the call ended.
+            assert outcome.effect is moment, (outcome.effect, moment)
             # An open-world tool that ran sends back untrusted content; one that never ran, nothing.
             assert outcome.untrusted_content == (attempts > 0)
             assert record.ticket is None and record.owner is None and record.prepared is None
@@ -224,7 +238,7 @@ def test_a_long_error_is_cut_once_saying_how_long_it_was() -> None:
     ledger = Ledger()
     record = CallRecord(ToolCall("c", "lookup"), ledger, None, queued_at=0.0)
     record.resolve(_entry(open_world=False))
-    record.enter(object(), held=False)  # type: ignore[arg-type]
+    record.enter(types.SimpleNamespace(keys=("",)), held=False)  # type: ignore[arg-type]
     record.admit()
     record.start(1.0)
     record.attempted()

@@ -180,6 +180,7 @@ async def test_a_span_per_call_and_per_attempt(provider: TracerProvider, exporte
         "dispatcher.idempotent": True,
         "dispatcher.open_world": False,
         "dispatcher.status": "ok",
+        "dispatcher.effect": "ran",
         "dispatcher.attempts": 1,
         "dispatcher.queue_time_s": pytest.approx(write.attributes["dispatcher.queue_time_s"]),
         "dispatcher.run_time_s": pytest.approx(write.attributes["dispatcher.run_time_s"]),

@@ -22,13 +22,13 @@ def _shown_after(code: str) -> str | None:
 
 
 def test_the_guide_has_its_examples() -> None:
-    """The guide keeps its three runnable examples, two with their output."""
-    assert len(EXAMPLES) == 3
-    assert [_shown_after(code) is not None for code in EXAMPLES] == [True, False, True]
+    """The guide keeps its five runnable examples, four with their output."""
+    assert len(EXAMPLES) == 5
+    assert [_shown_after(code) is not None for code in EXAMPLES] == [True, False, True, True, True]
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
-@pytest.mark.parametrize("index", range(len(EXAMPLES)), ids=["a-retry", "the-defaults", "faults"])
+@pytest.mark.parametrize("index", range(len(EXAMPLES)), ids=["a-retry", "the-defaults", "keys", "fail-fast", "faults"])
 def test_example_runs_and_prints_what_the_guide_shows(
     index: int, backend: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import inspect
 import logging
 import math
 import re
@@ -60,7 +61,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import ToolAnnotations
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from dispatcher.testing import FaultInjector, FaultKind, FencedResource, Outcome, inject_faults
+from dispatcher.testing import FaultInjector, FaultKind, FencedResource, Outcome, Strike, inject_faults
 
 if TYPE_CHECKING:
     import pathlib
@@ -111,21 +112,24 @@ _INJECTION = (
 class FaultConfig:
     """Which tool calls of the workspace fail on purpose, and how.
 
-    The workspace passes these to `dispatcher.testing.inject_faults` (faults strike before the tool
-    runs): the fate of the n-th targeted call depends only on `seed` and n, so runs that send their
-    calls in the same order fail in the same places.
+    The workspace passes these to `dispatcher.testing.inject_faults`: the fate of the n-th targeted
+    call depends only on `seed` and n, so runs that send their calls in the same order fail in the
+    same places.
 
     Attributes:
         rate: The probability, from 0 to 1, that a targeted call fails.
         seed: The seed of the random generator.
         tools: The names of the tools whose calls may fail; `None` targets every tool.
         kinds: The fault kinds to choose from, uniformly (see `dispatcher.testing.FaultKind`).
+        strike: When they strike (see `dispatcher.testing.Strike`): ``"after"`` lets the tool run and
+            have its effect, then loses its answer.
     """
 
     rate: float = 0.0
     seed: int = 0
     tools: frozenset[str] | None = None
     kinds: tuple[FaultKind, ...] = ("error",)
+    strike: Strike = "before"
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.rate <= 1.0):
@@ -231,6 +235,10 @@ class Workspace:
             turn was handed on changes nothing. `fenced` counts the refusals. The whole workspace is
             one resource, which fits a fleet whose writes hold the whole server (no conflict keys);
             writes held per key overlap, and would refuse each other. None: no fencing.
+        idempotency_key: The name of an argument through which the tools that may mutate take an
+            idempotency key (declare it to the dispatcher with ``IdempotencyKeys(argument=...)``):
+            the workspace remembers each key with the first outcome of its call and answers a
+            repeated key with that outcome, applying nothing again. None (the default): no keys.
 
     Raises:
         ValueError: A knob is out of range or names a tool the workspace does not have.
@@ -257,6 +265,7 @@ class Workspace:
         faults: FaultConfig | None = None,
         name: str = "workspace",
         fence: str | None = None,
+        idempotency_key: str | None = None,
     ) -> None:
         _check_latency("latency", latency)
         if fence is not None and (not isinstance(fence, str) or not fence):
@@ -289,6 +298,11 @@ class Workspace:
         self._descriptions: dict[str, str | None] = dict.fromkeys(_ANNOTATIONS)
         self._removed: set[str] = set()
         self._bus = _LoopAwareBus()
+        self._key_argument = idempotency_key
+        # The first outcome (a result text or the error raised) of each idempotency key, and how
+        # many times each key's effect was applied (once, for a server that honours keys).
+        self._answers: dict[str, str | Exception] = {}
+        self._applied: dict[str, int] = {}
         self._legacy_clients: list[tuple[ServerSession, EventLoopToken]] = []
         self.server: MCPServer[Any] = self._build_server(name)
         """The MCP server, to pass to `mcp.Client` or `serve_http`."""
@@ -296,7 +310,12 @@ class Workspace:
         """The fault injector on `server` when `faults` was given, with its ledger of every call."""
         if faults is not None:
             self.faults = inject_faults(
-                self.server, rate=faults.rate, seed=faults.seed, tools=faults.tools, kinds=faults.kinds
+                self.server,
+                rate=faults.rate,
+                seed=faults.seed,
+                tools=faults.tools,
+                kinds=faults.kinds,
+                strike=faults.strike,
             )
 
     # -- what happened -------------------------------------------------------------------------
@@ -318,6 +337,12 @@ class Workspace:
         """The largest number of tool executions that have run at the same time."""
         with self._lock:
             return self._max_in_flight
+
+    @property
+    def applied_by_key(self) -> dict[str, int]:
+        """How many times the effect of each idempotency key was applied (1 each, when keys are honoured)."""
+        with self._lock:
+            return dict(self._applied)
 
     @property
     def notes(self) -> dict[str, str]:
@@ -458,14 +483,46 @@ class Workspace:
         for name in self.tool_names:
             if name in self._removed:
                 continue
+            function = self._functions[name]
+            annotations = self._annotations[name]
+            if self._key_argument is not None and not (annotations is not None and annotations.read_only_hint):
+                function = self._taking_key(function, self._key_argument)
             server.add_tool(
-                self._functions[name],
+                function,
                 description=self._descriptions[name],
-                annotations=self._annotations[name],
+                annotations=annotations,
                 # Plain text results: an output schema would add nothing for one string.
                 structured_output=False,
             )
             self._registered.add(name)
+
+    def _taking_key(self, function: Callable[..., Any], argument: str) -> Callable[..., Any]:
+        """`function` with one more optional argument, `argument`, the call's idempotency key."""
+        signature = inspect.signature(function)
+        if argument in signature.parameters:
+            raise ValueError(f"idempotency_key {argument!r} is already an argument of {function.__name__}")
+
+        async def keyed(**arguments: Any) -> str:
+            key = arguments.pop(argument, None)
+            if key is not None:
+                with self._lock:
+                    answer = self._answers.get(key)
+                if answer is not None:
+                    return _replay(answer)
+            token = _KEY.set(key)
+            try:
+                result: str = await function(**arguments)
+                return result
+            finally:
+                _KEY.reset(token)
+
+        keyed.__name__ = function.__name__
+        keyed.__doc__ = function.__doc__
+        extra = inspect.Parameter(argument, inspect.Parameter.KEYWORD_ONLY, default=None, annotation="str | None")
+        keyed.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[*signature.parameters.values(), extra]
+        )
+        return keyed
 
     async def _remember_legacy_client(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         """Middleware: note each legacy connection, which `notify_tools_changed` must reach by itself.
@@ -525,11 +582,12 @@ class Workspace:
         try:
             # Sleep even for zero latency: the checkpoint lets concurrent calls start and overlap.
             await anyio.sleep(delay)
+            key = _KEY.get()
             with self._lock:
                 if self.fenced is not None and self._writes(tool):
                     # Where the write takes effect: refused if a newer holder was admitted meanwhile.
                     self.fenced.admit(_FENCE_TOKEN.get(None))
-                result = effect()
+                result = effect() if key is None else self._once(key, effect)
         except anyio.get_cancelled_exc_class():
             outcome = "cancelled"
             raise
@@ -545,6 +603,20 @@ class Workspace:
                 self._ledger[seq] = replace(self._ledger[seq], ended=anyio.current_time(), outcome=outcome)
 
     # -- the effects, applied under the lock ---------------------------------------------------
+
+    def _once(self, key: str, effect: Callable[[], str]) -> str:
+        """Apply a keyed call's effect the first time its key is seen; replay its outcome after that."""
+        answer = self._answers.get(key)
+        if answer is not None:  # an attempt with the same key got here first, while this one waited
+            return _replay(answer)
+        self._applied[key] = self._applied.get(key, 0) + 1
+        try:
+            result = effect()
+        except Exception as exc:
+            self._answers[key] = exc
+            raise
+        self._answers[key] = result
+        return result
 
     def _search(self, query: str) -> str:
         needle = query.casefold()
@@ -606,6 +678,17 @@ class Workspace:
         for path in sorted(root.glob(f"*{_NOTE_SUFFIX}")):
             if _NOTE_NAME.fullmatch(path.stem):
                 self._notes[path.stem] = path.read_text(encoding="utf-8")
+
+
+# The idempotency key of the call a tool function runs for, when the workspace honours keys.
+_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("workspace_idempotency_key", default=None)
+
+
+def _replay(answer: str | Exception) -> str:
+    """The first outcome of a key again: its result, or the same error."""
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
 
 
 class _LoopAwareBus(InMemorySubscriptionBus):

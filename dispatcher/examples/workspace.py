@@ -65,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             seed=args.fault_seed,
             tools=None if args.fault_tools is None else frozenset(_split(args.fault_tools)),
             kinds=tuple(_split(args.fault_kinds)),  # type: ignore[arg-type]  # checked by FaultConfig
+            strike=args.fault_strike,
         )
         workspace = Workspace(
             root=args.root,
@@ -73,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             faults=faults,
             name=args.name,
             fence=args.fence,
+            idempotency_key=args.idempotency_key,
         )
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
@@ -164,6 +166,17 @@ def _parser() -> argparse.ArgumentParser:
     faults.add_argument("--fault-tools", metavar="A,B", help="tools that may fail (default: all)")
     faults.add_argument(
         "--fault-kinds", default="error", metavar="K,L", help="of hang, drop, error, tool_error, crash (default: error)"
+    )
+    faults.add_argument(
+        "--fault-strike",
+        default="before",
+        choices=("before", "after", "either"),
+        help="before the tool runs, or after (its answer lost); default: before",
+    )
+    parser.add_argument(
+        "--idempotency-key",
+        metavar="ARG",
+        help="the writes take an idempotency key in this argument, and a repeated key replays the first outcome",
     )
     faults.add_argument("--exit-after", type=int, metavar="N", help="exit abruptly on the N-th tool call (a crash)")
     parser.add_argument(
