@@ -623,7 +623,7 @@ def serves_tasks(client: Client) -> bool:
     """Whether a connected server advertises task-augmented `tools/call` (its 2025-11-25 `tasks` capability)."""
     try:
         capabilities = client.session.server_capabilities
-    except RuntimeError:
+    except (RuntimeError, AttributeError):  # not connected, or a client of the user's that is no `mcp.Client`
         return False
     tasks = getattr(capabilities, "tasks", None) if capabilities is not None else None
     requests = tasks.requests if tasks is not None else None

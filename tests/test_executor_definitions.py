@@ -125,7 +125,7 @@ async def test_a_retry_is_not_made_once_idempotence_is_withdrawn_during_the_back
     """set_note fails transiently; while the retry waits, the server withdraws its idempotentHint: the call
     is not tried again, its result says why, and the server ran it once."""
     if not safety:
-        monkeypatch.setattr(Executor, "_still_eligible", lambda self, policy, entry: None)
+        monkeypatch.setattr(Executor, "_still_eligible", lambda self, policy, entry, keyed=False: None)
     workspace = Workspace(faults=FaultConfig(rate=0.0))
     assert workspace.faults is not None
     workspace.faults.fail_next("set_note", "error")
