@@ -1057,6 +1057,15 @@ def reference(module: str, *args: str) -> StdioServerParameters:
     return StdioServerParameters(command=sys.executable, args=["-m", module, *args])
 
 
+# Real-clock sweeps of a stdio server: a machine loaded by other work moves their advice (seen once in four
+# fresh-clone runs beside a second `make test`: 4, 1, 1 on the time server), so they run in the long form only.
+_LONG_FORM = pytest.mark.skipif(
+    os.environ.get("DISPATCHER_STRESS") != "1",
+    reason="real-clock stability against a stdio server: run it with make stress (DISPATCHER_STRESS=1)",
+)
+
+
+@_LONG_FORM
 @pytest.mark.reference_servers
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -1085,6 +1094,7 @@ def repository(tmp_path: pathlib.Path) -> pathlib.Path:
 
 # One backend each: stability is the server's property and the sweep's, and three sweeps over stdio are the
 # longest tests here; every other test of the sweep runs on both.
+@_LONG_FORM
 @pytest.mark.reference_servers
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["trio"])
