@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from dispatcher import Dispatcher, ToolCall
-from dispatcher._gate import Gate
+from dispatcher._core._gate import Gate
 
 from ._measure import Stat, interleave
 from ._results import Comparison, Target, WorkloadResult

@@ -10,7 +10,7 @@ prefix of the other), where either of the two is exclusive, has finished. Reads 
 `keyed_schedule` gives the start and end of every call under that rule with zero scheduling overhead,
 oldest ready call first when a limit holds calls back: the ideal the benchmarks measure against.
 
-The executor (`dispatcher._gate.Gate`) produces the same order incrementally, also across batches that
+The executor (`dispatcher._core._gate.Gate`) produces the same order incrementally, also across batches that
 arrive while others run; the tests check it against these functions and against a brute-force model.
 """
 
@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dispatcher._gate import conflicts
+from dispatcher._core._gate import conflicts
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

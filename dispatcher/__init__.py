@@ -4,29 +4,35 @@ Read-only calls run together; calls that may mutate run alone, in the order the 
 may do is read from its MCP annotations, and only from servers the user trusts.
 """
 
-from ._approval import ApprovalPolicy as ApprovalPolicy
-from ._approval import ApprovalRequest as ApprovalRequest
-from ._approval import SessionGuard as SessionGuard
-from ._batch import Batch as Batch
-from ._batch import PendingCall as PendingCall
-from ._calls import CallStatus as CallStatus
-from ._calls import Effect as Effect
-from ._calls import ToolCall as ToolCall
-from ._calls import ToolResult as ToolResult
-from ._catalog import ToolEntry as ToolEntry
+from ._core._calls import CallStatus as CallStatus
+from ._core._calls import Effect as Effect
+from ._core._calls import ToolCall as ToolCall
+from ._core._calls import ToolResult as ToolResult
+from ._core._catalog import ToolEntry as ToolEntry
+from ._core._errors import BatchError as BatchError
+from ._core._errors import ConfigurationError as ConfigurationError
+from ._core._errors import DispatcherClosedError as DispatcherClosedError
+from ._core._errors import DispatcherError as DispatcherError
+from ._core._errors import NotFinishedError as NotFinishedError
+from ._core._errors import ServerConnectionError as ServerConnectionError
+from ._core._idempotency import IdempotencyKeys as IdempotencyKeys
 from ._dispatcher import Dispatcher as Dispatcher
-from ._errors import BatchError as BatchError
-from ._errors import ConfigurationError as ConfigurationError
-from ._errors import DispatcherClosedError as DispatcherClosedError
-from ._errors import DispatcherError as DispatcherError
-from ._errors import NotFinishedError as NotFinishedError
-from ._errors import ServerConnectionError as ServerConnectionError
-from ._idempotency import IdempotencyKeys as IdempotencyKeys
-from ._observe import CallEvent as CallEvent
-from ._pins import DefinitionChange as DefinitionChange
-from ._reconnect import ReconnectPolicy as ReconnectPolicy
-from ._retry import RetryPolicy as RetryPolicy
+from ._driver._approval import ApprovalPolicy as ApprovalPolicy
+from ._driver._approval import ApprovalRequest as ApprovalRequest
+from ._driver._approval import SessionGuard as SessionGuard
+from ._driver._batch import Batch as Batch
+from ._driver._batch import PendingCall as PendingCall
+from ._driver._observe import CallEvent as CallEvent
+from ._driver._retry import RetryPolicy as RetryPolicy
+from ._mcp._pins import DefinitionChange as DefinitionChange
+from ._mcp._reconnect import ReconnectPolicy as ReconnectPolicy
 from ._version import __version__ as __version__
+
+# Public names report the module users import them from (`dispatcher.ToolResult`, not its private home).
+for _value in list(globals().values()):
+    if isinstance(_value, type) and _value.__module__.startswith("dispatcher._"):
+        _value.__module__ = __name__
+del _value
 
 __all__ = [
     "ApprovalPolicy",

@@ -12,22 +12,22 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 import anyio
 
-from ._annotations import effective_annotations
-from ._approval import ApprovalPolicy, SessionGuard
-from ._batch import Batch
-from ._catalog import Catalog, ToolEntry
-from ._connections import ServerRegistry, check_annotations, check_reconnect, check_target
-from ._errors import ConfigurationError, DispatcherClosedError, ServerConnectionError
-from ._execution import Executor
-from ._failures import explain as _describe
-from ._failures import innermost as _innermost
+from ._core._annotations import effective_annotations
+from ._core._catalog import Catalog, ToolEntry
+from ._core._errors import ConfigurationError, DispatcherClosedError, ServerConnectionError
+from ._core._idempotency import IdempotencyKeys
+from ._core._keys import check_domain, check_key_functions
+from ._driver._approval import ApprovalPolicy, SessionGuard
+from ._driver._batch import Batch
+from ._driver._execution import Executor
+from ._driver._hooks import CallHooks
+from ._driver._observe import Observer, resolve_tracer
+from ._driver._retry import RetryPolicy
 from ._functions import FunctionTool, ThreadWatch
-from ._hooks import CallHooks
-from ._idempotency import IdempotencyKeys
-from ._keys import check_domain, check_key_functions
-from ._mcp import DEFAULT_MAX_ANSWER_BYTES
-from ._observe import Observer, resolve_tracer
-from ._retry import RetryPolicy
+from ._mcp._connections import ServerRegistry, check_annotations, check_reconnect, check_target
+from ._mcp._failures import explain as _describe
+from ._mcp._failures import innermost as _innermost
+from ._mcp._session import DEFAULT_MAX_ANSWER_BYTES
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -40,13 +40,13 @@ if TYPE_CHECKING:
     from mcp.types import ToolAnnotations
     from opentelemetry.trace import TracerProvider
 
-    from ._approval import Approver
-    from ._calls import ToolCall, ToolResult
-    from ._coordination import Coordinator
-    from ._keys import KeyFunction
-    from ._observe import CallEvent
-    from ._pins import DefinitionChange
-    from ._reconnect import ReconnectPolicy
+    from ._core._calls import ToolCall, ToolResult
+    from ._core._keys import KeyFunction
+    from ._driver._approval import Approver
+    from ._driver._coordination import Coordinator
+    from ._driver._observe import CallEvent
+    from ._mcp._pins import DefinitionChange
+    from ._mcp._reconnect import ReconnectPolicy
 
 __all__ = ["Dispatcher"]
 

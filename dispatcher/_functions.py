@@ -25,13 +25,13 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent
 from pydantic import ValidationError
 
-from ._catalog import ArgumentError
-from ._lifecycle import mark_sent
+from ._core._catalog import ArgumentError
+from ._core._lifecycle import mark_sent
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from ._coordination import Lease
+    from ._driver._coordination import Lease
 
 __all__ = ["FunctionTool", "ThreadWatch", "describe_validation_error"]
 

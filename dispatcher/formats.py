@@ -64,12 +64,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._calls import CallStatus, Effect, ToolCall
-from ._errors import ConfigurationError
+from ._core._calls import CallStatus, Effect, ToolCall
+from ._core._errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from ._calls import ToolResult
-    from ._catalog import ToolEntry
+    from ._core._calls import ToolResult
+    from ._core._catalog import ToolEntry
 
 __all__ = [
     "UNKNOWN_EFFECT_NOTE",

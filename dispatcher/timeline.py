@@ -29,9 +29,9 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._calls import CallStatus, Effect, ToolCall, ToolResult
-from ._gate import conflicts
-from ._observe import CallEvent
+from ._core._calls import CallStatus, Effect, ToolCall, ToolResult
+from ._core._gate import conflicts
+from ._driver._observe import CallEvent
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence

@@ -16,8 +16,8 @@ from mcp.types import BlobResourceContents, CallToolResult, EmbeddedResource, Im
 from pydantic import Field
 
 from dispatcher import ApprovalPolicy, ApprovalRequest, CallStatus, Dispatcher, RetryPolicy, ToolCall
-from dispatcher._gate import ROOT_KEYS
-from dispatcher._keys import call_keys
+from dispatcher._core._gate import ROOT_KEYS
+from dispatcher._core._keys import call_keys
 from dispatcher.formats import anthropic_results, openai_chat_calls, openai_chat_results, openai_responses_results
 from dispatcher.testing import HostileServer
 

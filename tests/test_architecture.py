@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 # An edge (importer, imported) listed here is left out of the cycle check.
 KNOWN_RUNTIME_CYCLE_EDGES: frozenset[tuple[str, str]] = frozenset()
 
+# The sans-I/O core: state machines and data, driven by `dispatcher._driver`.
+CORE = "dispatcher._core"
+
 
 def _all_imports(known: dict[str, pathlib.Path]) -> list[Import]:
     return [found for module in known for found in imports(module, known)]
@@ -113,6 +116,20 @@ def test_the_known_exceptions_are_still_needed() -> None:
         assert runtime_cycles(_all_imports(modules()), KNOWN_RUNTIME_CYCLE_EDGES - {edge}) != [], edge
 
 
+def io_imports(found: Iterable[Import]) -> list[str]:
+    """Run-time or type-only imports of an event loop library from a module of the sans-I/O core."""
+    return [
+        f"{i.module}:{i.line} imports {i.source}"
+        for i in found
+        if i.module.startswith(CORE) and i.source.split(".")[0] in {"anyio", "asyncio", "trio", "sniffio"}
+    ]
+
+
+def test_the_core_does_no_io() -> None:
+    """No module of `dispatcher._core` imports anyio, asyncio or trio: the gate and lifecycle are sans-I/O."""
+    assert io_imports(_all_imports(modules())) == []
+
+
 def test_the_checks_catch_what_they_are_for(tmp_path: pathlib.Path) -> None:
     """Each check fails on a small package that breaks its rule (the checks are not vacuous)."""
     package = tmp_path / "dispatcher"
@@ -126,10 +143,14 @@ def test_the_checks_catch_what_they_are_for(tmp_path: pathlib.Path) -> None:
         "    from ._high import Public\n"
     )
     (package / "_high.py").write_text("from . import _low\n")
+    (package / "_core").mkdir()
+    (package / "_core" / "__init__.py").write_text("")
+    (package / "_core" / "_state.py").write_text("import anyio\n")
     known = {"dispatcher": package / "__init__.py", "dispatcher._low": package / "_low.py"}
     known["dispatcher._high"] = package / "_high.py"
+    known["dispatcher._core._state"] = package / "_core" / "_state.py"
     found = _all_imports(known)
-    layers = {"dispatcher._low": 0, "dispatcher._high": 1, "dispatcher": 2}
+    layers = {"dispatcher._low": 0, "dispatcher._high": 1, "dispatcher": 2, "dispatcher._core._state": 0}
 
     assert private_name_imports(found) == ["dispatcher._low:3 imports _secret from dispatcher._high"]
     assert sdk_private_imports(found) == [
@@ -144,6 +165,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path: pathlib.Path) -> None:
         "dispatcher._low -> dispatcher._high -> ... -> dispatcher._low",
     ]
     assert runtime_cycles(found, frozenset({("dispatcher._high", "dispatcher._low")})) == []
+    assert io_imports(found) == ["dispatcher._core._state:1 imports anyio"]
 
 
 def test_the_architecture_doc_lists_every_module() -> None:

@@ -8,7 +8,7 @@ import pytest
 from mcp.types import CallToolResult, TextContent
 
 from dispatcher import CallStatus, Effect, ToolCall, ToolResult
-from dispatcher._lifecycle import build_result as settled_result
+from dispatcher._core._lifecycle import build_result as settled_result
 
 
 def test_the_executor_builds_results_equal_to_the_constructor() -> None:

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mcp.types import CallToolResult, ToolAnnotations
 
-from dispatcher._annotations import SPEC_DEFAULTS, effective_annotations
-from dispatcher._catalog import Catalog, ToolEntry
+from dispatcher._core._annotations import SPEC_DEFAULTS, effective_annotations
+from dispatcher._core._catalog import Catalog, ToolEntry
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 HINTS = ("read_only_hint", "destructive_hint", "idempotent_hint", "open_world_hint")

@@ -21,8 +21,8 @@ from mcp.types import INVALID_PARAMS, ToolAnnotations
 
 import dispatcher
 from dispatcher import ApprovalPolicy, ApprovalRequest, CallEvent, CallStatus, Dispatcher, Effect, ToolCall, ToolResult
-from dispatcher import _connections as connections_module
-from dispatcher import _mcp as mcp_module
+from dispatcher._mcp import _connections as connections_module
+from dispatcher._mcp import _session as mcp_module
 from dispatcher.examples import Workspace
 from dispatcher.formats import UNKNOWN_EFFECT_NOTE, anthropic_results, openai_chat_results
 from dispatcher.timeline import Timeline

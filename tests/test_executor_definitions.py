@@ -19,7 +19,7 @@ import pytest
 from mcp.types import ToolAnnotations
 
 from dispatcher import ApprovalRequest, CallStatus, Dispatcher, RetryPolicy, ToolCall
-from dispatcher._execution import Executor
+from dispatcher._driver._execution import Executor
 from dispatcher.examples import FaultConfig, Workspace
 
 pytestmark = pytest.mark.anyio

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.reference import KeyedCall, ideal_keyed_makespan, ideal_makespan, keyed_schedule, plan
-from dispatcher._gate import Gate, Ticket, TicketState, conflicts, normalize_keys
+from dispatcher._core._gate import Gate, Ticket, TicketState, conflicts, normalize_keys
 
 
 @given(st.lists(st.booleans(), max_size=60))

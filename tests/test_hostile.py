@@ -20,8 +20,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.types import BlobResourceContents, EmbeddedResource, ImageContent, TextContent, ToolListChangedNotification
 
-from dispatcher._hostile import MEDIA_FILE_NAME, MEDIA_INJECTION, POISON
 from dispatcher.testing import HostileServer
+from dispatcher.testing._hostile import MEDIA_FILE_NAME, MEDIA_INJECTION, POISON
 
 from .test_connections import SOURCE_ROOT
 

@@ -18,14 +18,14 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
 
 from dispatcher import ApprovalPolicy, CallStatus, ConfigurationError, Dispatcher, SessionGuard, ToolCall, ToolEntry
-from dispatcher._annotations import effective_annotations
-from dispatcher._hostile import POISON
+from dispatcher._core._annotations import effective_annotations
 from dispatcher.cli import main
 from dispatcher.cli._inspect import Pinned, Report, analyze, inspect_server, load_pins
 from dispatcher.cli._present import clean
 from dispatcher.cli._present import render_inspect as render_table
 from dispatcher.examples import Workspace, serve_http
 from dispatcher.testing import HostileServer
+from dispatcher.testing._hostile import POISON
 
 from .test_connections import HTTP_MODES, SOURCE_ROOT, Mode
 

@@ -16,7 +16,7 @@ from trio.testing import MockClock
 from benchmarks import keys as bench
 from benchmarks.reference import KeyedCall, ideal_keyed_makespan
 from dispatcher import ApprovalPolicy, CallEvent, CallStatus, ConfigurationError, Dispatcher, RetryPolicy, ToolCall
-from dispatcher._gate import conflicts
+from dispatcher._core._gate import conflicts
 from dispatcher.examples import Workspace
 from dispatcher.testing import inject_faults
 
@@ -397,7 +397,7 @@ async def test_a_reclassified_call_that_is_denied_never_runs(tmp_path: pathlib.P
 
 def test_inspect_reports_each_tools_key_rule() -> None:
     """The inspect analysis names how each tool's calls are keyed: root, its domain, or its key function."""
-    from dispatcher._catalog import ToolEntry
+    from dispatcher._core._catalog import ToolEntry
     from dispatcher.cli._inspect import analyze
 
     hints = ToolAnnotations(read_only_hint=True)

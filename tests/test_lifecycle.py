@@ -1,4 +1,4 @@
-"""The call lifecycle (`dispatcher._lifecycle`) against a brute-force model of its rule, with no event loop.
+"""The call lifecycle (`dispatcher._core._lifecycle`) against a brute-force model of its rule, with no event loop.
 
 The model below is written from the rule in the module's docstring, not from its code: which operation
 is allowed in which phase, where it leads, and which status each ending gives in each phase. Random
@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from dispatcher import CallStatus, Effect, ToolCall, ToolResult
-from dispatcher._annotations import effective_annotations
-from dispatcher._catalog import ToolEntry
-from dispatcher._lifecycle import MAX_ERROR, OUTCOMES, CallRecord, Ending, LifecycleError, Phase
+from dispatcher._core._annotations import effective_annotations
+from dispatcher._core._catalog import ToolEntry
+from dispatcher._core._lifecycle import MAX_ERROR, OUTCOMES, CallRecord, Ending, LifecycleError, Phase
 
 Q, A, D, R, S = Phase.QUEUED, Phase.AWAITING_APPROVAL, Phase.ADMITTED, Phase.RUNNING, Phase.SETTLED
 

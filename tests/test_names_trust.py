@@ -16,8 +16,8 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, ToolAnnotations
 
 from dispatcher import CallStatus, ConfigurationError, Dispatcher, ToolCall
-from dispatcher._annotations import SPEC_DEFAULTS
-from dispatcher._catalog import NAME_PATTERN, Catalog, ToolEntry
+from dispatcher._core._annotations import SPEC_DEFAULTS
+from dispatcher._core._catalog import NAME_PATTERN, Catalog, ToolEntry
 from dispatcher.testing import HostileServer
 
 from .test_security_names import TRANSPORTS, Bank, Transport, hostile_target

@@ -26,7 +26,7 @@ from dispatcher import (
     RetryPolicy,
     ToolCall,
 )
-from dispatcher._observe import resolve_tracer
+from dispatcher._driver._observe import resolve_tracer
 from dispatcher.examples import FaultConfig, Workspace
 
 if TYPE_CHECKING:

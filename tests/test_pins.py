@@ -12,7 +12,7 @@ from mcp import Client
 from mcp.types import Tool, ToolAnnotations
 
 from dispatcher import CallStatus, ConfigurationError, DefinitionChange, Dispatcher
-from dispatcher._pins import Pins, definition, definition_hash, describe_changes
+from dispatcher._mcp._pins import Pins, definition, definition_hash, describe_changes
 from dispatcher.examples import Workspace, serve_http
 
 from .test_connections import MODES, Crashable, Mode, all_clocks, calls, tool_names, virtual_time

@@ -32,8 +32,8 @@ from mcp.types import (
 
 from benchmarks.retry_figures import measure
 from dispatcher import CallStatus, ConfigurationError, Dispatcher, RetryPolicy, ToolCall, ToolEntry
-from dispatcher._annotations import effective_annotations
-from dispatcher._retry import MAX_ATTEMPTS, Budget, eligible, is_transient
+from dispatcher._core._annotations import effective_annotations
+from dispatcher._driver._retry import MAX_ATTEMPTS, Budget, eligible, is_transient
 from dispatcher.testing import FaultInjector, FaultKind, inject_faults
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ from .test_connections import SOURCE_ROOT, virtual_time
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from dispatcher._approval import ToolSelector
+    from dispatcher._driver._approval import ToolSelector
 
 pytestmark = pytest.mark.anyio
 

@@ -36,8 +36,8 @@ from dispatcher import (
     ToolCall,
     ToolResult,
 )
-from dispatcher._catalog import ArgumentError
-from dispatcher._mcp import check_arguments
+from dispatcher._core._catalog import ArgumentError
+from dispatcher._mcp._session import check_arguments
 from dispatcher.examples import Workspace, serve_http
 
 from . import transport_server

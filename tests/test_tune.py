@@ -24,7 +24,6 @@ from trio.testing import MockClock
 import dispatcher
 from dispatcher import ConfigurationError, Dispatcher, ToolCall
 from dispatcher.cli import main
-from dispatcher.cli._measure import combine
 from dispatcher.cli._tune_command import doubling
 from dispatcher.examples import Workspace
 from dispatcher.tuning import (
@@ -38,6 +37,7 @@ from dispatcher.tuning import (
     synthetic_workload,
     tune,
 )
+from dispatcher.tuning._measure import combine
 
 # The folder holding the `dispatcher` package, so subprocesses import this checkout.
 SOURCE_ROOT = str(pathlib.Path(dispatcher.__file__).resolve().parents[1])
@@ -184,7 +184,7 @@ async def test_synthetic_workloads_only_call_safe_tools() -> None:
 
 def test_generated_arguments_follow_the_schema() -> None:
     """Required properties get values of their type, enum, format, bounds and $ref; optional ones are left out."""
-    from dispatcher.cli._workloads import _arguments
+    from dispatcher.tuning._workloads import _arguments
 
     schema = {
         "type": "object",
@@ -945,7 +945,7 @@ def test_cli_ctrl_c_reports_the_settings_measured_so_far(
 
 def test_synthetic_arguments_skip_defaults_that_make_calls_slow() -> None:
     """duration=10 or steps=5 as defaults: generated calls set the smallest allowed value instead."""
-    from dispatcher.cli._workloads import fast_value
+    from dispatcher.tuning._workloads import fast_value
 
     assert fast_value("duration", {"type": "number", "default": 10}) == 0
     assert fast_value("steps", {"type": "integer", "default": 5}) == 1

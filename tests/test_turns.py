@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from mcp import Client
 
 from dispatcher import BatchError, CallStatus, Dispatcher, PendingCall, ToolCall
-from dispatcher._turns import Positions
+from dispatcher._driver._turns import Positions
 
 from .recording import Recorder, recording_server
 

@@ -4,7 +4,7 @@ For each tool: the hints the server declares, the hints the dispatcher will act 
 trust, whether its calls run concurrently or exclusively, and whether they may be retried. Warnings
 point at hints that contradict each other, names that model APIs reject, tools serialized only because
 the server is untrusted, and a toolset that combines the three legs of the lethal trifecta (judged as
-`SessionGuard` judges a session, see `dispatcher._trifecta`), and tools that need MCP tasks
+`SessionGuard` judges a session, see `dispatcher._core._trifecta`), and tools that need MCP tasks
 (`execution.taskSupport` "required", which the dispatcher does not send, so their calls fail). A note
 says when tools declare no annotations at all: every call of theirs runs alone. The user's own
 overrides (`add_mcp_server(overrides=...)`, ``--override TOOL=HINTS``) are applied, so their effect
@@ -28,24 +28,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from dispatcher._annotations import HINTS, effective_annotations
-from dispatcher._catalog import NAME_PATTERN
+from dispatcher._core._annotations import HINTS, effective_annotations
+from dispatcher._core._catalog import NAME_PATTERN
+from dispatcher._core._errors import ConfigurationError, DispatcherError
+from dispatcher._core._keys import rule as key_rule
+from dispatcher._core._trifecta import communicates_externally, ingests_untrusted_content, reads_private_data
 from dispatcher._dispatcher import Dispatcher
-from dispatcher._errors import ConfigurationError, DispatcherError
-from dispatcher._keys import rule as key_rule
-from dispatcher._mcp import list_all_tools
-from dispatcher._trifecta import communicates_externally, ingests_untrusted_content, reads_private_data
+from dispatcher._mcp._session import list_all_tools
 
-from ._connection import connected, describe_target
+from ..tuning._connection import connected, describe_target
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from mcp.types import ToolAnnotations
 
-    from dispatcher._catalog import ToolEntry
+    from dispatcher._core._catalog import ToolEntry
 
-    from ._connection import Target
+    from ..tuning._connection import Target
 
 __all__ = ["Finding", "Pinned", "Report", "ToolReport", "analyze", "compare", "inspect_server", "load_pins"]
 

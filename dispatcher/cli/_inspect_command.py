@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from dispatcher._errors import ConfigurationError, DispatcherError
+from dispatcher._core._errors import ConfigurationError, DispatcherError
 
 from ._inspect import Pinned, inspect_server, load_pins
 from ._present import inspect_lines, print_lines

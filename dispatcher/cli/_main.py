@@ -17,7 +17,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from dispatcher import __version__
-from dispatcher._errors import ConfigurationError
+from dispatcher._core._errors import ConfigurationError
 
 from ._inspect_command import add_parser as add_inspect
 from ._present import INSTALL_HINT, clean, require_rich

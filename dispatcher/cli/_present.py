@@ -20,15 +20,15 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from ._recommend import format_number
+from ..tuning._recommend import format_number
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
     from types import ModuleType
     from typing import TextIO
 
+    from ..tuning._sweep import TuneProgress, TuneReport
     from ._inspect import Report
-    from ._sweep import TuneProgress, TuneReport
 
 __all__ = [
     "INSTALL_HINT",

@@ -20,7 +20,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import ToolAnnotations
 
-from dispatcher._annotations import HINTS
+from dispatcher._core._annotations import HINTS
 
 from ._present import clean
 

@@ -12,22 +12,22 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from dispatcher._errors import ConfigurationError, DispatcherError
+from dispatcher._core._errors import ConfigurationError, DispatcherError
 
+from ..tuning._recommend import TOLERANCE
+from ..tuning._sweep import DEFAULT_REPEATS, DEFAULT_SETTINGS, tune
+from ..tuning._workloads import load_workload
 from ._machine import machine_info
 from ._present import ProgressBar, print_lines, tune_lines
-from ._recommend import TOLERANCE
-from ._sweep import DEFAULT_REPEATS, DEFAULT_SETTINGS, tune
 from ._targets import UsageError, add_target_options, parse_overrides, target_from_args
-from ._workloads import load_workload
 
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Awaitable, Callable
 
-    from dispatcher._calls import ToolCall
+    from dispatcher._core._calls import ToolCall
 
-    from ._sweep import TuneReport
+    from ..tuning._sweep import TuneReport
 
 __all__ = ["add_parser", "doubling"]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-import dispatcher._execution
+import dispatcher._driver._execution
 from dispatcher import ReconnectPolicy
 
 from . import harness
@@ -46,7 +46,7 @@ def test_the_same_seed_replays_the_same_trace(seed: int) -> None:
 
 def test_the_checks_catch_a_scheduler_that_repeats_unsafe_calls(monkeypatch: pytest.MonkeyPatch) -> None:
     """With retries allowed for every tool, the ledger check reports calls executed twice (the suite has teeth)."""
-    monkeypatch.setattr(dispatcher._execution, "eligible", lambda policy, entry, **_: True)
+    monkeypatch.setattr(dispatcher._driver._execution, "eligible", lambda policy, entry, **_: True)
     saved = FIGURES.snapshot()
     try:
         found = [violation for seed in range(20) for violation in run_replayable(seed).violations]

@@ -18,9 +18,10 @@ import redis
 from mcp.types import ToolAnnotations
 
 from benchmarks._redis import _free_port
-from dispatcher import CallStatus, ConfigurationError, Dispatcher, RetryPolicy, ToolCall, _fleet_lua
+from dispatcher import CallStatus, ConfigurationError, Dispatcher, RetryPolicy, ToolCall
 from dispatcher.examples import FaultConfig, Workspace
 from dispatcher.fleet import CoordinationError, FleetServer, LocalCoordinator, RedisCoordinator
+from dispatcher.fleet import _lua as _fleet_lua
 
 if TYPE_CHECKING:
     import pathlib

@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dispatcher import CallStatus, Dispatcher, ToolCall
-from dispatcher._fleet import _locks
-from dispatcher._fleet_lua import ACQUIRE, RELEASE
-from dispatcher._gate import Gate, Ticket, TicketState
+from dispatcher._core._gate import Gate, Ticket, TicketState
 from dispatcher.examples import Workspace
 from dispatcher.fleet import FleetServer, RedisCoordinator
+from dispatcher.fleet._lua import ACQUIRE, RELEASE
+from dispatcher.fleet._redis import _locks
 
 if TYPE_CHECKING:
     from benchmarks._redis import RedisServer

@@ -18,8 +18,8 @@ import redis
 
 from dispatcher import ConfigurationError
 from dispatcher.cli import main
-from dispatcher.cli._fleet_tune import FleetTuneError, shares
 from dispatcher.tuning import tune
+from dispatcher.tuning._fleet import FleetTuneError, shares
 
 if TYPE_CHECKING:
     from benchmarks._redis import RedisServer
@@ -49,7 +49,7 @@ async def setting_started(client: redis.Redis) -> None:
 async def endless_setting(url: str, redis_url: str) -> None:
     """One fleet setting of two processes that measures for 600 s, long past any test: it must be stopped."""
     from dispatcher import ToolCall
-    from dispatcher.cli._fleet_tune import fleet_measure
+    from dispatcher.tuning._fleet import fleet_measure
 
     workload = [ToolCall("0", "search_notes", {"query": "a"}, server="server")]
     await fleet_measure(
@@ -181,7 +181,7 @@ async def test_a_sweep_cancelled_mid_setting_stops_its_processes_and_leaves_no_k
                 tg.start_soon(watch, scope)
                 await endless_setting(url, redis_server.url)
         assert scope.cancelled_caught
-        fleet = {pid: line for pid, line in seen.items() if "dispatcher.cli._fleet_tune" in line}
+        fleet = {pid: line for pid, line in seen.items() if "dispatcher.tuning._fleet" in line}
         assert len(fleet) == 2, f"the sweep's processes were not seen: {seen}"
         assert not [line for line in fleet.values() if redis_server.url in line], "the Redis URL is on a command line"
         assert not set(fleet) & set(children()), "a process of the cancelled sweep is still running"
@@ -206,7 +206,7 @@ async def test_a_process_killed_mid_setting_fails_the_sweep_saying_so(
     async def kill_one() -> None:
         await setting_started(client)
         for pid, line in (await anyio.to_thread.run_sync(children)).items():
-            if "dispatcher.cli._fleet_tune" in line:
+            if "dispatcher.tuning._fleet" in line:
                 os.kill(pid, signal.SIGKILL)
                 return
         raise AssertionError("no process of the sweep was found")

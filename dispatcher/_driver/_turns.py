@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 import anyio
 
-from ._errors import BatchError, DispatcherError
+from .._core._errors import BatchError, DispatcherError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from .._core._calls import ToolCall
     from ._batch import PendingCall
-    from ._calls import ToolCall
 
 __all__ = ["InOrder", "Positions"]
 

@@ -10,7 +10,7 @@ Redis before it runs:
   overtaken by later reads);
 - its retries spend from one token bucket per server, shared by the fleet.
 
-Admission is atomic: one Lua script (`_fleet_lua`) purges expired leases, queues the request and grants
+Admission is atomic: one Lua script (`_lua`) purges expired leases, queues the request and grants
 what fits, in Redis' own clock. A grant is published on the owner process's channel, and a listener task
 per process wakes the waiting call at once; a waiting call also checks again every `recheck` seconds,
 which is the bound on noticing a lease that expired with nobody left to release it (a killed process).
@@ -24,7 +24,7 @@ request that granted or renewed it was sent, and each request a hold covers is c
 before it is sent (`Lease.confirm`, synchronous): no request leaves after its lease could have ended, and a
 grant whose reply came too late is given back. A request already on its way when the lease ends (delayed
 in the client, the network or the server) can still run beside the next holder's; only the server can
-refuse it, by the hold's fencing token (`FleetServer.fence_argument` / `fence_meta`; see `_fleet_lua`).
+refuse it, by the hold's fencing token (`FleetServer.fence_argument` / `fence_meta`; see `_lua`).
 A call that cannot get its hold because Redis cannot be reached ends FAILED with the reason, and never
 runs unguarded.
 
@@ -48,10 +48,10 @@ from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 
-from . import _fleet_lua
-from ._coordination import CoordinationError, Lease
-from ._errors import ConfigurationError
-from ._gate import ROOT_KEYS, lock_nodes, normalize_keys
+from .._core._errors import ConfigurationError
+from .._core._gate import ROOT_KEYS, lock_nodes, normalize_keys
+from .._driver._coordination import CoordinationError, Lease
+from . import _lua
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Collection, Hashable, Mapping
@@ -62,10 +62,10 @@ if TYPE_CHECKING:
 __all__ = ["FleetServer", "RedisCoordinator", "safe_url"]
 
 _SCRIPTS = {
-    "acquire": _fleet_lua.ACQUIRE,
-    "release": _fleet_lua.RELEASE,
-    "renew": _fleet_lua.RENEW,
-    "spend": _fleet_lua.SPEND,
+    "acquire": _lua.ACQUIRE,
+    "release": _lua.RELEASE,
+    "renew": _lua.RENEW,
+    "spend": _lua.SPEND,
 }
 
 
@@ -684,7 +684,7 @@ _MAX_PATH = 48  # characters of a path sent as is; a longer one is sent as its d
 
 
 def _locks(config: FleetServer, exclusive: bool, keys: Collection[Hashable]) -> str:
-    """A hold's locks as the scripts read them: JSON ``[path, mode, ...]`` (`_fleet_lua`)."""
+    """A hold's locks as the scripts read them: JSON ``[path, mode, ...]`` (`_lua`)."""
     if not config.shared_state:
         return _ROOT_READ  # only the limit is shared: every hold is a read of the whole server
     normal = normalize_keys(str(key) for key in keys) if keys else ROOT_KEYS

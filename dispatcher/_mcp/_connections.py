@@ -52,13 +52,15 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, ToolAnnotations, ToolListChangedNotification
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from ._annotations import effective_annotations
-from ._catalog import ToolEntry, sanitize
-from ._errors import ConfigurationError
+from .._core._annotations import effective_annotations
+from .._core._catalog import ToolEntry, sanitize
+from .._core._errors import ConfigurationError
+from .._core._keys import check_domain, check_key_functions
+from .._core._lifecycle import mark_sent
 from ._failures import ConnectionLost, ToolUnavailableError, explain, innermost, is_transport_failure
-from ._keys import check_domain, check_key_functions
-from ._lifecycle import mark_sent
-from ._mcp import (
+from ._pins import DefinitionChange, Pins
+from ._reconnect import ReconnectPolicy
+from ._session import (
     DEFAULT_MAX_ANSWER_BYTES,
     TASK_CANCEL_WAIT,
     AuthRefusals,
@@ -71,8 +73,6 @@ from ._mcp import (
     serves_tasks,
     wants_task,
 )
-from ._pins import DefinitionChange, Pins
-from ._reconnect import ReconnectPolicy
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
@@ -82,9 +82,9 @@ if TYPE_CHECKING:
     from mcp.shared.dispatcher import ProgressFnT
     from mcp.types import CallToolResult, RequestParamsMeta, Tool
 
-    from ._catalog import Catalog, ToolImpl
-    from ._keys import KeyFunction
-    from ._mcp import ToolCaller
+    from .._core._catalog import Catalog, ToolImpl
+    from .._core._keys import KeyFunction
+    from ._session import ToolCaller
 
 __all__ = ["LISTING_BURST", "LISTING_INTERVAL", "LISTING_REST", "Connection", "ServerRegistry", "check_target"]
 

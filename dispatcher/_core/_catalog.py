@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     from mcp.types import CallToolResult, ToolAnnotations
 
-    from ._coordination import Lease
+    from .._driver._coordination import Lease
     from ._keys import KeyFunction
 
 __all__ = ["MAX_TOMBSTONES", "Catalog", "Resolution", "ToolEntry", "ToolImpl"]

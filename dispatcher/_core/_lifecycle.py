@@ -61,11 +61,11 @@ from ._gate import ROOT_KEYS, conflicts
 if TYPE_CHECKING:
     from mcp.types import CallToolResult
 
+    from .._driver._hooks import CallHooks
+    from .._driver._observe import CallState
     from ._calls import ToolCall
     from ._catalog import ToolEntry, ToolImpl
     from ._gate import Ticket
-    from ._hooks import CallHooks
-    from ._observe import CallState
 
 __all__ = [
     "EFFECTS",

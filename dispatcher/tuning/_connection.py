@@ -17,8 +17,8 @@ from mcp import Client, StdioServerParameters
 from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
 
-from dispatcher._errors import ConfigurationError, ServerConnectionError
-from dispatcher._failures import innermost
+from dispatcher._core._errors import ConfigurationError, ServerConnectionError
+from dispatcher._mcp._failures import innermost
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable

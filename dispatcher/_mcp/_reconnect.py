@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ._backoff import ceiling, check_waits, is_number
-from ._errors import ConfigurationError
+from .._core._backoff import ceiling, check_waits, is_number
+from .._core._errors import ConfigurationError
 
 __all__ = ["ReconnectPolicy"]
 

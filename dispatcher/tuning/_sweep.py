@@ -12,7 +12,7 @@ recommended.
 
 With `fleet` (a Redis URL), the limit swept is a fleet-wide one: each setting is measured by `processes`
 processes, each a dispatcher of its own sharing `FleetServer(limit=setting)` through Redis, with the
-closed loop split across them (`_fleet_tune`).
+closed loop split across them (`_fleet`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import anyio
 from mcp.types import ToolAnnotations
 
-from dispatcher._annotations import HINTS
+from dispatcher._core._annotations import HINTS
+from dispatcher._core._errors import ConfigurationError, DispatcherError
 from dispatcher._dispatcher import Dispatcher
-from dispatcher._errors import ConfigurationError, DispatcherError
 
 from ._connection import connected, describe_target
-from ._fleet_tune import check_redis, fleet_measure
+from ._fleet import check_redis, fleet_measure
 from ._measure import combine, measure
 from ._recommend import TOLERANCE, format_number, recommend
 from ._workloads import resolve_workload
@@ -38,8 +38,8 @@ from ._workloads import resolve_workload
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-    from dispatcher._calls import ToolCall
-    from dispatcher._catalog import ToolEntry
+    from dispatcher._core._calls import ToolCall
+    from dispatcher._core._catalog import ToolEntry
 
     from ._connection import Target
     from ._measure import SettingResult

@@ -33,9 +33,9 @@ if TYPE_CHECKING:
     from mcp.shared.dispatcher import ProgressFnT
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
+    from .._core._calls import CallStatus, Effect, ToolCall, ToolResult
+    from .._core._catalog import ToolEntry
     from ._approval import ApprovalRequest
-    from ._calls import CallStatus, Effect, ToolCall, ToolResult
-    from ._catalog import ToolEntry
 
 __all__ = ["CallEvent", "CallState", "EventKind", "Observer", "progress_reporter", "resolve_tracer"]
 
@@ -143,7 +143,7 @@ def resolve_tracer(provider: TracerProvider | None) -> Tracer | None:
         provider = trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         return None
-    from ._version import __version__
+    from .._version import __version__
 
     return provider.get_tracer("dispatcher", __version__)
 

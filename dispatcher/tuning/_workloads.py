@@ -13,14 +13,14 @@ import random
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
-from dispatcher._calls import CallStatus, ToolCall
-from dispatcher._errors import ConfigurationError
+from dispatcher._core._calls import CallStatus, ToolCall
+from dispatcher._core._errors import ConfigurationError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
-    from dispatcher._calls import ToolResult
-    from dispatcher._catalog import ToolEntry
+    from dispatcher._core._calls import ToolResult
+    from dispatcher._core._catalog import ToolEntry
     from dispatcher._dispatcher import Dispatcher
 
 __all__ = ["Synthetic", "fast_value", "load_workload", "resolve_workload", "slow_defaults", "synthetic_workload"]

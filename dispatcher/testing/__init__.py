@@ -26,7 +26,7 @@ poisoned tool mid-session (``mutate(change="new")``) or between runs (``state=``
 an injection (``media``: a PNG and a PDF), a ``tools/list_changed`` storm (``flood``), a huge tool list
 (``many=``), tool names that churn at every listing (``churn=``), a prompt injection that tries every
 closing tag, a -32000 error storm, undecodable and enormous output. Each attack is described in
-`HostileServer`'s module, `dispatcher._hostile`. Try your loop against it::
+`HostileServer`'s module, `dispatcher.testing._hostile`. Try your loop against it::
 
     from dispatcher.testing import HostileServer
 
@@ -61,6 +61,13 @@ if TYPE_CHECKING:
 
     from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
     from mcp.server.mcpserver import MCPServer
+
+
+# Public names report the module users import them from (`dispatcher.ToolResult`, not its private home).
+for _value in list(globals().values()):
+    if isinstance(_value, type) and _value.__module__.startswith("dispatcher."):
+        _value.__module__ = __name__
+del _value
 
 __all__ = [
     "Execution",
@@ -376,12 +383,6 @@ def inject_faults(
         ValueError: A rate outside 0..1, an unknown fault kind or strike.
     """
     return FaultInjector(server, rate=rate, seed=seed, tools=tools, kinds=kinds, strike=strike)
-
-
-if __name__ == "__main__":
-    from ._hostile import main
-
-    main()
 
 
 class FencedResource:

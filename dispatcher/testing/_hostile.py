@@ -538,7 +538,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
 
     async def serve() -> None:
-        from .examples._http import serve_http
+        from ..examples._http import serve_http
 
         async with serve_http(hostile.server, port=args.port) as url:
             print(f"MCP_URL={url}", flush=True)

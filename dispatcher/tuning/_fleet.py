@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from dispatcher._calls import CallStatus, ToolCall
-from dispatcher._errors import DispatcherError
-from dispatcher._lifecycle import build_result as settled_result
+from dispatcher._core._calls import CallStatus, ToolCall
+from dispatcher._core._errors import DispatcherError
+from dispatcher._core._lifecycle import build_result as settled_result
 
 from ._measure import summarise
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import Process
 
-    from dispatcher._calls import ToolResult
+    from dispatcher._core._calls import ToolResult
 
     from ._measure import SettingResult
 
@@ -65,7 +65,7 @@ async def check_redis(url: str, socket_timeout: float) -> None:
     Raises:
         ConfigurationError: The `redis` package is not installed.
     """
-    from dispatcher._fleet import RedisCoordinator, safe_url
+    from dispatcher.fleet._redis import RedisCoordinator, safe_url
 
     RedisCoordinator(url, servers={})  # checks the URL and the extra
     import redis
@@ -135,8 +135,8 @@ async def fleet_measure(
         for config in configs:
             log = stack.enter_context(tempfile.TemporaryFile("w+b"))
             process = await anyio.open_process(
-                # Not `-m dispatcher.cli._fleet_tune`: `dispatcher.cli` imports this module, and runpy warns.
-                [sys.executable, "-c", "from dispatcher.cli._fleet_tune import main; main()"],
+                # Not `-m dispatcher.tuning._fleet`: `dispatcher.cli` imports this module, and runpy warns.
+                [sys.executable, "-c", "from dispatcher.tuning._fleet import main; main()"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -226,7 +226,7 @@ def _merge(limit: int, windows: list[dict[str, Any]]) -> SettingResult:
 
 async def _process(config: dict[str, Any]) -> None:
     from dispatcher._dispatcher import Dispatcher
-    from dispatcher._fleet import FleetServer, RedisCoordinator
+    from dispatcher.fleet._redis import FleetServer, RedisCoordinator
 
     from ._connection import connected
     from ._measure import closed_loop

@@ -48,9 +48,11 @@ from mcp.types import (
     TaskMetadata,
 )
 
-from ._calls import CallStatus
-from ._catalog import ArgumentError
-from ._coordination import CoordinationError
+from .._core._calls import CallStatus
+from .._core._catalog import ArgumentError
+from .._core._lifecycle import mark_sent, request_meta
+from .._driver._coordination import CoordinationError
+from .._driver._observe import progress_reporter
 from ._failures import (
     ANSWER_TOO_LARGE,
     AuthenticationRequired,
@@ -59,8 +61,6 @@ from ._failures import (
     ToolUnavailableError,
     is_transport_failure,
 )
-from ._lifecycle import mark_sent, request_meta
-from ._observe import progress_reporter
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping
@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from mcp.shared.dispatcher import CallOptions, ProgressFnT
     from mcp.types import RequestParamsMeta, Task, Tool
 
-    from ._coordination import Lease
+    from .._driver._coordination import Lease
 
 __all__ = [
     "ANSWER_TOO_LARGE",

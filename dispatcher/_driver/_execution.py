@@ -36,17 +36,17 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.lowlevel
 
+from .._core._calls import CallStatus
+from .._core._catalog import ArgumentError
+from .._core._errors import DispatcherClosedError
+from .._core._gate import Gate, TicketState
+from .._core._idempotency import IdempotencyKeys, call_key
+from .._core._keys import KeyRuleError, call_keys
+from .._core._lifecycle import Ending, Phase, done_sending
+from .._mcp._failures import ToolUnavailableError
+from .._mcp._failures import describe as describe_failure
 from ._batch import Batch, PendingCall
-from ._calls import CallStatus
-from ._catalog import ArgumentError
 from ._coordination import admitted_runner, budget_factory
-from ._errors import DispatcherClosedError
-from ._failures import ToolUnavailableError
-from ._failures import describe as describe_failure
-from ._gate import Gate, TicketState
-from ._idempotency import IdempotencyKeys, call_key
-from ._keys import KeyRuleError, call_keys
-from ._lifecycle import Ending, Phase, done_sending
 from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible, is_transient
 
 if TYPE_CHECKING:
@@ -55,10 +55,10 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup
     from mcp.types import CallToolResult
 
+    from .._core._calls import ToolCall
+    from .._core._catalog import Catalog, Resolution, ToolEntry
+    from .._core._gate import Ticket
     from ._approval import ApprovalRequest
-    from ._calls import ToolCall
-    from ._catalog import Catalog, Resolution, ToolEntry
-    from ._gate import Ticket
 
 __all__ = ["Executor"]
 

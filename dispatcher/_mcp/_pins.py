@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._annotations import HINTS
-from ._errors import ConfigurationError
+from .._core._annotations import HINTS
+from .._core._errors import ConfigurationError
 
 if TYPE_CHECKING:
     from mcp.types import Tool

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import anyio
 
-from ._errors import ConfigurationError, DispatcherError
-from ._lifecycle import Ending
+from .._core._errors import ConfigurationError, DispatcherError
+from .._core._lifecycle import Ending
 from ._retry import Budget
 
 if TYPE_CHECKING:

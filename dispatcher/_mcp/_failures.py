@@ -22,7 +22,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, INVALID_PARAMS, METHOD_NOT_FOUND, REQUEST_TIMEOUT
 from pydantic import ValidationError
 
-from ._calls import CallStatus
+from .._core._calls import CallStatus
 
 __all__ = [
     "ANSWER_TOO_LARGE",

@@ -35,10 +35,10 @@ from mcp.types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
 from tenacity import AsyncRetrying
 from tenacity.retry import retry_if_result
 
-from ._backoff import ceiling, check_waits
-from ._backoff import is_number as _is_number
-from ._errors import ConfigurationError
-from ._failures import is_transport_failure
+from .._core._backoff import ceiling, check_waits
+from .._core._backoff import is_number as _is_number
+from .._core._errors import ConfigurationError
+from .._mcp._failures import is_transport_failure
 
 if TYPE_CHECKING:
     import random
@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from mcp.types import CallToolResult
     from tenacity import RetryCallState
 
-    from ._calls import CallStatus
-    from ._catalog import ToolEntry
+    from .._core._calls import CallStatus
+    from .._core._catalog import ToolEntry
 
 __all__ = [
     "MAX_ATTEMPTS",

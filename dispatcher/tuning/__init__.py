@@ -8,16 +8,22 @@ run time, or the smallest setting when no setting matters (throughput flat while
 `render_table` needs `rich` (``pip install 'mcp-dispatcher[cli]'``).
 """
 
-from .cli._measure import SettingResult as SettingResult
-from .cli._present import render_tune as render_table
-from .cli._recommend import recommend as recommend
-from .cli._sweep import DEFAULT_REPEATS as DEFAULT_REPEATS
-from .cli._sweep import DEFAULT_SETTINGS as DEFAULT_SETTINGS
-from .cli._sweep import TuneProgress as TuneProgress
-from .cli._sweep import TuneReport as TuneReport
-from .cli._sweep import tune as tune
-from .cli._workloads import load_workload as load_workload
-from .cli._workloads import synthetic_workload as synthetic_workload
+from ..cli._present import render_tune as render_table
+from ._measure import SettingResult as SettingResult
+from ._recommend import recommend as recommend
+from ._sweep import DEFAULT_REPEATS as DEFAULT_REPEATS
+from ._sweep import DEFAULT_SETTINGS as DEFAULT_SETTINGS
+from ._sweep import TuneProgress as TuneProgress
+from ._sweep import TuneReport as TuneReport
+from ._sweep import tune as tune
+from ._workloads import load_workload as load_workload
+from ._workloads import synthetic_workload as synthetic_workload
+
+# Public names report the module users import them from (`dispatcher.ToolResult`, not its private home).
+for _value in list(globals().values()):
+    if isinstance(_value, type) and _value.__module__.startswith("dispatcher."):
+        _value.__module__ = __name__
+del _value
 
 __all__ = [
     "DEFAULT_REPEATS",

@@ -26,8 +26,8 @@ from ._observe import CallState, Observer
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from ._calls import CallStatus, ToolCall, ToolResult
-    from ._catalog import ToolEntry
+    from .._core._calls import CallStatus, ToolCall, ToolResult
+    from .._core._catalog import ToolEntry
 
 __all__ = ["CallHooks"]
 

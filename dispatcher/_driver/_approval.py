@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ._errors import ConfigurationError
-from ._trifecta import communicates_externally, reads_private_data
+from .._core._errors import ConfigurationError
+from .._core._trifecta import communicates_externally, reads_private_data
 
 if TYPE_CHECKING:
-    from ._calls import ToolCall, ToolResult
-    from ._catalog import Catalog, ToolEntry
+    from .._core._calls import ToolCall, ToolResult
+    from .._core._catalog import Catalog, ToolEntry
 
 __all__ = ["ApprovalPolicy", "ApprovalRequest", "Approver", "SessionGuard", "ToolSelector", "ask", "writes_open_world"]
 

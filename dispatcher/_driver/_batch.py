@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Self
 
 import anyio
 
-from ._calls import ToolCall
-from ._errors import BatchError, NotFinishedError
-from ._lifecycle import CallRecord, FailFast
+from .._core._calls import ToolCall
+from .._core._errors import BatchError, NotFinishedError
+from .._core._lifecycle import CallRecord, FailFast
 from ._turns import InOrder
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from types import TracebackType
 
-    from ._calls import ToolResult
+    from .._core._calls import ToolResult
     from ._coordination import Lease
     from ._execution import Executor
     from ._hooks import CallHooks

@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from dispatcher._calls import CallStatus, ToolCall
+from dispatcher._core._calls import CallStatus, ToolCall
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Sequence
 
-    from dispatcher._batch import Batch, PendingCall
-    from dispatcher._calls import ToolResult
+    from dispatcher._core._calls import ToolResult
     from dispatcher._dispatcher import Dispatcher
+    from dispatcher._driver._batch import Batch, PendingCall
 
 __all__ = ["SettingResult", "Window", "closed_loop", "combine", "measure", "summarise"]
 

@@ -1,0 +1,19 @@
+"""A fleet of processes sharing limits, order and retry budgets: see docs/fleet.md.
+
+`RedisCoordinator` needs the `fleet` extra (``pip install "mcp-dispatcher[fleet]"``); the rest of this
+module does not.
+"""
+
+from .._driver._coordination import CoordinationError as CoordinationError
+from .._driver._coordination import Coordinator as Coordinator
+from .._driver._coordination import LocalCoordinator as LocalCoordinator
+from ._redis import FleetServer as FleetServer
+from ._redis import RedisCoordinator as RedisCoordinator
+
+# Public names report the module users import them from (`dispatcher.ToolResult`, not its private home).
+for _value in list(globals().values()):
+    if isinstance(_value, type) and _value.__module__.startswith("dispatcher."):
+        _value.__module__ = __name__
+del _value
+
+__all__ = ["CoordinationError", "Coordinator", "FleetServer", "LocalCoordinator", "RedisCoordinator"]
