@@ -16,10 +16,13 @@ from ._core._errors import DispatcherError as DispatcherError
 from ._core._errors import NotFinishedError as NotFinishedError
 from ._core._errors import ServerConnectionError as ServerConnectionError
 from ._core._idempotency import IdempotencyKeys as IdempotencyKeys
+from ._core._keys import KeyFunction as KeyFunction
 from ._dispatcher import Dispatcher as Dispatcher
 from ._driver._approval import ApprovalPolicy as ApprovalPolicy
 from ._driver._approval import ApprovalRequest as ApprovalRequest
+from ._driver._approval import Approver as Approver
 from ._driver._approval import SessionGuard as SessionGuard
+from ._driver._approval import ToolSelector as ToolSelector
 from ._driver._batch import Batch as Batch
 from ._driver._batch import PendingCall as PendingCall
 from ._driver._observe import CallEvent as CallEvent
@@ -28,15 +31,10 @@ from ._mcp._pins import DefinitionChange as DefinitionChange
 from ._mcp._reconnect import ReconnectPolicy as ReconnectPolicy
 from ._version import __version__ as __version__
 
-# Public names report the module users import them from (`dispatcher.ToolResult`, not its private home).
-for _value in list(globals().values()):
-    if isinstance(_value, type) and _value.__module__.startswith("dispatcher._"):
-        _value.__module__ = __name__
-del _value
-
 __all__ = [
     "ApprovalPolicy",
     "ApprovalRequest",
+    "Approver",
     "Batch",
     "BatchError",
     "CallEvent",
@@ -48,6 +46,7 @@ __all__ = [
     "DispatcherError",
     "Effect",
     "IdempotencyKeys",
+    "KeyFunction",
     "NotFinishedError",
     "PendingCall",
     "ReconnectPolicy",
@@ -57,4 +56,13 @@ __all__ = [
     "ToolCall",
     "ToolEntry",
     "ToolResult",
+    "ToolSelector",
 ]
+
+
+# The classes exported here report this module as their home (`dispatcher.ToolResult`, not its private one).
+for _name in __all__:
+    _value = globals()[_name]
+    if isinstance(_value, type) and _value.__module__.startswith("dispatcher."):
+        _value.__module__ = __name__
+del _name, _value

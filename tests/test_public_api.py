@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dispatcher
+from dispatcher import fleet, testing
 
 
 def test_all_is_sorted_and_complete() -> None:
@@ -17,10 +18,24 @@ def test_all_is_sorted_and_complete() -> None:
 
 
 def test_public_names_come_from_the_package() -> None:
-    """Every exported name is defined in dispatcher's own modules and reports the package as its home."""
-    for name in dispatcher.__all__:
-        value = getattr(dispatcher, name)
-        assert getattr(value, "__module__", "dispatcher").startswith("dispatcher")
+    """Every exported class reports `dispatcher` as its home (not the private module that defines it)."""
+    classes = [getattr(dispatcher, name) for name in dispatcher.__all__ if isinstance(getattr(dispatcher, name), type)]
+    assert len(classes) > 20
+    assert {cls.__name__: cls.__module__ for cls in classes} == {cls.__name__: "dispatcher" for cls in classes}
+    for package in (fleet, testing):
+        for name in package.__all__:
+            value = getattr(package, name)
+            if isinstance(value, type):
+                assert value.__module__ == package.__name__, name
+
+
+def test_the_types_of_public_signatures_are_exported() -> None:
+    """The aliases public signatures use (an approver, a key function, a tool selector) can be imported."""
+    from dispatcher import Approver, KeyFunction, ToolSelector
+
+    assert "ApprovalRequest" in repr(Approver)
+    assert "Mapping" in repr(KeyFunction)
+    assert "tuple" in repr(ToolSelector)
 
 
 def test_tuning_module_exports_the_sweep() -> None:

@@ -10,10 +10,12 @@ from .._driver._coordination import LocalCoordinator as LocalCoordinator
 from ._redis import FleetServer as FleetServer
 from ._redis import RedisCoordinator as RedisCoordinator
 
-# Public names report the module users import them from (`dispatcher.ToolResult`, not its private home).
-for _value in list(globals().values()):
+__all__ = ["CoordinationError", "Coordinator", "FleetServer", "LocalCoordinator", "RedisCoordinator"]
+
+
+# The classes exported here report this module as their home (`dispatcher.ToolResult`, not its private one).
+for _name in __all__:
+    _value = globals()[_name]
     if isinstance(_value, type) and _value.__module__.startswith("dispatcher."):
         _value.__module__ = __name__
-del _value
-
-__all__ = ["CoordinationError", "Coordinator", "FleetServer", "LocalCoordinator", "RedisCoordinator"]
+del _name, _value

@@ -63,12 +63,6 @@ if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
 
 
-# Public names report the module users import them from (`dispatcher.ToolResult`, not its private home).
-for _value in list(globals().values()):
-    if isinstance(_value, type) and _value.__module__.startswith("dispatcher."):
-        _value.__module__ = __name__
-del _value
-
 __all__ = [
     "Execution",
     "FaultInjector",
@@ -448,3 +442,11 @@ class FencedResource:
         """How many requests were refused."""
         with self._lock:
             return self._refused
+
+
+# The classes exported here report this module as their home (`dispatcher.ToolResult`, not its private one).
+for _name in __all__:
+    _value = globals()[_name]
+    if isinstance(_value, type) and _value.__module__.startswith("dispatcher."):
+        _value.__module__ = __name__
+del _name, _value

@@ -19,12 +19,6 @@ from ._sweep import tune as tune
 from ._workloads import load_workload as load_workload
 from ._workloads import synthetic_workload as synthetic_workload
 
-# Public names report the module users import them from (`dispatcher.ToolResult`, not its private home).
-for _value in list(globals().values()):
-    if isinstance(_value, type) and _value.__module__.startswith("dispatcher."):
-        _value.__module__ = __name__
-del _value
-
 __all__ = [
     "DEFAULT_REPEATS",
     "DEFAULT_SETTINGS",
@@ -37,3 +31,11 @@ __all__ = [
     "synthetic_workload",
     "tune",
 ]
+
+
+# The classes exported here report this module as their home (`dispatcher.ToolResult`, not its private one).
+for _name in __all__:
+    _value = globals()[_name]
+    if isinstance(_value, type) and _value.__module__.startswith("dispatcher."):
+        _value.__module__ = __name__
+del _name, _value
