@@ -25,7 +25,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent
 from pydantic import ValidationError
 
-from ._core._catalog import ArgumentError
+from ._core._errors import ArgumentError
 from ._core._lifecycle import mark_sent
 
 if TYPE_CHECKING:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dispatcher._core import _errors as errors_module
 from scripts.architecture import DOC, LAYERS, Import, imports, layer_of, modules
 
 if TYPE_CHECKING:
@@ -130,6 +131,35 @@ def test_the_core_does_no_io() -> None:
     assert io_imports(_all_imports(modules())) == []
 
 
+def exceptions_outside_the_tree(known: dict[str, pathlib.Path]) -> list[str]:
+    """Public or internal exception classes defined anywhere but `dispatcher._core._errors`."""
+    import ast
+    import builtins
+
+    raised = {
+        name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, Exception)
+    }
+    tree_names = set(errors_module.__all__)
+    found = []
+    for module, path in known.items():
+        # The test doubles and the example server raise what a tool of theirs raises, not the package's errors.
+        if module == "dispatcher._core._errors" or module.startswith(("dispatcher.testing", "dispatcher.examples")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                bases = {ast.unparse(base).rpartition(".")[2] for base in node.bases}
+                if bases & (raised | tree_names):
+                    found.append(f"{module}:{node.lineno} defines {node.name}")
+    return found
+
+
+def test_every_exception_is_in_the_errors_tree() -> None:
+    """Every exception class of the package is defined in `dispatcher._core._errors`, whose docstring draws it."""
+    assert exceptions_outside_the_tree(modules()) == []
+    drawn = errors_module.__doc__ or ""
+    assert [name for name in errors_module.__all__ if f" {name} " not in drawn.replace("\n", " \n ")] == []
+
+
 def test_the_checks_catch_what_they_are_for(tmp_path: pathlib.Path) -> None:
     """Each check fails on a small package that breaks its rule (the checks are not vacuous)."""
     package = tmp_path / "dispatcher"
@@ -142,7 +172,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path: pathlib.Path) -> None:
         "if TYPE_CHECKING:\n"
         "    from ._high import Public\n"
     )
-    (package / "_high.py").write_text("from . import _low\n")
+    (package / "_high.py").write_text("from . import _low\nclass Lost(ConnectionError):\n    pass\n")
     (package / "_core").mkdir()
     (package / "_core" / "__init__.py").write_text("")
     (package / "_core" / "_state.py").write_text("import anyio\n")
@@ -166,6 +196,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path: pathlib.Path) -> None:
     ]
     assert runtime_cycles(found, frozenset({("dispatcher._high", "dispatcher._low")})) == []
     assert io_imports(found) == ["dispatcher._core._state:1 imports anyio"]
+    assert exceptions_outside_the_tree(known) == ["dispatcher._high:2 defines Lost"]
 
 
 def test_the_architecture_doc_lists_every_module() -> None:

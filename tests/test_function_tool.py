@@ -8,7 +8,7 @@ import pytest
 from mcp.types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
-from dispatcher._core._catalog import ArgumentError
+from dispatcher._core._errors import ArgumentError
 from dispatcher._functions import FunctionTool
 
 

@@ -559,7 +559,8 @@ async def test_an_override_shows_its_effect_before_any_code_is_written() -> None
 
 def test_override_items_parse_into_add_mcp_server_overrides() -> None:
     """TOOL=HINTS: spec names with or without Hint, ! or =false for false; mistakes are usage errors."""
-    from dispatcher.cli._targets import UsageError, parse_overrides
+    from dispatcher._core._errors import UsageError
+    from dispatcher.cli._targets import parse_overrides
 
     parsed = parse_overrides(["search=readOnly,idempotentHint", "send=!openWorld,destructive=false"])
     assert parsed == {

@@ -20,7 +20,8 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from dispatcher import CallStatus, Effect, ToolCall, ToolResult
 from dispatcher._core._annotations import effective_annotations
 from dispatcher._core._catalog import ToolEntry
-from dispatcher._core._lifecycle import MAX_ERROR, OUTCOMES, CallRecord, Ending, LifecycleError, Phase
+from dispatcher._core._errors import LifecycleError
+from dispatcher._core._lifecycle import MAX_ERROR, OUTCOMES, CallRecord, Ending, Phase
 
 Q, A, D, R, S = Phase.QUEUED, Phase.AWAITING_APPROVAL, Phase.ADMITTED, Phase.RUNNING, Phase.SETTLED
 

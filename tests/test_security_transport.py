@@ -36,7 +36,7 @@ from dispatcher import (
     ToolCall,
     ToolResult,
 )
-from dispatcher._core._catalog import ArgumentError
+from dispatcher._core._errors import ArgumentError
 from dispatcher._mcp._session import check_arguments
 from dispatcher.examples import Workspace, serve_http
 

@@ -75,10 +75,6 @@ class ToolImpl(Protocol):
         ...
 
 
-class ArgumentError(Exception):
-    """Arguments that the tool would reject: the call is FAILED without running."""
-
-
 @dataclass(frozen=True, slots=True)
 class ToolEntry:
     """One tool in the catalogue, as the scheduler sees it.

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, KeyRuleError
 from ._gate import ROOT_KEYS
 
 if TYPE_CHECKING:
@@ -39,10 +39,6 @@ _MAX_KEYS = 100
 _MAX_KEY_LENGTH = 1000
 # The most characters of a bad key an error message repeats.
 _SHOWN = 100
-
-
-class KeyRuleError(Exception):
-    """A call's keys could not be computed: the call fails without running."""
 
 
 class _Invalid(ValueError):

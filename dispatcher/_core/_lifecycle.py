@@ -56,6 +56,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._calls import CallStatus, Effect, ToolResult
+from ._errors import LifecycleError
 from ._gate import ROOT_KEYS, conflicts
 
 if TYPE_CHECKING:
@@ -87,10 +88,6 @@ __all__ = [
 
 MAX_ERROR = 1000
 """The longest `ToolResult.error` kept; a longer explanation is cut, saying how long it was."""
-
-
-class LifecycleError(RuntimeError):
-    """A transition the lifecycle does not allow: a bug of the driver, never a call's outcome."""
 
 
 class Phase(enum.IntEnum):

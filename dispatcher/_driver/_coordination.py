@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import anyio
 
-from .._core._errors import ConfigurationError, DispatcherError
+from .._core._errors import ConfigurationError, CoordinationError
 from .._core._lifecycle import Ending
 from ._retry import Budget
 
@@ -49,10 +49,6 @@ if TYPE_CHECKING:
     from ._retry import RetryBudget
 
 __all__ = ["CoordinationError", "Coordinator", "Lease", "LocalCoordinator", "admitted_runner", "budget_factory"]
-
-
-class CoordinationError(DispatcherError):
-    """A fleet-wide hold could not be granted; the call it was for settles FAILED with this text."""
 
 
 class Lease:

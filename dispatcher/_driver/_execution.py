@@ -37,13 +37,11 @@ import anyio
 import anyio.lowlevel
 
 from .._core._calls import CallStatus
-from .._core._catalog import ArgumentError
-from .._core._errors import DispatcherClosedError
+from .._core._errors import ArgumentError, DispatcherClosedError, KeyRuleError, ToolUnavailableError
 from .._core._gate import Gate, TicketState
 from .._core._idempotency import IdempotencyKeys, call_key
-from .._core._keys import KeyRuleError, call_keys
+from .._core._keys import call_keys
 from .._core._lifecycle import Ending, Phase, done_sending
-from .._mcp._failures import ToolUnavailableError
 from .._mcp._failures import describe as describe_failure
 from ._batch import Batch, PendingCall
 from ._coordination import admitted_runner, budget_factory

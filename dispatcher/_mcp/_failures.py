@@ -23,6 +23,7 @@ from mcp.types import CONNECTION_CLOSED, INVALID_PARAMS, METHOD_NOT_FOUND, REQUE
 from pydantic import ValidationError
 
 from .._core._calls import CallStatus
+from .._core._errors import AuthenticationRequired, ConnectionLost, TaskFailed, ToolUnavailableError
 
 __all__ = [
     "ANSWER_TOO_LARGE",
@@ -42,30 +43,6 @@ _STREAM_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.En
 # outside the codes the retry rules treat as transient (an answer this size comes back as large), and
 # marked in its data as the dispatcher's own.
 ANSWER_TOO_LARGE = -32098
-
-
-class ToolUnavailableError(Exception):
-    """A call that was not sent: its tool is blocked or removed, or its server cannot be reached."""
-
-
-class AuthenticationRequired(ToolUnavailableError):
-    """An HTTP server refused the connection as unauthenticated (401) or forbidden (403); it says what it asked for."""
-
-
-class ConnectionLost(Exception):
-    """A call's connection was lost while it ran (confirmed by the connection layer); its outcome is unknown."""
-
-
-class TaskFailed(Exception):
-    """A task-augmented call that ended without a result: the server cancelled or lost the task, or its bound passed.
-
-    `status` is the call's status: TIMEOUT for a task cut off at its bound and cancelled on the server,
-    FAILED otherwise (a task whose cancellation the server did not confirm says that its outcome is unknown).
-    """
-
-    def __init__(self, message: str, status: CallStatus = CallStatus.FAILED) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def innermost(exc: BaseException) -> BaseException:

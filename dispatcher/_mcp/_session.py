@@ -49,9 +49,8 @@ from mcp.types import (
 )
 
 from .._core._calls import CallStatus
-from .._core._catalog import ArgumentError
+from .._core._errors import ArgumentError, CoordinationError
 from .._core._lifecycle import mark_sent, request_meta
-from .._driver._coordination import CoordinationError
 from .._driver._observe import progress_reporter
 from ._failures import (
     ANSWER_TOO_LARGE,

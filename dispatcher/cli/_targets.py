@@ -22,6 +22,7 @@ from mcp.types import ToolAnnotations
 
 from dispatcher._core._annotations import HINTS
 
+from .._core._errors import UsageError
 from ._present import clean
 
 if TYPE_CHECKING:
@@ -38,10 +39,6 @@ _HINT_NAMES = {
 }
 
 _TAIL = 5
-
-
-class UsageError(Exception):
-    """A mistake on the command line: the command exits 2 with this message on one line."""
 
 
 def add_target_options(parser: argparse.ArgumentParser) -> None:

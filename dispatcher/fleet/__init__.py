@@ -4,7 +4,7 @@
 module does not.
 """
 
-from .._driver._coordination import CoordinationError as CoordinationError
+from .._core._errors import CoordinationError as CoordinationError
 from .._driver._coordination import Coordinator as Coordinator
 from .._driver._coordination import LocalCoordinator as LocalCoordinator
 from ._redis import FleetServer as FleetServer

@@ -48,9 +48,9 @@ from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 
-from .._core._errors import ConfigurationError
+from .._core._errors import ConfigurationError, CoordinationError
 from .._core._gate import ROOT_KEYS, lock_nodes, normalize_keys
-from .._driver._coordination import CoordinationError, Lease
+from .._driver._coordination import Lease
 from . import _lua
 
 if TYPE_CHECKING:

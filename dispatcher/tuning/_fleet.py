@@ -27,9 +27,9 @@ import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from dispatcher._core._calls import CallStatus, ToolCall
-from dispatcher._core._errors import DispatcherError
 from dispatcher._core._lifecycle import build_result as settled_result
 
+from .._core._errors import FleetTuneError
 from ._measure import summarise
 
 if TYPE_CHECKING:
@@ -47,10 +47,6 @@ __all__ = ["check_redis", "fleet_measure", "shares"]
 _START_SLACK = 30.0
 # The longest line a process sends (its results: a few dozen bytes a call).
 _MAX_LINE = 256 * 1024 * 1024
-
-
-class FleetTuneError(DispatcherError):
-    """A process of the fleet failed; the sweep stops."""
 
 
 def shares(total: int, processes: int) -> list[int]:

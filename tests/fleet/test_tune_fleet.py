@@ -17,9 +17,10 @@ import pytest
 import redis
 
 from dispatcher import ConfigurationError
+from dispatcher._core._errors import FleetTuneError
 from dispatcher.cli import main
 from dispatcher.tuning import tune
-from dispatcher.tuning._fleet import FleetTuneError, shares
+from dispatcher.tuning._fleet import shares
 
 if TYPE_CHECKING:
     from benchmarks._redis import RedisServer
