@@ -153,6 +153,58 @@ def exceptions_outside_the_tree(known: dict[str, pathlib.Path]) -> list[str]:
     return found
 
 
+def foreign_private_writes(known: dict[str, pathlib.Path]) -> list[str]:
+    """Writes to another module's private attributes: `obj._name = ...` or `setattr(obj, "_name", ...)`.
+
+    A module may write the private attributes its own classes define (`self._name`, or a `Ticket` of the gate
+    updated by the gate); an attribute is its own when the module assigns it on `self` or names it in a class
+    body (`__slots__` included).
+    """
+    import ast
+
+    found = []
+    for module, path in known.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        own: set[str] = set()
+        writes: list[tuple[int, str]] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for statement in node.body:
+                    for target in getattr(statement, "targets", [getattr(statement, "target", None)]):
+                        if isinstance(target, ast.Name):
+                            own.add(target.id)
+                    if isinstance(statement, ast.Assign) and any(
+                        isinstance(t, ast.Name) and t.id == "__slots__" for t in statement.targets
+                    ):
+                        own.update(c.value for c in ast.walk(statement.value) if isinstance(c, ast.Constant))
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            for target in targets:
+                for sub in ast.walk(target):
+                    if isinstance(sub, ast.Attribute) and sub.attr.startswith("_") and not sub.attr.endswith("__"):
+                        if ast.unparse(sub.value) in {"self", "cls"}:
+                            own.add(sub.attr)
+                        else:
+                            writes.append((node.lineno, f"{ast.unparse(sub.value)}.{sub.attr}"))
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in {"setattr", "object.__setattr__"}:
+                name = node.args[1] if len(node.args) > 1 else None
+                if isinstance(name, ast.Constant) and isinstance(name.value, str) and name.value.startswith("_"):
+                    if ast.unparse(node.args[0]) in {"self", "cls"}:
+                        own.add(name.value)
+                    elif not name.value.endswith("__"):
+                        writes.append((node.lineno, f"{ast.unparse(node.args[0])}.{name.value}"))
+        found += [f"{module}:{line} writes {what}" for line, what in writes if what.rpartition(".")[2] not in own]
+    return sorted(found)
+
+
+def test_no_module_writes_another_modules_private_attributes() -> None:
+    """A private attribute is written only by the module that defines it (state changes go through methods)."""
+    assert foreign_private_writes(modules()) == []
+
+
 def test_every_exception_is_in_the_errors_tree() -> None:
     """Every exception class of the package is defined in `dispatcher._core._errors`, whose docstring draws it."""
     assert exceptions_outside_the_tree(modules()) == []
@@ -172,7 +224,9 @@ def test_the_checks_catch_what_they_are_for(tmp_path: pathlib.Path) -> None:
         "if TYPE_CHECKING:\n"
         "    from ._high import Public\n"
     )
-    (package / "_high.py").write_text("from . import _low\nclass Lost(ConnectionError):\n    pass\n")
+    (package / "_high.py").write_text(
+        "from . import _low\nclass Lost(ConnectionError):\n    pass\ndef poke(ticket):\n    ticket._state = 1\n"
+    )
     (package / "_core").mkdir()
     (package / "_core" / "__init__.py").write_text("")
     (package / "_core" / "_state.py").write_text("import anyio\n")
@@ -197,6 +251,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path: pathlib.Path) -> None:
     assert runtime_cycles(found, frozenset({("dispatcher._high", "dispatcher._low")})) == []
     assert io_imports(found) == ["dispatcher._core._state:1 imports anyio"]
     assert exceptions_outside_the_tree(known) == ["dispatcher._high:2 defines Lost"]
+    assert foreign_private_writes(known) == ["dispatcher._high:5 writes ticket._state"]
 
 
 def test_the_architecture_doc_lists_every_module() -> None:
