@@ -176,8 +176,13 @@ def foreign_private_writes(known: dict[str, pathlib.Path]) -> list[str]:
                     if isinstance(statement, ast.Assign) and any(
                         isinstance(t, ast.Name) and t.id == "__slots__" for t in statement.targets
                     ):
-                        own.update(c.value for c in ast.walk(statement.value) if isinstance(c, ast.Constant))
+                        own.update(
+                            c.value
+                            for c in ast.walk(statement.value)
+                            if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                        )
             targets: list[ast.expr] = []
+            line = getattr(node, "lineno", 0)
             if isinstance(node, ast.Assign):
                 targets = node.targets
             elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
@@ -188,7 +193,7 @@ def foreign_private_writes(known: dict[str, pathlib.Path]) -> list[str]:
                         if ast.unparse(sub.value) in {"self", "cls"}:
                             own.add(sub.attr)
                         else:
-                            writes.append((node.lineno, f"{ast.unparse(sub.value)}.{sub.attr}"))
+                            writes.append((line, f"{ast.unparse(sub.value)}.{sub.attr}"))
             if isinstance(node, ast.Call) and ast.unparse(node.func) in {"setattr", "object.__setattr__"}:
                 name = node.args[1] if len(node.args) > 1 else None
                 if isinstance(name, ast.Constant) and isinstance(name.value, str) and name.value.startswith("_"):
