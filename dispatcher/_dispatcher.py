@@ -7,11 +7,11 @@ catalogue's; connections to servers are the registry's (`_connections`).
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 import anyio
 
+from ._core import _checks as checks
 from ._core._annotations import effective_annotations
 from ._core._catalog import Catalog, ToolEntry
 from ._core._errors import ConfigurationError, DispatcherClosedError, ServerConnectionError
@@ -109,16 +109,8 @@ class Dispatcher:
         qualified_names: bool = False,
         fail_fast: bool = False,
     ) -> None:
-        if max_concurrency is not None and (
-            not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1
-        ):
-            raise ConfigurationError(
-                f"max_concurrency must be an int >= 1, got {max_concurrency!r}; use None for no limit"
-            )
-        if call_timeout is not None and not (call_timeout > 0 and math.isfinite(call_timeout)):
-            raise ConfigurationError(
-                f"call_timeout must be a positive number of seconds, got {call_timeout!r}; use None for none"
-            )
+        max_concurrency = checks.whole("max_concurrency", max_concurrency, none="no limit")
+        call_timeout = checks.seconds("call_timeout", call_timeout, none="none")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ConfigurationError(f"retry must be a RetryPolicy or None, got {type(retry).__name__}")
         _check_approvals(approve, approval, guard)
@@ -127,10 +119,8 @@ class Dispatcher:
         self._max_concurrency = max_concurrency
         self._call_timeout = call_timeout
         self._retry = retry
-        if not isinstance(qualified_names, bool):
-            raise ConfigurationError(f"qualified_names must be True or False, got {qualified_names!r}")
-        self._fail_fast = _check_fail_fast(fail_fast, default=False)
-        self._catalog = Catalog(qualified=qualified_names)
+        self._fail_fast = checks.flag("fail_fast", fail_fast)
+        self._catalog = Catalog(qualified=checks.flag("qualified_names", qualified_names))
         self._servers = ServerRegistry(self._catalog)
         self._executor = Executor(
             self._catalog,
@@ -469,24 +459,11 @@ class Dispatcher:
             raise ConfigurationError(f"mode must be 'auto' or 'legacy', got {mode!r}")
         if mode != "auto" and callable(target) and not isinstance(target, str):
             raise ConfigurationError("mode cannot be set for a client factory: pass mode=... to the Client it builds")
-        if connect_timeout is not None and not (connect_timeout > 0 and math.isfinite(connect_timeout)):
-            raise ConfigurationError(
-                f"connect_timeout must be a positive number of seconds or None, got {connect_timeout!r}"
-            )
+        connect_timeout = checks.seconds("connect_timeout", connect_timeout, none="no bound")
         policy = check_reconnect(reconnect)
         self._check_task_timeout(task_timeout)
-        if idle_timeout is not None and (
-            not isinstance(idle_timeout, int | float)
-            or isinstance(idle_timeout, bool)
-            or not (idle_timeout > 0 and math.isfinite(idle_timeout))
-        ):
-            raise ConfigurationError(f"idle_timeout must be a positive number of seconds or None, got {idle_timeout!r}")
-        if max_answer_bytes is not None and (
-            not isinstance(max_answer_bytes, int) or isinstance(max_answer_bytes, bool) or max_answer_bytes < 1024
-        ):
-            raise ConfigurationError(
-                f"max_answer_bytes must be an int >= 1024, got {max_answer_bytes!r}; use None for no limit"
-            )
+        idle_timeout = checks.seconds("idle_timeout", idle_timeout, none="no idle bound")
+        max_answer_bytes = checks.whole("max_answer_bytes", max_answer_bytes, minimum=1024, none="no limit")
         server = self._servers.reserve(
             name,
             trusted=trusted,
@@ -525,14 +502,9 @@ class Dispatcher:
         return self._server_entries(name)
 
     def _check_task_timeout(self, task_timeout: object) -> None:
+        task_timeout = checks.seconds("task_timeout", task_timeout, none="the call timeout alone")
         if task_timeout is None:
             return
-        if (
-            not isinstance(task_timeout, int | float)
-            or isinstance(task_timeout, bool)
-            or not (task_timeout > 0 and math.isfinite(task_timeout))
-        ):
-            raise ConfigurationError(f"task_timeout must be a positive number of seconds or None, got {task_timeout!r}")
         if self._call_timeout is not None and task_timeout > self._call_timeout:
             raise ConfigurationError(
                 f"task_timeout={task_timeout}s exceeds the dispatcher's call_timeout={self._call_timeout}s, "
@@ -633,13 +605,7 @@ class Dispatcher:
             raise ConfigurationError(f"a server needs a non-empty name, got {name!r}")
         if name in self._catalog.servers or name in self._servers:
             raise ConfigurationError(f"a server named {name!r} is already registered")
-        if max_concurrency is not None and (
-            not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1
-        ):
-            raise ConfigurationError(
-                f"max_concurrency for server {name!r} must be an int >= 1, got {max_concurrency!r}; "
-                "use None for no limit"
-            )
+        checks.whole(f"max_concurrency for server {name!r}", max_concurrency, none="no limit")
         return dict(overrides or {})
 
     def _server_entries(self, name: str) -> list[ToolEntry]:
@@ -746,11 +712,7 @@ def _check_idempotency(value: object) -> IdempotencyKeys | None:
 
 
 def _check_fail_fast(value: object, *, default: bool) -> bool:
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ConfigurationError(f"fail_fast must be True or False (or None for the dispatcher's), got {value!r}")
-    return value
+    return default if value is None else checks.flag("fail_fast", value)
 
 
 def _check_approvals(approve: object, approval: object, guard: object) -> None:

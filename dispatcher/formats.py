@@ -64,8 +64,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ._core import _checks as checks
 from ._core._calls import CallStatus, Effect, ToolCall
-from ._core._errors import ConfigurationError
 
 if TYPE_CHECKING:
     from ._core._calls import ToolResult
@@ -403,10 +403,7 @@ class _Marking:
 
 def _marking(tool: ToolEntry, limit: int) -> _Marking | None:
     """The marking of `tool`'s texts, or None when its definition is trusted (a trusted server, a function)."""
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-        raise ConfigurationError(
-            f"description_limit must be an int >= 1 (characters of each untrusted text), got {limit!r}"
-        )
+    checks.whole("description_limit", limit, hint="it counts the characters of each untrusted text")
     if tool.trusted:
         return None
     server = None if tool.server is None else _attribute(tool.server)

@@ -49,6 +49,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         (
             "dispatcher._core",
             "dispatcher._core._errors",
+            "dispatcher._core._checks",
             "dispatcher._core._calls",
             "dispatcher._mcp._failures",
             "dispatcher._core._backoff",

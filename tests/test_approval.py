@@ -127,7 +127,7 @@ def test_policy_options_select_mutating_open_world_and_named_tools() -> None:
         ({"never": [("s", "t", "u")]}, "never must hold tools named 'server:tool'"),
         ({"always": {"s:a"}, "never": {("s", "a")}}, "both always and never"),
         ({"timeout": 0}, "timeout must be a positive number of seconds"),
-        ({"timeout": float("inf")}, "use None to wait without limit"),
+        ({"timeout": float("inf")}, "use None for waiting without limit"),
     ],
 )
 def test_policy_rejects_bad_settings(options: dict[str, Any], message: str) -> None:

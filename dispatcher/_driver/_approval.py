@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from .._core import _checks as checks
 from .._core._errors import ConfigurationError
 from .._core._trifecta import communicates_externally, reads_private_data
 
@@ -152,15 +153,7 @@ class ApprovalPolicy:
         both = selected["always"] & selected["never"]
         if both:
             raise ConfigurationError(f"tools cannot be in both always and never: {sorted(map(_shown, both))}")
-        timeout = self.timeout
-        if timeout is not None and (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or not (timeout > 0 and timeout < math.inf)
-        ):
-            raise ConfigurationError(
-                f"timeout must be a positive number of seconds, got {timeout!r}; use None to wait without limit"
-            )
+        checks.seconds("timeout", self.timeout, none="waiting without limit")
 
     def check(self, catalog: Catalog) -> None:
         """Make sure every tool the policy names is registered.

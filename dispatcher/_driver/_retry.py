@@ -35,6 +35,7 @@ from mcp.types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
 from tenacity import AsyncRetrying
 from tenacity.retry import retry_if_result
 
+from .._core import _checks as checks
 from .._core._backoff import ceiling, check_waits
 from .._core._backoff import is_number as _is_number
 from .._core._errors import ConfigurationError
@@ -117,21 +118,14 @@ class RetryPolicy:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        attempts = self.attempts
-        if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
-            raise ConfigurationError(
-                f"attempts must be an int >= 1, got {attempts!r}; use Dispatcher(retry=None) to turn retries off"
-            )
+        attempts = checks.whole("attempts", self.attempts, hint="use Dispatcher(retry=None) to turn retries off")
         if attempts > MAX_ATTEMPTS:
             raise ConfigurationError(
                 f"attempts must be at most {MAX_ATTEMPTS}, got {attempts!r}; "
                 "a call that fails that often will not be saved by more attempts"
             )
         check_waits(self.wait_initial, self.wait_max)
-        if self.timeout is not None and (not _is_number(self.timeout) or not 0 < self.timeout < math.inf):
-            raise ConfigurationError(
-                f"timeout must be a positive number of seconds, got {self.timeout!r}; use None for no overall deadline"
-            )
+        checks.seconds("timeout", self.timeout, none="no overall deadline")
         if self.budget is not None and (not _is_number(self.budget) or not 1 <= self.budget < math.inf):
             raise ConfigurationError(
                 f"budget must be a number of retries >= 1, got {self.budget!r}; use None for no budget"
@@ -141,8 +135,7 @@ class RetryPolicy:
                 f"budget_refill must be a finite number of retries >= 0, got {self.budget_refill!r}"
             )
         for name in ("jitter", "retry_read_only"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigurationError(f"{name} must be True or False, got {getattr(self, name)!r}")
+            checks.flag(name, getattr(self, name))
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ConfigurationError(f"seed must be an int or None, got {self.seed!r}")
 

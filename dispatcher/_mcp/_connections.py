@@ -52,6 +52,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, ToolAnnotations, ToolListChangedNotification
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from .._core import _checks as checks
 from .._core._annotations import effective_annotations
 from .._core._catalog import ToolEntry, sanitize
 from .._core._errors import ConfigurationError
@@ -679,8 +680,7 @@ class ServerRegistry:
                 f"server names {alike!r} and {name!r} both read {spelled!r} in tool names ({spelled}__tool): "
                 "rename one, so that the model can tell their tools apart"
             )
-        if not isinstance(review_new_tools, bool):
-            raise ConfigurationError(f"review_new_tools must be True or False, got {review_new_tools!r}")
+        checks.flag("review_new_tools", review_new_tools)
         domain = check_domain(domain, f"server {name!r}")
         key_functions = check_key_functions(keys, domain, f"server {name!r}")
         if on_change is not None and not callable(on_change):

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 
+from .._core import _checks as checks
 from .._core._errors import ConfigurationError, CoordinationError
 from .._core._gate import ROOT_KEYS, lock_nodes, normalize_keys
 from .._driver._coordination import Lease
@@ -100,11 +101,9 @@ class FleetServer:
 
     def __post_init__(self) -> None:
         limit = self.limit
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-            raise ConfigurationError(f"limit must be an int >= 1, got {limit!r}; use None for no fleet-wide limit")
+        checks.whole("limit", limit, none="no fleet-wide limit")
         for name in ("shared_state", "share_retry_budget"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigurationError(f"{name} must be True or False, got {getattr(self, name)!r}")
+            checks.flag(name, getattr(self, name))
         for name in ("fence_argument", "fence_meta"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value or value != value.strip()):

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import anyio
 from mcp.types import ToolAnnotations
 
+from dispatcher._core import _checks as checks
 from dispatcher._core._annotations import HINTS
 from dispatcher._core._errors import ConfigurationError, DispatcherError
 from dispatcher._dispatcher import Dispatcher
@@ -250,20 +251,14 @@ async def tune(
         raise ConfigurationError(f"the synthetic workload is 'reads' or 'mixed', got {workload!r}")
     if calls is None and duration is None:
         raise ConfigurationError("give calls, duration or both: each setting needs a way to end")
-    if calls is not None and (not isinstance(calls, int) or isinstance(calls, bool) or calls < 1):
-        raise ConfigurationError(f"calls must be an int >= 1 or None, got {calls!r}")
-    if duration is not None and not (duration > 0 and math.isfinite(duration)):
-        raise ConfigurationError(f"duration must be a positive number of seconds or None, got {duration!r}")
-    if warmup is not None and (not isinstance(warmup, int) or warmup < 0):
-        raise ConfigurationError(f"warmup must be an int >= 0 or None, got {warmup!r}")
-    if clients is not None and (not isinstance(clients, int) or clients < 1):
-        raise ConfigurationError(f"clients must be an int >= 1 or None, got {clients!r}")
+    checks.whole("calls", calls, none="measuring for a duration only")
+    checks.seconds("duration", duration, none="measuring a count of calls only")
+    checks.whole("warmup", warmup, minimum=0, none="two calls per slot")
+    checks.whole("clients", clients, none="as many as the largest setting")
     if not 0 <= tolerance < 1:
         raise ConfigurationError(f"tolerance must be in [0, 1), got {tolerance!r}")
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= _MAX_REPEATS:
-        raise ConfigurationError(f"repeats must be an int from 1 to {_MAX_REPEATS}, got {repeats!r}")
-    if max_time is not None and not (max_time > 0 and math.isfinite(max_time)):
-        raise ConfigurationError(f"max_time must be a positive number of seconds or None, got {max_time!r}")
+    checks.whole("repeats", repeats, maximum=_MAX_REPEATS)
+    checks.seconds("max_time", max_time, none="no time budget")
     callers = clients if clients is not None else limits[-1]
     if fleet is not None:
         if not isinstance(target, str) or not target.startswith(("http://", "https://")):
@@ -274,10 +269,7 @@ async def tune(
             raise ConfigurationError("a fleet sweep tunes the fleet-wide limit; per_server does not apply")
         if overrides:
             raise ConfigurationError("a fleet sweep does not take overrides yet; sweep without --fleet to try them")
-        if not isinstance(processes, int) or isinstance(processes, bool) or not 1 <= processes <= _MAX_PROCESSES:
-            raise ConfigurationError(
-                f"processes must be an int from 1 to {_MAX_PROCESSES} (one Python process each), got {processes!r}"
-            )
+        checks.whole("processes", processes, maximum=_MAX_PROCESSES, hint="each is a Python process")
         callers = max(callers, processes)
         await check_redis(fleet, connect_timeout or 30.0)
     notes: list[str] = []
