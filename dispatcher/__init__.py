@@ -4,6 +4,7 @@ Read-only calls run together; calls that may mutate run alone, in the order the 
 may do is read from its MCP annotations, and only from servers the user trusts.
 """
 
+from ._core._adaptive import AdaptiveLimit as AdaptiveLimit
 from ._core._calls import CallStatus as CallStatus
 from ._core._calls import Effect as Effect
 from ._core._calls import ToolCall as ToolCall
@@ -35,6 +36,7 @@ for _value in list(globals().values()):
 del _value
 
 __all__ = [
+    "AdaptiveLimit",
     "ApprovalPolicy",
     "ApprovalRequest",
     "Batch",
