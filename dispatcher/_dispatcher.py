@@ -667,6 +667,7 @@ class Dispatcher:
             setting,
             trusted=trusted,
             apply=functools.partial(self._executor.gate.set_server_limit, name),
+            waiting=functools.partial(self._executor.gate.server_waiting, name),
             call_timeout=self._call_timeout,
         )
         return online.limit, online

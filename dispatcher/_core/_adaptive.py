@@ -20,11 +20,12 @@ evidence move it:
   `_online`) or a timeout multiplies the limit by `backoff`, once per round: a call sent before the
   last cut cannot cut again, since it reports the load that cut already answered. A Retry-After the
   trusted server gave holds every send until it has passed (`wait`), capped at `max_wait`.
-- Growth. Only an answer whose call found the server at its limit (``k >= limit`` when it was sent:
-  the limit, not the traffic, was what held it back) and whose latency stayed within `tolerance` of
-  the baseline makes the limit grow: by half a call per such answer (1.5x per round of calls) while
-  no knee is known or the limit is below it; at the knee, by a *probe* every `probe_every` (32) such
-  answers, or four rounds if more.
+- Growth. Only an answer whose call found the server at its limit (``k >= limit`` when it was sent,
+  or calls waiting for room when it came back: the limit, not the traffic, held them back) and whose
+  latency stayed within `tolerance` of the baseline makes the limit grow: by half a call per such
+  answer (1.5x per round of calls) while no knee is known or the limit is below it; at the knee, by a
+  *probe* every 32 such answers (four rounds if more), or every second if that comes first, so that
+  bursts too short to count up to 32 still probe.
 
 A probe is one call above the limit, not a higher limit: once that one call is sent the limit is back
 where it was until the probe's answer says what one more call costs. An answer within half the
@@ -65,6 +66,8 @@ _GAIN = 0.5
 # The answers at the knee between two probes: at least this many, and at least four rounds.
 _PROBE_EVERY = 32
 _PROBE_ROUNDS = 4
+# ... or, whichever comes first, this many seconds after the last probe.
+_PROBE_SECONDS = 1.0
 # After an overload answer, probes come this many times less often, and add one call at a time: a
 # rate limit shows no slowdown, only the next overload, after its bucket has drained.
 _RATE_PACE = 4
@@ -208,6 +211,7 @@ class Controller:
         "_knee",
         "_level",
         "_probe",
+        "_probed_at",
         "_probing",
         "_rated",
         "_since",
@@ -243,6 +247,8 @@ class Controller:
         # Whether the probe's call is on its way (no other probe is armed until it answers).
         self._probing = False
         self._hold_until = -math.inf
+        # When the last probe was sent.
+        self._probed_at = -math.inf
 
     @property
     def knee(self) -> float | None:
@@ -262,6 +268,7 @@ class Controller:
             self._probe = False
             self._probing = True
             self._since = 0
+            self._probed_at = now
             self.limit = self._level_limit()
         return Flight(now, self.in_flight, self.limit, self._epoch, probe)
 
@@ -274,6 +281,7 @@ class Controller:
         tool: str = "",
         read: bool = True,
         retry_after: float | None = None,
+        waiting: bool = False,
     ) -> None:
         """A call sent with `start` ended at `now`.
 
@@ -285,6 +293,7 @@ class Controller:
             read: Whether it is a call of a read-only tool (only those move the limit).
             retry_after: Seconds the server asked to wait before the next call, if it did (counted for
                 an OVERLOAD only).
+            waiting: Whether calls of the server were waiting for room under its limit when it ended.
         """
         self.in_flight -= 1
         if flight.probe:
@@ -294,7 +303,7 @@ class Controller:
         if not read:
             return
         if signal is Signal.ANSWER:
-            self._answer(flight, max(0.0, now - flight.at), tool)
+            self._answer(flight, now, tool, waiting=waiting)
         elif signal is Signal.OVERLOAD or signal is Signal.TIMEOUT:
             self._overload(flight)
 
@@ -324,7 +333,8 @@ class Controller:
         self._cut(level, max(level, min(self._level, float(k)) - 1), k)
         self._rated = True
 
-    def _answer(self, flight: Flight, latency: float, tool: str) -> None:
+    def _answer(self, flight: Flight, now: float, tool: str, *, waiting: bool) -> None:
+        latency = max(0.0, now - flight.at)
         k = flight.in_flight
         base = self._baseline(tool, latency, k)
         ratio = (latency + _EPSILON) / (base + _EPSILON)
@@ -363,7 +373,7 @@ class Controller:
                 self._too_many = None
             self._set_level(max(self._level, float(k)))
             return
-        if k < flight.limit:
+        if k < flight.limit and not waiting:
             return  # the traffic, not the limit, held it back
         knee = self._knee
         if knee is None or self._level < knee:
@@ -378,7 +388,9 @@ class Controller:
             return
         self._since += 1
         pace = _RATE_PACE if self._rated else 1
-        if self._eager or self._since >= pace * max(_PROBE_EVERY, _PROBE_ROUNDS * self.limit):
+        due = self._since >= pace * max(_PROBE_EVERY, _PROBE_ROUNDS * self.limit)
+        # Bursts too short to count up to a probe still get one, a second (or `pace` seconds) apart.
+        if self._eager or due or now - self._probed_at >= pace * _PROBE_SECONDS:
             self._eager = False
             self._probe = True
             self.limit = self._level_limit() + 1

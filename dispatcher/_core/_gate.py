@@ -230,6 +230,10 @@ class Gate(Generic[T]):
         """A server's cap (None: none)."""
         return self._server_limits.get(server)
 
+    def server_waiting(self, server: Hashable) -> bool:
+        """Whether calls of a server wait for room under its cap (parked: nothing else holds them back)."""
+        return bool(self._parked.get(server))
+
     def server_running(self, server: Hashable) -> int:
         """How many calls of a server are running."""
         return self._server_running.get(server, 0)

@@ -65,11 +65,12 @@ class OnlineLimit:
         setting: The floor, ceiling and factors.
         trusted: Whether the server's own words about its load count (see the module docstring).
         apply: Called with the new limit whenever it changes.
+        waiting: Whether calls of the server wait for room under its limit now.
         call_timeout: The dispatcher's `call_timeout`: a call cancelled once it has run that long
             timed out.
     """
 
-    __slots__ = ("_apply", "applied", "call_timeout", "controller", "server", "trusted")
+    __slots__ = ("_apply", "applied", "call_timeout", "controller", "server", "trusted", "waiting")
 
     def __init__(
         self,
@@ -78,8 +79,10 @@ class OnlineLimit:
         *,
         trusted: bool,
         apply: Callable[[int], object],
+        waiting: Callable[[], bool],
         call_timeout: float | None,
     ) -> None:
+        self.waiting = waiting
         self.server = server
         self.controller = Controller(setting)
         self.trusted = trusted
@@ -149,7 +152,15 @@ class LimitedTool:
             signal, pause = classify_result(result, online.trusted)
             return result
         finally:
-            controller.finish(flight, anyio.current_time(), signal, tool=self.tool, read=self.read, retry_after=pause)
+            controller.finish(
+                flight,
+                anyio.current_time(),
+                signal,
+                tool=self.tool,
+                read=self.read,
+                retry_after=pause,
+                waiting=online.waiting(),
+            )
             online.sync()
 
 
