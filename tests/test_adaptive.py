@@ -37,16 +37,19 @@ def test_auto_is_the_default_setting_and_other_values_are_refused() -> None:
     with pytest.raises(ConfigurationError, match="'auto' or an AdaptiveLimit"):
         check_limit("adaptive", "s")
     with pytest.raises(TypeError):
-        AdaptiveLimit(1, 2)  # type: ignore[misc]  # keyword-only
+        AdaptiveLimit(1, 2)  # type: ignore[call-arg]  # keyword-only
 
 
-def _capacity_run(controller: Controller, capacity: list[tuple[float, int]], end: float, latency: float = 0.1) -> list:
+def _capacity_run(
+    controller: Controller, capacity: list[tuple[float, int]], end: float, latency: float = 0.1
+) -> list[tuple[float, int]]:
     """A closed loop of 64 callers against a server that serves `capacity` at full speed and shares itself past it.
 
     Pure discrete-event simulation (no event loop): returns (time, limit) after every answer.
     """
     events: list[tuple[float, int, Flight]] = []
-    now, seq, running, trace = 0.0, 0, 0, []
+    now, seq, running = 0.0, 0, 0
+    trace: list[tuple[float, int]] = []
 
     def cap(at: float) -> int:
         return [c for t, c in capacity if at >= t][-1]
