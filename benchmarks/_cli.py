@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import batches, keys, mixed, overhead, parallel, peers, scale, through_mcp
+from . import adaptive, batches, keys, mixed, overhead, parallel, peers, scale, through_mcp
 from ._report import NO_VERDICTS, RESULTS_DIR, Progress, render, save_plots, write_results
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ WORKLOADS: dict[str, Workload] = {
     "scale": Workload(scale.run, scale.FULL, scale.QUICK),
     "mcp": Workload(through_mcp.run, through_mcp.FULL, through_mcp.QUICK),
     "keys": Workload(keys.run, keys.FULL, keys.QUICK),
+    "adaptive": Workload(adaptive.run, adaptive.FULL, adaptive.QUICK),
 }
 
 SKIPPED: dict[str, str] = {}

@@ -282,4 +282,26 @@ def save_plots(results: Sequence[WorkloadResult], directory: Path = RESULTS_DIR)
         fig.savefig(path, dpi=120)
         plt.close(fig)
         paths.append(path)
+    online = by_name.get("adaptive")
+    if online is not None:
+        names = [name for name in ("changing", "bursty", "bucket") if online.series.get(f"limit {name}")]
+        if names:
+            fig, axes = plt.subplots(len(names), 1, figsize=(8, 2.6 * len(names)), sharex=False, squeeze=False)
+            for ax, name in zip(axes[:, 0], names, strict=True):
+                points = online.series[f"limit {name}"]
+                steps = online.series[f"steps {name}"]
+                ax.step([p["t"] for p in points], [p["limit"] for p in points], where="post", label="adaptive limit")
+                ax.step(
+                    [p["t"] for p in steps], [p["capacity"] for p in steps], "k--", where="post", label="true capacity"
+                )
+                ax.set_ylabel("calls in flight")
+                ax.set_title(f"{name}: the limit over time against the server's capacity (virtual clock)")
+                ax.grid(True, alpha=0.3)
+                ax.legend(loc="upper left")
+            axes[-1, 0].set_xlabel("seconds")
+            path = directory / "adaptive_limit.png"
+            fig.tight_layout()
+            fig.savefig(path, dpi=110)
+            plt.close(fig)
+            paths.append(path)
     return paths

@@ -4,6 +4,7 @@ Read-only calls run together; calls that may mutate run alone, in the order the 
 may do is read from its MCP annotations, and only from servers the user trusts.
 """
 
+from ._core._adaptive import AdaptiveLimit as AdaptiveLimit
 from ._core._calls import CallStatus as CallStatus
 from ._core._calls import Effect as Effect
 from ._core._calls import ToolCall as ToolCall
@@ -32,6 +33,7 @@ from ._mcp._reconnect import ReconnectPolicy as ReconnectPolicy
 from ._version import __version__ as __version__
 
 __all__ = [
+    "AdaptiveLimit",
     "ApprovalPolicy",
     "ApprovalRequest",
     "Approver",

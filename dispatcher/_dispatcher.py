@@ -7,11 +7,13 @@ catalogue's; connections to servers are the registry's (`_connections`).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 import anyio
 
 from ._core import _checks as checks
+from ._core._adaptive import AdaptiveLimit, check_limit
 from ._core._annotations import effective_annotations
 from ._core._catalog import Catalog, ToolEntry
 from ._core._errors import ConfigurationError, DispatcherClosedError, ServerConnectionError
@@ -27,6 +29,7 @@ from ._functions import FunctionTool, ThreadWatch
 from ._mcp._connections import ServerRegistry, check_annotations, check_reconnect, check_target
 from ._mcp._failures import explain as _describe
 from ._mcp._failures import innermost as _innermost
+from ._mcp._online import OnlineLimit
 from ._mcp._session import DEFAULT_MAX_ANSWER_BYTES
 
 if TYPE_CHECKING:
@@ -138,6 +141,8 @@ class Dispatcher:
         self._on_event = on_event
         self._tracer_provider = tracer_provider
         self._observer: Observer | None = None
+        # The servers whose limit is adaptive (`AdaptiveLimit`), by name.
+        self._online: dict[str, OnlineLimit] = {}
         # The hooks of batches that set none of their own; None when nothing is configured.
         self._hooks: CallHooks | None = None
 
@@ -185,6 +190,10 @@ class Dispatcher:
         """How many calls are running at this moment."""
         return self._executor.running
 
+    def _adaptive_limit(self, server: str | None) -> int | None:
+        online = self._online.get(server) if server is not None else None
+        return online.limit if online is not None else None
+
     async def __aenter__(self) -> Self:
         if self._tg is not None:
             raise DispatcherClosedError("this Dispatcher is already open; create one per async with block")
@@ -195,7 +204,7 @@ class Dispatcher:
         # Resolved on entry, so a tracer provider configured after construction is still found.
         tracer = resolve_tracer(self._tracer_provider)
         if tracer is not None or self._on_event is not None:
-            self._observer = Observer(self._on_event, tracer)
+            self._observer = Observer(self._on_event, tracer, limits=self._adaptive_limit)
         if self._observer is not None or self._approve is not None or self._guard is not None:
             self._hooks = CallHooks(
                 approver=self._approve, policy=self._approval, guard=self._guard, observer=self._observer
@@ -295,7 +304,7 @@ class Dispatcher:
         client: Client,
         *,
         trusted: bool = False,
-        max_concurrency: int | None = None,
+        max_concurrency: int | AdaptiveLimit | Literal["auto"] | None = None,
         overrides: Mapping[str, ToolAnnotations] | None = None,
         on_definition_change: Callable[[DefinitionChange], bool | Awaitable[bool]] | None = None,
         domain: str | None = None,
@@ -316,7 +325,10 @@ class Dispatcher:
             client: An entered `mcp.Client`.
             trusted: Whether to believe the server's tool annotations. An untrusted server's tools are
                 all scheduled as the spec's worst case: exclusive, never retried.
-            max_concurrency: The most calls in flight on this server at once, or None for no limit.
+            max_concurrency: The most calls in flight on this server at once, or None for no limit; an
+                `AdaptiveLimit` (or ``"auto"``, `AdaptiveLimit()`) for a limit that follows the server
+                between a floor and a ceiling, moved by how its read-only calls fare (their latency,
+                timeouts and, for a trusted server only, its overload answers); see docs/tuning.md.
             overrides: Your own annotations for some of its tools, by the server's tool name. They are
                 trusted even for an untrusted server; hints an override leaves unset fall back to the
                 server's (if trusted) or the spec defaults.
@@ -350,6 +362,7 @@ class Dispatcher:
         """
         self._check_not_closed()
         overrides = self._check_server(name, max_concurrency, overrides)
+        limit, online = self._server_limit_setting(name, max_concurrency, trusted)
         server = self._servers.reserve(
             name,
             trusted=trusted,
@@ -358,14 +371,16 @@ class Dispatcher:
             domain=domain,
             keys=keys,
             review_new_tools=review_new_tools,
+            online=online,
         )
-        self._executor.gate.set_server_limit(name, max_concurrency)
+        self._executor.gate.set_server_limit(name, limit)
         self._executor.set_idempotency(name, _check_idempotency(idempotency))
         try:
             await self._servers.add_client(server, client)
         except BaseException:
             self._servers.release(server)
             self._executor.gate.set_server_limit(name, None)
+            self._online.pop(name, None)
             self._executor.set_idempotency(name, None)
             raise
         return self._server_entries(name)
@@ -376,7 +391,7 @@ class Dispatcher:
         target: MCPServer[Any] | Server[Any] | StdioServerParameters | str | Callable[[], Client],
         *,
         trusted: bool = False,
-        max_concurrency: int | None = None,
+        max_concurrency: int | AdaptiveLimit | Literal["auto"] | None = None,
         overrides: Mapping[str, ToolAnnotations] | None = None,
         mode: Literal["auto", "legacy"] = "auto",
         follow_changes: bool = True,
@@ -406,7 +421,8 @@ class Dispatcher:
                 or a function returning a new, unentered `mcp.Client` (for headers, auth, timeouts and
                 other client options). A function is called again for every reconnect.
             trusted: Whether to believe the server's tool annotations (see `add_mcp_server`).
-            max_concurrency: The most calls in flight on this server at once, or None for no limit.
+            max_concurrency: The most calls in flight on this server at once, None for no limit, or an
+                `AdaptiveLimit` (``"auto"``) that follows the server (see `add_mcp_server`).
             overrides: Your own annotations for some of its tools (see `add_mcp_server`).
             mode: The protocol negotiation: "auto" (2026-07-28, falling back to the legacy handshake)
                 or "legacy" (the 2025-11-25 initialize handshake). Set it on the client yourself when
@@ -454,6 +470,7 @@ class Dispatcher:
         """
         self._check_open()
         overrides = self._check_server(name, max_concurrency, overrides)
+        limit, online = self._server_limit_setting(name, max_concurrency, trusted)
         check_target(target)
         if mode not in ("auto", "legacy"):
             raise ConfigurationError(f"mode must be 'auto' or 'legacy', got {mode!r}")
@@ -472,6 +489,7 @@ class Dispatcher:
             domain=domain,
             keys=keys,
             review_new_tools=review_new_tools,
+            online=online,
         )
         connection = self._servers.connection(
             server,
@@ -484,7 +502,7 @@ class Dispatcher:
             task_timeout=task_timeout,
             idle_timeout=idle_timeout,
         )
-        self._executor.gate.set_server_limit(name, max_concurrency)
+        self._executor.gate.set_server_limit(name, limit)
         self._executor.set_idempotency(name, _check_idempotency(idempotency))
         assert self._tg is not None
         try:
@@ -492,6 +510,7 @@ class Dispatcher:
         except BaseException as exc:
             self._servers.release(server)
             self._executor.gate.set_server_limit(name, None)
+            self._online.pop(name, None)
             self._executor.set_idempotency(name, None)
             cause = _innermost(exc)
             if isinstance(cause, ConfigurationError):
@@ -599,14 +618,43 @@ class Dispatcher:
         self._servers.load_pins(pins)
 
     def _check_server(
-        self, name: str, max_concurrency: int | None, overrides: Mapping[str, ToolAnnotations] | None
+        self, name: str, max_concurrency: object, overrides: Mapping[str, ToolAnnotations] | None
     ) -> dict[str, ToolAnnotations]:
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"a server needs a non-empty name, got {name!r}")
         if name in self._catalog.servers or name in self._servers:
             raise ConfigurationError(f"a server named {name!r} is already registered")
-        checks.whole(f"max_concurrency for server {name!r}", max_concurrency, none="no limit")
+        check_limit(max_concurrency, name)
         return dict(overrides or {})
+
+    def _server_limit_setting(
+        self, name: str, max_concurrency: object, trusted: bool
+    ) -> tuple[int | None, OnlineLimit | None]:
+        """The gate's limit for a server and, for an adaptive one, its `OnlineLimit` (registered here)."""
+        setting = check_limit(max_concurrency, name)
+        if not isinstance(setting, AdaptiveLimit):
+            return setting, None
+        online = self._online[name] = OnlineLimit(
+            name,
+            setting,
+            trusted=trusted,
+            apply=functools.partial(self._executor.gate.set_server_limit, name),
+            waiting=functools.partial(self._executor.gate.server_waiting, name),
+            call_timeout=self._call_timeout,
+        )
+        return online.limit, online
+
+    def server_limit(self, name: str) -> int | None:
+        """The most calls in flight on a server now: its `max_concurrency`, where an adaptive one is now, or None.
+
+        Raises:
+            ConfigurationError: No server has this name.
+        """
+        if name not in self._catalog.servers:
+            known = ", ".join(sorted(self._catalog.servers)) or "none"
+            raise ConfigurationError(f"no MCP server named {name!r} (servers: {known})")
+        online = self._online.get(name)
+        return online.limit if online is not None else self._executor.gate.server_limit(name)
 
     def _server_entries(self, name: str) -> list[ToolEntry]:
         return [entry for entry in self._catalog.entries() if entry.server == name]

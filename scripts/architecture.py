@@ -72,6 +72,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         " by), and where each call is in its life until its one result (the lifecycle)",
         (
             "dispatcher._core._gate",
+            "dispatcher._core._adaptive",
             "dispatcher._core._keys",
             "dispatcher._core._idempotency",
             "dispatcher._core._lifecycle",
@@ -100,6 +101,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         (
             "dispatcher._mcp",
             "dispatcher._mcp._session",
+            "dispatcher._mcp._online",
             "dispatcher._mcp._reconnect",
             "dispatcher._mcp._connections",
             "dispatcher._functions",

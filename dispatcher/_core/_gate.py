@@ -202,13 +202,37 @@ class Gate(Generic[T]):
         self._cache: dict[tuple[tuple[str, ...], bool], tuple[tuple[str, ...], tuple[tuple[str, int], ...]]] = {}
 
     def set_server_limit(self, server: Hashable, limit: int | None) -> None:
-        """Cap the calls running at once on one server (None removes the cap)."""
+        """Cap the calls running at once on one server (None removes the cap).
+
+        A cap that did not grow brings back no parked call; one that grew brings back as many as it
+        has room for (an adaptive limit moves at every answer: a full pass over the parked calls each
+        time would cost O(p log p)).
+        """
+        old = self._server_limits.get(server)
         if limit is None:
             self._server_limits.pop(server, None)
         else:
             self._server_limits[server] = limit
-        for _, ticket in self._parked.pop(server, ()):
-            self._ready(ticket)
+        parked = self._parked.get(server)
+        if not parked or (old is not None and limit is not None and limit <= old):
+            return
+        if limit is None:
+            del self._parked[server]
+            for _, ticket in parked:
+                self._ready(ticket)
+            return
+        for _ in range(limit - self._server_running.get(server, 0)):
+            if server not in self._parked:
+                break
+            self._unpark(server)
+
+    def server_limit(self, server: Hashable) -> int | None:
+        """A server's cap (None: none)."""
+        return self._server_limits.get(server)
+
+    def server_waiting(self, server: Hashable) -> bool:
+        """Whether calls of a server wait for room under its cap (parked: nothing else holds them back)."""
+        return bool(self._parked.get(server))
 
     def server_running(self, server: Hashable) -> int:
         """How many calls of a server are running."""

@@ -66,6 +66,9 @@ class CallEvent:
         progress: For ``progress``, how far the server says it is (its number, which only grows), and
             `total` its total if it gave one; `message` its message, cut to 500 characters. The
             server's own words: untrusted.
+        limit: For ``started``, ``retried`` and ``finished`` events of a call whose server has an
+            adaptive limit (`AdaptiveLimit`), the server's limit at that moment; else None. Collected
+            over a run, these events show the limit as it moves.
     """
 
     kind: EventKind
@@ -81,6 +84,7 @@ class CallEvent:
     progress: float | None = None
     total: float | None = None
     message: str | None = None
+    limit: int | None = None
 
 
 # The most of a server's progress message that reaches an event or a span.
@@ -151,11 +155,23 @@ def resolve_tracer(provider: TracerProvider | None) -> Tracer | None:
 class Observer:
     """Sends a dispatcher's call events to its hook and its spans to its tracer."""
 
-    __slots__ = ("_on_event", "_tracer")
+    __slots__ = ("_limits", "_on_event", "_tracer")
 
-    def __init__(self, on_event: Callable[[CallEvent], object] | None, tracer: Tracer | None) -> None:
+    def __init__(
+        self,
+        on_event: Callable[[CallEvent], object] | None,
+        tracer: Tracer | None,
+        *,
+        limits: Callable[[str | None], int | None] | None = None,
+    ) -> None:
         self._on_event = on_event
         self._tracer = tracer
+        # A server's adaptive limit now (None for a server without one).
+        self._limits = limits
+
+    def _limit(self, entry: ToolEntry | None) -> int | None:
+        limits = self._limits
+        return limits(entry.server) if limits is not None and entry is not None else None
 
     def queued(self, call: ToolCall, state: CallState, time: float) -> None:
         entry = state.entry
@@ -182,24 +198,28 @@ class Observer:
         state.attempt += 1
         attempt = state.attempt
         state.current = _attempt.set((self, call, state))
+        limit = self._limit(state.entry)
         tracer = self._tracer
         if tracer is not None and state.span is not None:
             from opentelemetry import context, trace
 
             entry = state.entry
+            attributes: dict[str, Any] = {
+                "gen_ai.tool.name": entry.name if entry is not None else call.name,
+                "gen_ai.tool.call.id": call.id,
+                "dispatcher.attempt": attempt,
+            }
+            if limit is not None:
+                attributes["dispatcher.server.limit"] = limit
             span = tracer.start_span(
                 f"attempt {entry.name if entry is not None else call.name}",
                 context=trace.set_span_in_context(state.span),
-                attributes={
-                    "gen_ai.tool.name": entry.name if entry is not None else call.name,
-                    "gen_ai.tool.call.id": call.id,
-                    "dispatcher.attempt": attempt,
-                },
+                attributes=attributes,
             )
             state.attempt_span = span
             state.token = context.attach(trace.set_span_in_context(span))
         if attempt == 1:
-            self._emit(CallEvent("started", call, time, tool=state.entry, attempt=1, keys=state.keys))
+            self._emit(CallEvent("started", call, time, tool=state.entry, attempt=1, keys=state.keys, limit=limit))
         else:
             self._emit(
                 CallEvent(
@@ -210,6 +230,7 @@ class Observer:
                     attempt=attempt,
                     error=state.previous_error,
                     keys=state.keys,
+                    limit=limit,
                 )
             )
 
@@ -264,6 +285,7 @@ class Observer:
     def finished(self, state: CallState, result: ToolResult) -> None:
         if state.attempt_span is not None:
             self.attempt_finished(state, result.status, result.error)
+        limit = self._limit(state.entry)
         span = state.span
         if span is not None:
             state.span = None
@@ -280,6 +302,7 @@ class Observer:
                     "dispatcher.untrusted_content": result.untrusted_content,
                     # Only declared keys: the root key ("") is every call's default.
                     **({"dispatcher.keys": list(state.keys)} if state.keys not in ((), ("",)) else {}),
+                    **({"dispatcher.server.limit": limit} if limit is not None else {}),
                 },
             )
         self._emit(
@@ -293,6 +316,7 @@ class Observer:
                 result=result,
                 keys=state.keys,
                 effect=result.effect,
+                limit=limit,
             )
         )
 

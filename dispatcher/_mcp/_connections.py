@@ -59,6 +59,7 @@ from .._core._errors import ConfigurationError
 from .._core._keys import check_domain, check_key_functions
 from .._core._lifecycle import mark_sent
 from ._failures import ConnectionLost, ToolUnavailableError, explain, innermost, is_transport_failure
+from ._online import LimitedTool
 from ._pins import DefinitionChange, Pins
 from ._reconnect import ReconnectPolicy
 from ._session import (
@@ -85,6 +86,7 @@ if TYPE_CHECKING:
 
     from .._core._catalog import Catalog, ToolImpl
     from .._core._keys import KeyFunction
+    from ._online import OnlineLimit
     from ._session import ToolCaller
 
 __all__ = ["LISTING_BURST", "LISTING_INTERVAL", "LISTING_REST", "Connection", "ServerRegistry", "check_target"]
@@ -623,6 +625,8 @@ class _Server:
     task_timeout: float | None = None
     # Seconds a call may go without progress from the server (`Dispatcher.connect(idle_timeout=...)`).
     idle_timeout: float | None = None
+    # The server's adaptive limit (`max_concurrency=AdaptiveLimit(...)`), if it has one.
+    online: OnlineLimit | None = None
 
 
 class ServerRegistry:
@@ -663,11 +667,12 @@ class ServerRegistry:
         domain: str | None = None,
         keys: Mapping[str, KeyFunction] | None = None,
         review_new_tools: bool = False,
+        online: OnlineLimit | None = None,
     ) -> _Server:
         """Claim a server name before its first listing, so that two registrations cannot race for it.
 
         New tools are reviewed for an untrusted server whatever `review_new_tools` says; for a trusted
-        one, only with it.
+        one, only with it. `online`: the server's adaptive limit, which every call of its tools reports to.
         """
         if name in self._servers or name in self._catalog.servers:
             raise ConfigurationError(f"a server named {name!r} is already registered")
@@ -695,6 +700,7 @@ class ServerRegistry:
             domain=domain,
             keys=key_functions,
             review_new=review_new_tools or not trusted,
+            online=online,
         )
         return server
 
@@ -822,7 +828,8 @@ class ServerRegistry:
                 pending[tool.name] = (change, data)
                 if server.asked.get(tool.name) != change.current:
                     fresh.append(change)
-            rows.append((self._entry(server, tool), self._impl(server, tool), _blocked(change)))
+            entry = self._entry(server, tool)
+            rows.append((entry, self._impl(server, tool, read=entry.concurrent), _blocked(change)))
         if not server.listed:
             self._catalog.add_server(server.name)
             server.listed = True
@@ -853,13 +860,16 @@ class ServerRegistry:
             key_function=server.keys.get(tool.name),
         )
 
-    def _impl(self, server: _Server, tool: Tool) -> MCPTool:
+    def _impl(self, server: _Server, tool: Tool, *, read: bool) -> ToolImpl:
         assert server.caller is not None
         guard = functools.partial(self._catalog.unavailable, server.name, tool.name)
         task = TaskBound(server.task_timeout) if server.serves_tasks and wants_task(tool) else None
-        return MCPTool(
+        impl = MCPTool(
             server.caller, tool.name, tool.input_schema, guard=guard, task=task, idle_timeout=server.idle_timeout
         )
+        if server.online is None:
+            return impl
+        return LimitedTool(impl, server.online, tool.name, read=read)
 
     async def _ask(self, server: _Server, change: DefinitionChange) -> None:
         """Ask the server's callback about a change, and accept it if the callback says so."""

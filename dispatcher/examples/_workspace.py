@@ -189,26 +189,36 @@ class ToolRun:
         return self.seq in other.running_at_start or other.seq in self.running_at_start
 
 
-def saturated_latency(latency: float, in_flight: int, saturation: int | None) -> float:
+def saturated_latency(latency: float, in_flight: int, saturation: int | None, collapse: float = 0.0) -> float:
     """The latency of one execution under the workspace's saturation model.
 
     The server behaves like a resource that serves `saturation` executions at full speed and shares
     itself beyond that: an execution that starts with `in_flight` executions running (itself
     included) takes `latency * max(1, in_flight / saturation)`. With k executions kept in flight,
     throughput is `k / latency` up to k = `saturation`, then stays at `saturation / latency`: adding
-    concurrency past the knee only adds latency.
+    concurrency past the knee only adds latency. With `collapse` > 0 the server also thrashes past
+    the knee (each execution beyond it costs everyone more): the latency is further multiplied by
+    `1 + collapse * (in_flight - saturation) / saturation`, so throughput falls past the knee.
 
     Args:
         latency: The latency of an execution on an idle server, in seconds.
         in_flight: The executions running when it starts, itself included.
         saturation: The concurrency at which the server saturates; `None` never saturates.
+        collapse: How fast goodput falls past the knee (0: it stays flat).
 
     Returns:
         The seconds the execution takes.
     """
     if saturation is None:
         return latency
-    return latency * max(1.0, in_flight / saturation)
+    share = max(1.0, in_flight / saturation)
+    if collapse and in_flight > saturation:
+        share *= 1 + collapse * (in_flight - saturation) / saturation
+    return latency * share
+
+
+RATE_LIMITED = -32000
+"""The JSON-RPC code of the workspace's answer to a call over its rate limit (a server-defined error)."""
 
 
 class Workspace:
@@ -235,6 +245,13 @@ class Workspace:
             turn was handed on changes nothing. `fenced` counts the refusals. The whole workspace is
             one resource, which fits a fleet whose writes hold the whole server (no conflict keys);
             writes held per key overlap, and would refuse each other. None: no fencing.
+        collapse: How much goodput falls past `saturation` (see `saturated_latency`); 0 keeps it flat.
+            `saturation` and `collapse` can be changed while the server runs (`Workspace.saturation`).
+        rate_limit: A token bucket in front of every tool: this many calls per second on average,
+            `rate_burst` at once; a call that finds the bucket empty is answered at once with a
+            JSON-RPC error `RATE_LIMITED` ("rate limit exceeded: retry after ... s", its data
+            ``{"retryAfter": seconds}`` until the next token) and never runs. None: no rate limit.
+        rate_burst: The bucket's size (calls that may go through at once after a quiet spell).
         idempotency_key: The name of an argument through which the tools that may mutate take an
             idempotency key (declare it to the dispatcher with ``IdempotencyKeys(argument=...)``):
             the workspace remembers each key with the first outcome of its call and answers a
@@ -266,8 +283,17 @@ class Workspace:
         name: str = "workspace",
         fence: str | None = None,
         idempotency_key: str | None = None,
+        collapse: float = 0.0,
+        rate_limit: float | None = None,
+        rate_burst: int = 1,
     ) -> None:
         _check_latency("latency", latency)
+        if not (math.isfinite(collapse) and collapse >= 0):
+            raise ValueError(f"collapse must be a finite number >= 0, got {collapse!r}")
+        if rate_limit is not None and not (math.isfinite(rate_limit) and rate_limit > 0):
+            raise ValueError(f"rate_limit must be a positive number of calls per second, got {rate_limit!r}")
+        if not isinstance(rate_burst, int) or rate_burst < 1:
+            raise ValueError(f"rate_burst must be an int >= 1, got {rate_burst!r}")
         if fence is not None and (not isinstance(fence, str) or not fence):
             raise ValueError(f"fence must be the name of a _meta entry, got {fence!r}; use None for no fencing")
         self._fence_meta = fence
@@ -286,6 +312,14 @@ class Workspace:
         self._latency = latency
         self._latency_by_tool = latency_by_tool
         self._saturation = saturation
+        self._collapse = collapse
+        self._rate = rate_limit
+        self._burst = rate_burst
+        # The token bucket: its tokens and when they were counted (None: not yet, it starts full).
+        self._tokens = float(rate_burst)
+        self._counted: float | None = None
+        self.rate_limited = 0
+        """Calls answered with `RATE_LIMITED` so far."""
         self._lock = threading.Lock()
         self._ledger: list[ToolRun] = []
         self._running: set[int] = set()
@@ -317,6 +351,18 @@ class Workspace:
                 kinds=faults.kinds,
                 strike=faults.strike,
             )
+
+    @property
+    def saturation(self) -> int | None:
+        """The concurrency at which the server saturates now; set it to change the server's capacity mid-run."""
+        return self._saturation
+
+    @saturation.setter
+    def saturation(self, value: int | None) -> None:
+        if value is not None and value < 1:
+            raise ValueError(f"saturation must be >= 1, got {value}; use None for no saturation")
+        with self._lock:
+            self._saturation = value
 
     # -- what happened -------------------------------------------------------------------------
 
@@ -559,15 +605,32 @@ class Workspace:
         annotations = self._annotations.get(tool) if isinstance(tool, str) else None
         return not (annotations is not None and annotations.read_only_hint)
 
+    def _take_token(self) -> None:
+        """Spend a token of the rate limit, or raise `RATE_LIMITED` with the wait for the next one (under the lock)."""
+        rate = self._rate
+        if rate is None:
+            return
+        now = anyio.current_time()
+        if self._counted is not None:
+            self._tokens = min(float(self._burst), self._tokens + (now - self._counted) * rate)
+        self._counted = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return
+        self.rate_limited += 1
+        wait = round((1 - self._tokens) / rate, 6)
+        raise MCPError(RATE_LIMITED, f"rate limit exceeded: retry after {wait} s", {"retryAfter": wait})
+
     async def _execute(self, tool: str, arguments: dict[str, str], effect: Callable[[], str]) -> str:
         """Run one execution through the gate described in the module docstring."""
         with self._lock:
+            self._take_token()
             seq = len(self._ledger)
             running_at_start = frozenset(self._running)
             self._running.add(seq)
             self._max_in_flight = max(self._max_in_flight, len(self._running))
             delay = saturated_latency(
-                self._latency_by_tool.get(tool, self._latency), len(self._running), self._saturation
+                self._latency_by_tool.get(tool, self._latency), len(self._running), self._saturation, self._collapse
             )
             self._ledger.append(
                 ToolRun(

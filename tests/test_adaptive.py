@@ -1,0 +1,178 @@
+"""The adaptive limit's controller (`_core._adaptive`): its settings, its invariants, and how it follows a server."""
+
+from __future__ import annotations
+
+import heapq
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dispatcher import AdaptiveLimit, ConfigurationError
+from dispatcher._core._adaptive import AUTO, Controller, Flight, Signal, check_limit, retry_after, says_overloaded
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"floor": 0}, "floor must be an int >= 1"),
+        ({"floor": 8, "ceiling": 4}, "for a fixed limit pass max_concurrency=8"),
+        ({"initial": 100}, "initial must be an int from floor (1) to ceiling (64)"),
+        ({"tolerance": 1.0}, "tolerance must be a finite number > 1"),
+        ({"backoff": 1.0}, "backoff must be a number between 0 and 1"),
+        ({"max_wait": -1}, "max_wait must be a finite number of seconds >= 0"),
+        ({"ceiling": True}, "ceiling must be an int >= 1"),
+    ],
+)
+def test_settings_are_validated_with_what_to_do(kwargs: dict[str, object], message: str) -> None:
+    """Each out-of-range setting is refused with a message that says what is accepted."""
+    with pytest.raises(ConfigurationError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        AdaptiveLimit(**kwargs)  # type: ignore[arg-type]
+
+
+def test_auto_is_the_default_setting_and_other_values_are_refused() -> None:
+    """'auto' means AdaptiveLimit(); an int and None pass through; anything else names what is accepted."""
+    assert check_limit("auto", "s") is AUTO == AdaptiveLimit()
+    assert check_limit(3, "s") == 3 and check_limit(None, "s") is None
+    with pytest.raises(ConfigurationError, match="'auto' or an AdaptiveLimit"):
+        check_limit("adaptive", "s")
+    with pytest.raises(TypeError):
+        AdaptiveLimit(1, 2)  # type: ignore[call-arg]  # keyword-only
+
+
+def _capacity_run(
+    controller: Controller, capacity: list[tuple[float, int]], end: float, latency: float = 0.1
+) -> list[tuple[float, int]]:
+    """A closed loop of 64 callers against a server that serves `capacity` at full speed and shares itself past it.
+
+    Pure discrete-event simulation (no event loop): returns (time, limit) after every answer.
+    """
+    events: list[tuple[float, int, Flight]] = []
+    now, seq, running = 0.0, 0, 0
+    trace: list[tuple[float, int]] = []
+
+    def cap(at: float) -> int:
+        return [c for t, c in capacity if at >= t][-1]
+
+    def fill() -> None:
+        nonlocal running, seq
+        while running < min(64, controller.limit):
+            running += 1
+            flight = controller.start(now)
+            heapq.heappush(events, (now + latency * max(1.0, running / cap(now)), seq, flight))
+            seq += 1
+
+    fill()
+    while events and now < end:
+        now, _, flight = heapq.heappop(events)
+        running -= 1
+        controller.finish(flight, now, Signal.ANSWER, tool="t", waiting=True)
+        trace.append((now, controller.limit))
+        fill()
+    return trace
+
+
+def test_the_limit_follows_a_capacity_that_changes() -> None:
+    """Against 8, then 3, then 16: the limit ends each phase within 20% of the capacity, and never leaves its bounds."""
+    trace = _capacity_run(Controller(AdaptiveLimit()), [(0, 8), (10, 3), (20, 16)], 30)
+    for end, knee in ((10, 8), (20, 3), (30, 16)):
+        settled = [limit for at, limit in trace if end - 3 <= at < end]
+        assert all(abs(limit - knee) <= 0.2 * knee + 1 for limit in settled), (knee, settled)
+    assert all(1 <= limit <= 64 for _, limit in trace)
+
+
+def test_a_slower_answer_cuts_to_the_knee_it_shows() -> None:
+    """An answer 8/3 times slower than the baseline with 8 in flight brings the limit down towards 3."""
+    controller = Controller(AdaptiveLimit(initial=8))
+    flights = [controller.start(0.0) for _ in range(8)]
+    controller.finish(flights[0], 0.1, Signal.ANSWER, tool="t")  # the baseline: 0.1 s
+    for flight in flights[1:]:
+        controller.finish(flight, 0.1 * 8 / 3, Signal.ANSWER, tool="t")
+    assert controller.limit == 4  # half of 8 at most from answers sent under 8
+    later = [controller.start(1.0) for _ in range(4)]
+    controller.finish(later[-1], 1.0 + 0.1 * 4 / 3, Signal.ANSWER, tool="t")
+    assert controller.limit == 3 and controller.knee == 3
+
+
+def test_overload_cuts_once_per_round_and_retry_after_holds_calls() -> None:
+    """An overload halves the limit; a call sent before that cut cannot cut again; Retry-After holds, capped."""
+    controller = Controller(AdaptiveLimit(initial=16, max_wait=5.0))
+    flights = [controller.start(0.0) for _ in range(16)]
+    controller.finish(flights[0], 0.1, Signal.OVERLOAD, tool="t", retry_after=2.0)
+    assert controller.limit == 8
+    assert controller.wait(0.1) == pytest.approx(2.0)
+    controller.finish(flights[1], 0.2, Signal.OVERLOAD, tool="t", retry_after=100.0)
+    assert controller.limit == 8  # sent under the old limit: the cut already answered it
+    assert controller.wait(0.2) == pytest.approx(5.0)  # capped at max_wait
+    fresh = controller.start(6.0)
+    controller.finish(fresh, 6.1, Signal.TIMEOUT, tool="t")
+    assert controller.limit == 4
+
+
+def test_writes_and_unlimited_answers_never_move_the_level() -> None:
+    """Calls of tools that may mutate, and reads the limit did not hold back, leave the limit where it is."""
+    controller = Controller(AdaptiveLimit(initial=4))
+    for at in range(100):
+        flight = controller.start(float(at))
+        controller.finish(flight, at + 0.5, Signal.OVERLOAD, tool="w", read=False)
+    assert controller.limit == 4
+    for at in range(100):
+        flight = controller.start(float(at))  # one call at a time: the limit held nothing back
+        controller.finish(flight, at + 0.1, Signal.ANSWER, tool="t")
+    assert controller.limit == 4
+
+
+signals = st.sampled_from(list(Signal))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.booleans(), st.floats(0, 2), signals, st.booleans(), st.one_of(st.none(), st.floats(0, 1e6))),
+        max_size=100,
+    ),
+    floor=st.integers(1, 4),
+    span=st.integers(0, 20),
+)
+def test_any_sequence_keeps_the_limit_within_its_bounds(
+    steps: list[tuple[bool, float, Signal, bool, float | None]], floor: int, span: int
+) -> None:
+    """Whatever happens (any order of sends and answers, latency, signal, Retry-After), floor <= limit <= ceiling."""
+    setting = AdaptiveLimit(floor=floor, ceiling=floor + span, max_wait=3.0)
+    controller = Controller(setting)
+    out: list[Flight] = []
+    now = 0.0
+    for send, elapsed, signal, waiting, pause in steps:
+        now += elapsed
+        if send or not out:
+            out.append(controller.start(now))
+        else:
+            controller.finish(out.pop(0), now, signal, tool="t", waiting=waiting, retry_after=pause)
+        assert setting.floor <= controller.limit <= setting.ceiling
+        assert 0 <= controller.wait(now) <= setting.max_wait + 1e-9
+        assert controller.in_flight == len(out)
+
+
+def test_the_bounds_check_catches_a_controller_that_leaves_them() -> None:
+    """The property's oracle is not vacuous: a controller whose floor is ignored is caught at once."""
+    controller = Controller(AdaptiveLimit(floor=3, initial=3))
+    controller.floor = 1  # the safety switched off: cuts may go below the configured floor
+    flight = controller.start(0.0)
+    controller.finish(flight, 0.1, Signal.OVERLOAD, tool="t")
+    assert controller.limit < controller.setting.floor
+
+
+@pytest.mark.parametrize(
+    ("text", "data", "overloaded", "wait"),
+    [
+        ("rate limit exceeded: retry after 0.25 s", None, True, 0.25),
+        ("HTTP 429 Too Many Requests", {"retryAfter": "3"}, True, 3.0),
+        ("Server overloaded, try again in 1500 ms", None, True, 1.5),
+        ("no note named 'x'", None, False, None),
+        ("retry-after: nan", {"retry_after": float("inf")}, True, None),
+    ],
+)
+def test_overload_words_and_retry_after(text: str, data: object, overloaded: bool, wait: float | None) -> None:
+    """Rate-limit wording is recognised, and a Retry-After is read from the data or the text (nonsense ignored)."""
+    assert says_overloaded(text) is overloaded
+    assert retry_after(text, data) == (pytest.approx(wait) if wait is not None else None)
