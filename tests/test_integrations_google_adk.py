@@ -105,12 +105,16 @@ async def _dispatcher(recorder: Recorder, approve: Any = None) -> AsyncIterator[
 
 
 async def _run(
-    agent: LlmAgent, plugins: Sequence[BasePlugin] = (), message: str = "go", runner: InMemoryRunner | None = None
+    agent: LlmAgent,
+    plugins: Sequence[BasePlugin] = (),
+    message: str = "go",
+    runner: InMemoryRunner | None = None,
+    bound: float = BOUND,
 ) -> list[Event]:
     runner = runner or InMemoryRunner(app=App(name="app", root_agent=agent, plugins=list(plugins)))
     session = await runner.session_service.create_session(app_name="app", user_id="user")
     content = types.Content(role="user", parts=[text(message)])
-    with anyio.fail_after(BOUND):
+    with anyio.fail_after(bound):
         return [event async for event in runner.run_async(user_id="user", session_id=session.id, new_message=content)]
 
 
@@ -201,6 +205,23 @@ async def test_a_call_a_before_tool_callback_answers_gives_up_its_place(answered
     assert _responses(events)[answered] == {"result": "blocked"}
     assert _ran(recorder) == [key for key in ["w1", "r1", "w2"] if key != answered]
     assert recorder.violations == []
+
+
+async def test_the_hang_check_catches_a_place_never_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The oracle: with give_up switched off, the calls behind an answered call wait forever (the run times out)."""
+    monkeypatch.setattr(DispatcherToolset, "give_up", lambda self, tool_context: None)
+
+    def block(tool: BaseTool, args: dict[str, Any], tool_context: ToolContext) -> dict[str, Any] | None:
+        return {"result": "blocked"} if tool_context.function_call_id == "w1" else None
+
+    recorder = Recorder()
+    async with _dispatcher(recorder) as dispatcher:
+        agent = _agent(Scripted(turns=[reads_and_writes("r1", "w1", "w2")]), [DispatcherToolset(dispatcher)])
+        agent.before_tool_callback = block
+        # It never finishes, however long it is given: a short bound is enough to see it hang.
+        with pytest.raises(TimeoutError):
+            await _run(agent, [DispatcherPlugin()], bound=1)
+    assert _ran(recorder) == ["r1"]
 
 
 class _Blocker(BasePlugin):
