@@ -12,6 +12,7 @@ do too. The last test measures ADK's own MCP toolset on the same kind of turn.
 
 from __future__ import annotations
 
+import functools
 import json
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -136,7 +137,7 @@ def _ran(recorder: Recorder) -> list[str]:
     return [e.key for e in sorted(recorder.executions, key=lambda e: e.start)]
 
 
-def _agent(model: Scripted, tools: list[Any], **kwargs: Any) -> LlmAgent:
+def _agent(model: BaseLlm, tools: list[Any], **kwargs: Any) -> LlmAgent:
     return LlmAgent(name="agent", model=model, tools=tools, **kwargs)
 
 
@@ -370,8 +371,13 @@ async def test_cancelling_the_run_cancels_the_call_on_the_server() -> None:
     assert _ran(recorder) == ["w1"]
 
 
+async def _hold_w2(tool: BaseTool, args: dict[str, Any], tool_context: ToolContext) -> None:
+    if tool_context.function_call_id == "w2":
+        await anyio.Event().wait()
+
+
 async def test_a_native_tool_that_raises_cancels_the_dispatchers_calls_cleanly() -> None:
-    """ADK cancels the siblings of a tool that raises: the held write is cancelled on the server, w2 never runs."""
+    """ADK cancels the siblings of a tool that raises: w1 is cancelled on the server, w2 never runs or waits."""
     recorder = Recorder()
 
     async def explode() -> str:
@@ -381,12 +387,48 @@ async def test_a_native_tool_that_raises_cancels_the_dispatchers_calls_cleanly()
 
     turn = [call("write", "w1", key="w1", hold="never"), call("explode", "x1"), *reads_and_writes("w2")]
     async with _dispatcher(recorder) as dispatcher:
-        agent = _agent(Scripted(turns=[turn]), [DispatcherToolset(dispatcher), FunctionTool(explode)])
+        toolset = DispatcherToolset(dispatcher)
+        agent = _agent(Scripted(turns=[turn]), [toolset, FunctionTool(explode)])
+        agent.before_tool_callback = _hold_w2  # w2 never reaches its tool before the turn is cancelled
         with pytest.raises(RuntimeError, match="boom"):
-            await _run(agent)
+            await _run(agent, [DispatcherPlugin()])
         await anyio.wait_all_tasks_blocked()  # the server has seen the cancellation
     assert recorder.by_key("w1")[0].cancelled
     assert _ran(recorder) == ["w1"]
+    assert toolset._placed == {}  # the cancelled turn holds no place for w2
+
+
+class _Echo(BaseLlm):
+    """Plays one model for many sessions: the user's message ``n`` asks for wNa, rN, wNb; then it is done."""
+
+    model: str = "echo"
+
+    async def generate_content_async(self, llm_request: LlmRequest, stream: bool = False) -> Any:
+        last = llm_request.contents[-1].parts or []
+        if last and last[0].text is not None:
+            n = last[0].text
+            turn = [call("write", f"w{n}a", key=f"w{n}a"), call("read", f"r{n}", key=f"r{n}")]
+            turn.append(call("write", f"w{n}b", key=f"w{n}b"))
+        else:
+            turn = [text("done")]
+        yield LlmResponse(content=types.Content(role="model", parts=turn))
+
+
+async def test_many_sessions_at_once_each_keep_their_order() -> None:
+    """Twenty sessions share one toolset at once: each response's calls keep their order; no place is left over."""
+    recorder = Recorder()
+    async with _dispatcher(recorder) as dispatcher:
+        toolset = DispatcherToolset(dispatcher)
+        agent = _agent(_Echo(), [toolset])
+        runner = InMemoryRunner(app=App(name="app", root_agent=agent))
+        async with anyio.create_task_group() as tg:
+            for n in range(20):
+                tg.start_soon(functools.partial(_run, agent, message=str(n), runner=runner))
+    order = _ran(recorder)
+    for n in range(20):
+        assert order.index(f"w{n}a") < order.index(f"r{n}") < order.index(f"w{n}b")
+    assert len(order) == 60 and recorder.violations == []
+    assert toolset._placed == {}
 
 
 async def test_a_repeated_call_id_is_refused() -> None:

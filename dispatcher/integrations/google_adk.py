@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.tools.base_tool import BaseTool
 from google.adk.tools.base_toolset import BaseToolset
@@ -61,13 +62,23 @@ if TYPE_CHECKING:
     from google.adk.tools.base_toolset import ToolPredicate
     from google.adk.tools.tool_context import ToolContext
 
-    from dispatcher import ApprovalPolicy, ApprovalRequest, Batch, Dispatcher, SessionGuard, ToolEntry, ToolResult
+    from dispatcher import (
+        ApprovalPolicy,
+        ApprovalRequest,
+        Batch,
+        Dispatcher,
+        PendingCall,
+        SessionGuard,
+        ToolEntry,
+        ToolResult,
+    )
 
 __all__ = ["DispatcherPlugin", "DispatcherToolset"]
 
-# Rounds whose calls never all came (the run was cancelled or failed midway), and calls that gave up
-# their place before their response was numbered, are forgotten past this many.
-_KEPT = 256
+# The notes kept per call or response (calls that came, calls that gave up their place before their
+# response was numbered, responses whose turn was cancelled) are forgotten past this many. Each note is
+# read within the turn that wrote it, so only that many turns at once, in one toolset, could lose one.
+_KEPT = 4096
 # A call whose id the model used twice in one response: it cannot be told apart from its twin.
 _REPEATED = object()
 
@@ -112,7 +123,8 @@ class DispatcherToolset(BaseToolset):
         self._tools: dict[str, _DispatcherTool] = {}
         # (event id, call id) -> (its round, its position there), until the call comes or gives up its place.
         self._placed: dict[tuple[str, str], tuple[_Round, int]] = {}
-        self._rounds: OrderedDict[int, _Round] = OrderedDict()
+        # Responses whose turn ADK cancelled: a call of one that still arrives runs in a batch of its own.
+        self._abandoned: OrderedDict[str, None] = OrderedDict()
         # Calls that gave up their place before any call of their response numbered it.
         self._gone: OrderedDict[tuple[str, str], None] = OrderedDict()
         # Calls that reached their tool, until the plugin's after_tool_callback sees them.
@@ -149,7 +161,7 @@ class DispatcherToolset(BaseToolset):
         context = tool_context.get_invocation_context()
         event = _call_event(context, call_id) if call_id else None
         placed: tuple[_Round, int] | None = None
-        if event is not None:
+        if event is not None and event.id not in self._abandoned:
             placed = self._placed.pop((event.id, call_id), None)
             if placed is None:
                 numbered = self._number(context, event, call_id)
@@ -157,23 +169,21 @@ class DispatcherToolset(BaseToolset):
                     return {"error": f"failed: the call id {call_id[:100]!r} was used twice in one response; not run"}
                 placed = numbered if isinstance(numbered, tuple) else None
         if event is not None:
-            self._came[(event.id, call_id)] = None
-            while len(self._came) > _KEPT:
-                self._came.popitem(last=False)
+            _note(self._came, (event.id, call_id))
         if placed is None:
             # Not part of a response these tools can number: a batch of its own, in arrival order.
-            pending = self._batch().submit(call)
-        else:
-            turn, position = placed
-            turn.hand_over(position)
-            self._forget(turn)
-            pending = await turn.batch.submit_at(position, call)
+            return _answer(await _wait(self._batch().submit(call)))
+        turn, position = placed
+        turn.hand_over(position)
         try:
-            result = await pending.wait()
-        except BaseException:
-            pending.cancel()  # ADK gave up on this call (a sibling raised, the run was cancelled)
+            pending = await turn.batch.submit_at(position, call)
+            return _answer(await _wait(pending))
+        except anyio.get_cancelled_exc_class():
+            # ADK cancels every unfinished call of a turn at once (a sibling raised, the run was
+            # cancelled): no other call of this response will come, so nothing waits for their places.
+            assert event is not None
+            self._abandon(event.id, turn)
             raise
-        return _answer(result)
 
     def give_up(self, tool_context: ToolContext) -> None:
         """Say that this call will not reach its tool: the calls after it go on without it."""
@@ -188,18 +198,16 @@ class DispatcherToolset(BaseToolset):
         placed = self._placed.pop(key, None)
         if placed is None:
             # Its response is not numbered yet (or the call ran): the call that numbers it leaves it out.
-            self._gone[key] = None
-            while len(self._gone) > _KEPT:
-                self._gone.popitem(last=False)
+            _note(self._gone, key)
             return
         turn, position = placed
         if turn.hand_over(position):
             turn.batch.skip(position)
-        self._forget(turn)
 
-    def _forget(self, turn: _Round) -> None:
-        if turn.complete:
-            self._rounds.pop(id(turn), None)
+    def _abandon(self, event_id: str, turn: _Round) -> None:
+        _note(self._abandoned, event_id)
+        for key in [key for key, (other, _) in self._placed.items() if other is turn]:
+            del self._placed[key]
 
     def _number(self, context: InvocationContext, event: Event, call_id: str) -> tuple[_Round, int] | object | None:
         """Number the calls of `event` that ADK routes to these tools; return this call's place.
@@ -228,12 +236,7 @@ class DispatcherToolset(BaseToolset):
             ids.append(fid)
         if call_id not in ids:
             return None
-        turn = _Round(self._batch(), len(ids))
-        self._rounds[id(turn)] = turn
-        while len(self._rounds) > _KEPT:
-            _, old = self._rounds.popitem(last=False)
-            for key in [key for key, (other, _) in self._placed.items() if other is old]:
-                del self._placed[key]
+        turn = _Round(self._batch())
         for position, fid in enumerate(ids):
             if fid != call_id:
                 self._placed[(event.id, fid)] = (turn, position)
@@ -243,11 +246,10 @@ class DispatcherToolset(BaseToolset):
 class _Round:
     """The batch of one model response's calls to these tools, and the positions handed over so far."""
 
-    __slots__ = ("batch", "handed", "size")
+    __slots__ = ("batch", "handed")
 
-    def __init__(self, batch: Batch, size: int) -> None:
+    def __init__(self, batch: Batch) -> None:
         self.batch = batch
-        self.size = size
         self.handed: set[int] = set()
 
     def hand_over(self, position: int) -> bool:
@@ -256,10 +258,6 @@ class _Round:
             return False
         self.handed.add(position)
         return True
-
-    @property
-    def complete(self) -> bool:
-        return len(self.handed) == self.size
 
 
 class _DispatcherTool(BaseTool):
@@ -304,6 +302,20 @@ class DispatcherPlugin(BasePlugin):
         if isinstance(tool, _DispatcherTool):
             tool.toolset.give_up(tool_context)
         return None
+
+
+async def _wait(pending: PendingCall) -> ToolResult:
+    try:
+        return await pending.wait()
+    except BaseException:
+        pending.cancel()  # ADK gave up on this call (a sibling raised, the run was cancelled)
+        raise
+
+
+def _note(notes: OrderedDict[Any, None], key: object) -> None:
+    notes[key] = None
+    while len(notes) > _KEPT:
+        notes.popitem(last=False)
 
 
 def _call_event(context: InvocationContext, call_id: str) -> Event | None:
