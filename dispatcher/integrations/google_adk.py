@@ -7,7 +7,7 @@ the response (`Batch.submit_at`), so reads run together, writes run alone in the
 trusted servers' hints count, retries follow the `RetryPolicy`, approvals are asked by the dispatcher's
 approver while the call keeps its place, and a failing call is a result the model reads (its siblings
 go on). Results are dicts of plain strings: ``{"result": text}``, or ``{"error": text}`` for a call
-that did not succeed, with open-world content marked untrusted.
+that did not succeed (``"<status>: text"``), with open-world content marked untrusted.
 
 The positions come from the response itself: ADK stores the model's function-call event in the session
 before any tool runs, so the first call to arrive numbers the calls of that event that ADK routes to
@@ -154,7 +154,7 @@ class DispatcherToolset(BaseToolset):
     def _batch(self) -> Batch:
         return self.dispatcher.batch(approve=self._approve, approval=self._approval, guard=self._guard)
 
-    async def run(self, tool: _DispatcherTool, args: dict[str, Any], tool_context: ToolContext) -> dict[str, str]:
+    async def _run(self, tool: _DispatcherTool, args: dict[str, Any], tool_context: ToolContext) -> dict[str, str]:
         """Run one call that ADK handed to `tool`, at its place in its model response."""
         call_id = tool_context.function_call_id or ""
         call = ToolCall(call_id or f"{tool.name}-call", tool.entry.name, args)
@@ -279,7 +279,7 @@ class _DispatcherTool(BaseTool):
         )
 
     async def run_async(self, *, args: dict[str, Any], tool_context: ToolContext) -> Any:
-        return await self.toolset.run(self, args, tool_context)
+        return await self.toolset._run(self, args, tool_context)
 
 
 class DispatcherPlugin(BasePlugin):
