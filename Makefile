@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: architecture bench bench-quick demo test lint typecheck pytest stress package-check node-servers clean
+.PHONY: architecture bench bench-quick demo test lint typecheck pytest stress package-check node-servers adk clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -64,9 +64,22 @@ package-check: $(STAMP)
 	.venv-smoke/bin/python -m pip install --quiet "$$(ls dist/*.whl)[langgraph]"
 	cd /tmp && $(CURDIR)/.venv-smoke/bin/python -c "from dispatcher.integrations.langgraph import DispatcherToolNode"
 
+# The Google ADK adapter's tests (and its docs/integrations.md examples), in a venv of their own: google-adk
+# would downgrade opentelemetry, tenacity and websockets in .venv (see the `adk` extra in pyproject.toml).
+ADK_VENV := .venv-adk
+
+$(ADK_VENV)/.installed: pyproject.toml
+	@test -x $(ADK_VENV)/bin/python || $(PYTHON) -m venv $(ADK_VENV)
+	$(ADK_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(ADK_VENV)/bin/python -m pip install --quiet -e ".[adk,test]"
+	@touch $@
+
+adk: $(ADK_VENV)/.installed
+	$(ADK_VENV)/bin/python -m pytest -q tests/test_integrations_google_adk.py tests/test_integrations_docs.py
+
 # redis-server for the fleet tests (tests/fleet), installed when missing where the platform allows.
 redis:
 	.ci/redis
 
 clean:
-	rm -rf $(VENV) .node .venv-smoke dist build .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(ADK_VENV) .node .venv-smoke dist build .mypy_cache .pytest_cache .ruff_cache

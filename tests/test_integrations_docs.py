@@ -28,6 +28,8 @@ FRAMEWORKS = {
     "OpenAI Agents SDK": ("agents", "openai-agents", ("asyncio",)),
     "pydantic-ai": ("pydantic_ai", "pydantic-ai", ("asyncio",)),
     "Claude Agent SDK": ("claude_agent_sdk", "claude-agent-sdk", ("asyncio", "trio")),
+    # Tested in a venv of its own (make adk): google-adk would downgrade packages of the dev venv.
+    "Google ADK": ("google.adk", "adk", ("asyncio",)),
 }
 CHECKS = [
     "reads ran together: True",
@@ -35,6 +37,13 @@ CHECKS = [
     "the untrusted tool ran alone: True",
     "delete_note ran: False",
 ]
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a dotted name whose parent package is missing
+        return False
 
 
 def _sections() -> dict[str, str]:
@@ -71,7 +80,7 @@ def test_example_runs_and_prints_what_the_doc_says(
 ) -> None:
     """The framework's example runs the turn through the dispatcher and prints the documented output."""
     module, extra, _ = FRAMEWORKS[heading]
-    if importlib.util.find_spec(module) is None:
+    if not _installed(module):
         pytest.skip(f"{module} is not installed: pip install -e '.[{extra}]'")
     section = _sections()[heading]
     code = _blocks(section, "python")[-1]
@@ -99,6 +108,7 @@ NATIVE_CHECKS = [
     "the untrusted tool ran alone: False",
     "delete_note ran: True",
 ]
+NATIVES = ["LangGraph", "OpenAI Agents SDK", "pydantic-ai", "Google ADK"]
 
 
 def _native() -> dict[str, str]:
@@ -107,15 +117,15 @@ def _native() -> dict[str, str]:
 
 
 def test_every_adapter_framework_has_a_native_measurement() -> None:
-    """The native section measures LangGraph, the OpenAI Agents SDK and pydantic-ai."""
-    assert set(_native()) == {"LangGraph", "OpenAI Agents SDK", "pydantic-ai"}
+    """The native section measures LangGraph, the OpenAI Agents SDK, pydantic-ai and Google ADK."""
+    assert set(_native()) == set(NATIVES)
 
 
-@pytest.mark.parametrize("heading", ["LangGraph", "OpenAI Agents SDK", "pydantic-ai"])
+@pytest.mark.parametrize("heading", NATIVES)
 def test_the_native_turn_runs_and_prints_what_the_doc_says(heading: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Without the adapter the framework runs all six calls at once: writes overlap, the deletion runs."""
     module, extra, _ = FRAMEWORKS[heading]
-    if importlib.util.find_spec(module) is None:
+    if not _installed(module):
         pytest.skip(f"{module} is not installed: pip install -e '.[{extra}]'")
     section = _native()[heading]
     [code] = _blocks(section, "python")
@@ -125,7 +135,9 @@ def test_the_native_turn_runs_and_prints_what_the_doc_says(heading: str, capsys:
     )
     out = capsys.readouterr().out
     assert out == expected
-    assert out.splitlines() == NATIVE_CHECKS
+    # ADK's MCP toolset reaches the servers over HTTP, where the untrusted call's timing varies (see the doc).
+    checks = [line for line in NATIVE_CHECKS if heading != "Google ADK" or "untrusted" not in line]
+    assert out.splitlines() == checks
 
 
 def test_the_versions_table_matches_the_installed_packages() -> None:
@@ -140,7 +152,9 @@ def test_the_versions_table_matches_the_installed_packages() -> None:
         assert installed == version, f"docs/integrations.md says {name} {version}, {installed} is installed"
 
 
-@pytest.mark.parametrize("module", ["_common", "claude_agent_sdk", "langgraph", "openai_agents", "pydantic_ai"])
+@pytest.mark.parametrize(
+    "module", ["_common", "claude_agent_sdk", "google_adk", "langgraph", "openai_agents", "pydantic_ai"]
+)
 def test_adapters_import_only_public_names_of_dispatcher(module: str) -> None:
     """The adapters use the dispatcher as users do: no import of a private `dispatcher._x` module."""
     tree = ast.parse((ROOT / "dispatcher" / "integrations" / f"{module}.py").read_text())

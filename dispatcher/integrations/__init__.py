@@ -7,6 +7,8 @@
   ``FunctionTool``s whose calls keep the model's order although the SDK starts them all at once.
 - `dispatcher.integrations.pydantic_ai` (extra ``pydantic-ai``): `DispatcherToolset`, a pydantic-ai
   toolset over the dispatcher.
+- `dispatcher.integrations.google_adk` (extra ``adk``): `DispatcherToolset`, an ADK toolset whose calls
+  of one model response run as one batch, and `DispatcherPlugin` for apps with a ``before_tool_callback``.
 - `dispatcher.integrations.claude_agent_sdk` (extra ``claude-agent-sdk``): the catalogue as the Claude
   Agent SDK's in-process MCP server, and a permission callback from the approval policy.
 
