@@ -27,6 +27,7 @@ from ._functions import FunctionTool, ThreadWatch
 from ._mcp._connections import ServerRegistry, check_annotations, check_reconnect, check_target
 from ._mcp._failures import explain as _describe
 from ._mcp._failures import innermost as _innermost
+from ._mcp._questions import Asker, QuestionPolicy
 from ._mcp._session import DEFAULT_MAX_ANSWER_BYTES
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from ._driver._coordination import Coordinator
     from ._driver._observe import CallEvent
     from ._mcp._pins import DefinitionChange
+    from ._mcp._questions import QuestionHandler
     from ._mcp._reconnect import ReconnectPolicy
 
 __all__ = ["Dispatcher"]
@@ -86,6 +88,13 @@ class Dispatcher:
             conflict key or domain; without keys, every later call) are not run, each with a FAILED,
             never-ran result naming the call it depended on. Calls that conflict with none run as
             usual. False (the default): every call runs. Every batch can set its own (docs/retries.md).
+        ask_user: An async callable that shows the person a `Question` a server asks during a call (MCP
+            elicitation) and returns their `Answer`. One question at a time, whichever server asks;
+            while it waits, the clocks of the call it belongs to stop. None (the default): servers
+            are not told that questions can be asked (the SDK refuses any that come). Applies to the
+            connections `connect` makes (docs/long-running.md).
+        questions: How long a question may wait for an answer and how many a server may ask (default
+            `QuestionPolicy()`: 300 s, 10 a call, 4 waiting per server).
 
     Use it as an async context manager; calls run in its task group::
 
@@ -108,6 +117,8 @@ class Dispatcher:
         coordinator: Coordinator | None = None,
         qualified_names: bool = False,
         fail_fast: bool = False,
+        ask_user: QuestionHandler | None = None,
+        questions: QuestionPolicy | None = None,
     ) -> None:
         if max_concurrency is not None and (
             not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1
@@ -140,6 +151,12 @@ class Dispatcher:
             coordinator=coordinator,
         )
         self._servers.on_update = self._executor.accepted
+        if ask_user is not None and not callable(ask_user):
+            raise ConfigurationError(f"ask_user must be an async callable taking a Question, got {ask_user!r}")
+        if questions is not None and not isinstance(questions, QuestionPolicy):
+            raise ConfigurationError(f"questions must be a QuestionPolicy or None, got {type(questions).__name__}")
+        if ask_user is not None:
+            self._servers.asker = Asker(ask_user, questions if questions is not None else QuestionPolicy())
         self._tg: TaskGroup | None = None
         self._threads = ThreadWatch()
         self._approve = approve
