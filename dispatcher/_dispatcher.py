@@ -467,7 +467,8 @@ class Dispatcher:
             idle_timeout: Seconds a call may go without a progress notification from the server
                 before it ends TIMEOUT (`no progress from the server within idle_timeout=...`), or
                 None. Each notification starts the wait again; `call_timeout` stays the hard cap, so
-                a call that keeps reporting runs until it. Not applied to task calls (polled instead).
+                a call that keeps reporting runs until it. A task call counts each change of its polled
+                state (status or status message) as progress.
             idempotency: How the server takes an idempotency key (see `add_mcp_server`).
 
         Returns:
