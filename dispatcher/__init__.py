@@ -29,11 +29,16 @@ from ._driver._batch import PendingCall as PendingCall
 from ._driver._observe import CallEvent as CallEvent
 from ._driver._retry import RetryPolicy as RetryPolicy
 from ._mcp._pins import DefinitionChange as DefinitionChange
+from ._mcp._questions import Answer as Answer
+from ._mcp._questions import Question as Question
+from ._mcp._questions import QuestionHandler as QuestionHandler
+from ._mcp._questions import QuestionPolicy as QuestionPolicy
 from ._mcp._reconnect import ReconnectPolicy as ReconnectPolicy
 from ._version import __version__ as __version__
 
 __all__ = [
     "AdaptiveLimit",
+    "Answer",
     "ApprovalPolicy",
     "ApprovalRequest",
     "Approver",
@@ -51,6 +56,9 @@ __all__ = [
     "KeyFunction",
     "NotFinishedError",
     "PendingCall",
+    "Question",
+    "QuestionHandler",
+    "QuestionPolicy",
     "ReconnectPolicy",
     "RetryPolicy",
     "ServerConnectionError",

@@ -30,6 +30,7 @@ from ._mcp._connections import ServerRegistry, check_annotations, check_reconnec
 from ._mcp._failures import explain as _describe
 from ._mcp._failures import innermost as _innermost
 from ._mcp._online import OnlineLimit
+from ._mcp._questions import Asker, QuestionPolicy
 from ._mcp._session import DEFAULT_MAX_ANSWER_BYTES
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from ._driver._coordination import Coordinator
     from ._driver._observe import CallEvent
     from ._mcp._pins import DefinitionChange
+    from ._mcp._questions import QuestionHandler
     from ._mcp._reconnect import ReconnectPolicy
 
 __all__ = ["Dispatcher"]
@@ -89,6 +91,13 @@ class Dispatcher:
             conflict key or domain; without keys, every later call) are not run, each with a FAILED,
             never-ran result naming the call it depended on. Calls that conflict with none run as
             usual. False (the default): every call runs. Every batch can set its own (docs/retries.md).
+        ask_user: An async callable that shows the person a `Question` a server asks during a call (MCP
+            elicitation) and returns their `Answer`. One question at a time, whichever server asks;
+            while it waits, the clocks of the call it belongs to stop. None (the default): servers
+            are not told that questions can be asked (the SDK refuses any that come). Applies to the
+            connections `connect` makes (docs/long-running.md).
+        questions: How long a question may wait for an answer and how many a server may ask (default
+            `QuestionPolicy()`: 300 s, 10 a call, 4 waiting per server).
 
     Use it as an async context manager; calls run in its task group::
 
@@ -111,6 +120,8 @@ class Dispatcher:
         coordinator: Coordinator | None = None,
         qualified_names: bool = False,
         fail_fast: bool = False,
+        ask_user: QuestionHandler | None = None,
+        questions: QuestionPolicy | None = None,
     ) -> None:
         max_concurrency = checks.whole("max_concurrency", max_concurrency, none="no limit")
         call_timeout = checks.seconds("call_timeout", call_timeout, none="none")
@@ -133,6 +144,12 @@ class Dispatcher:
             coordinator=coordinator,
         )
         self._servers.on_update = self._executor.accepted
+        if ask_user is not None and not callable(ask_user):
+            raise ConfigurationError(f"ask_user must be an async callable taking a Question, got {ask_user!r}")
+        if questions is not None and not isinstance(questions, QuestionPolicy):
+            raise ConfigurationError(f"questions must be a QuestionPolicy or None, got {type(questions).__name__}")
+        if ask_user is not None:
+            self._servers.asker = Asker(ask_user, questions if questions is not None else QuestionPolicy())
         self._tg: TaskGroup | None = None
         self._threads = ThreadWatch()
         self._approve = approve
@@ -456,7 +473,8 @@ class Dispatcher:
             idle_timeout: Seconds a call may go without a progress notification from the server
                 before it ends TIMEOUT (`no progress from the server within idle_timeout=...`), or
                 None. Each notification starts the wait again; `call_timeout` stays the hard cap, so
-                a call that keeps reporting runs until it. Not applied to task calls (polled instead).
+                a call that keeps reporting runs until it. A task call counts each change of its polled
+                state (status or status message) as progress.
             idempotency: How the server takes an idempotency key (see `add_mcp_server`).
 
         Returns:

@@ -87,6 +87,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "dispatcher._driver._batch",
             "dispatcher._driver._retry",
             "dispatcher._driver._coordination",
+            "dispatcher._driver._clock",
             "dispatcher._driver._execution",
         ),
     ),
@@ -100,6 +101,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "where tools come from and where holds are shared: MCP connections, local functions, a Redis fleet",
         (
             "dispatcher._mcp",
+            "dispatcher._mcp._questions",
             "dispatcher._mcp._session",
             "dispatcher._mcp._online",
             "dispatcher._mcp._reconnect",

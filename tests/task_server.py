@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from mcp import Client
 from mcp.shared.message import SessionMessage
-from mcp.types import JSONRPCRequest, JSONRPCResponse
+from mcp.types import INVALID_PARAMS, ErrorData, JSONRPCError, JSONRPCRequest, JSONRPCResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -29,6 +29,8 @@ class TaskScript:
     finish_after: int | None = None  # polls until "completed"; None: working forever
     confirm_cancel: bool = True
     status_message: str = "working on it"
+    # Whether each poll reports a new status message ("step 1", "step 2", ...): a task that is not idle.
+    reports_steps: bool = False
     requests: list[tuple[str, float]] = field(default_factory=list)
 
     def times(self, method: str) -> list[float]:
@@ -71,7 +73,10 @@ class TaskScript:
             return {"task": self._task("working")}
         if method == "tasks/get":
             done = self.finish_after is not None and polls >= self.finish_after
-            return self._task("completed" if done else "working")
+            task = self._task("completed" if done else "working")
+            if self.reports_steps:
+                task["statusMessage"] = f"step {polls}"
+            return task
         if method == "tasks/result":
             return {"content": [{"type": "text", "text": f"done after {polls} polls"}], "isError": False}
         if method == "tasks/cancel":
@@ -90,7 +95,12 @@ class TaskScript:
                     if not isinstance(message, JSONRPCRequest):
                         continue
                     self.requests.append((message.method, anyio.current_time()))
-                    result = self._answer(message.method, message.params or {})
+                    try:
+                        result = self._answer(message.method, message.params or {})
+                    except LookupError as exc:  # a fault a test injects: answered as an error
+                        error = ErrorData(code=INVALID_PARAMS, message=str(exc))
+                        await to_client.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=message.id, error=error)))
+                        continue
                     if result is not None:
                         reply = JSONRPCResponse(jsonrpc="2.0", id=message.id, result=result)
                         await to_client.send(SessionMessage(reply))

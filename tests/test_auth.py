@@ -79,3 +79,25 @@ async def test_a_token_through_a_client_factory_gets_in() -> None:
         [result] = await dispatcher.dispatch([ToolCall("1", "whoami", {})])
     assert result.ok, result.error
     assert result.result is not None and "authorized" in str(result.result.content)
+
+
+@pytest.mark.parametrize("built", ["url", "http_client"])
+async def test_a_client_factory_gets_the_readable_401_too(built: str) -> None:
+    """A factory's Client on a URL, or on the SDK's HTTP transport over the user's client, reads 401, not -32603."""
+    opened: list[httpx2.AsyncClient] = []
+    async with serve_refusing(401) as url, Dispatcher() as dispatcher:
+
+        def factory() -> Client:
+            if built == "url":
+                return Client(url)
+            http = httpx2.AsyncClient(headers={"Authorization": "Bearer expired"})
+            opened.append(http)
+            return Client(streamable_http_client(url, http_client=http))
+
+        with pytest.raises(ServerConnectionError) as caught:
+            await dispatcher.connect("remote", factory, connect_timeout=20)
+        for http in opened:  # the user's HTTP client is the user's to close
+            await http.aclose()
+    text = str(caught.value)
+    assert "server 'remote' requires authentication" in text and "HTTP 401 Unauthorized" in text
+    assert "-32603" not in text

@@ -35,9 +35,9 @@ def test_seconds_are_finite_positive_numbers_and_never_bools(value: object) -> N
 
 
 def test_seconds_may_allow_zero_and_none() -> None:
-    """Zero is allowed when asked for; None when it means something; ints come back as floats."""
+    """Zero is allowed when asked for; None when it means something; the value comes back as given."""
     assert checks.seconds("wait", 0, zero=True) == 0.0
-    assert checks.seconds("t", 2) == 2.0 and isinstance(checks.seconds("t", 2), float)
+    assert checks.seconds("t", 2) == 2 and isinstance(checks.seconds("t", 2), int)
     assert checks.seconds("t", None, none="none") is None
     with pytest.raises(ConfigurationError, match=r"wait must be a number of seconds >= 0, got -1"):
         checks.seconds("wait", -1, zero=True)

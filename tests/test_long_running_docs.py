@@ -19,6 +19,7 @@ EXPECTED = [
         "ok [1.0, 2.0, 3.0]",
         "timeout timed out: no progress from the server within idle_timeout=1.0s (after 3 attempts)",
     ],
+    ["Server 'everything' (trusted) asks, during call '1' (trigger-elicitation-request).", "ok - Name: Ada"],
 ]
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio.testing
 
-from dispatcher import CallStatus, Dispatcher, ToolCall
+from dispatcher import CallStatus, Dispatcher, Effect, ToolCall
 
 from .task_server import TaskScript
 
@@ -101,3 +101,49 @@ async def test_task_support_buys_an_untrusted_server_nothing() -> None:
     assert entry.exclusive and not entry.idempotent
     assert result.status is CallStatus.OK
     assert script.times("tasks/result")  # it still ran as the task the tool requires
+
+
+async def test_a_task_whose_state_stops_changing_is_cut_off_at_idle_timeout() -> None:
+    """A task polled as "working" with the same message for idle_timeout ends TIMEOUT, cancelled on the server."""
+    script = TaskScript(poll_interval=1000)
+    result = await _run(script, idle_timeout=3)
+    assert result.status is CallStatus.TIMEOUT
+    assert result.error is not None and "reported no change within idle_timeout=3s" in result.error
+    assert result.started_at is not None and result.finished_at - result.started_at == pytest.approx(3, abs=0.1)
+    assert len(script.times("tasks/cancel")) == 1
+
+
+async def test_a_task_that_reports_each_step_outlives_its_idle_timeout() -> None:
+    """The oracle: the same task reporting a new status message at each poll runs past idle_timeout to its result."""
+    script = TaskScript(poll_interval=1000, finish_after=10, reports_steps=True)
+    result = await _run(script, idle_timeout=3)
+    assert result.status is CallStatus.OK, result.error
+    assert script.times("tasks/cancel") == []
+
+
+async def test_a_task_cut_off_from_outside_without_a_confirmed_cancel_reads_unknown() -> None:
+    """call_timeout ends a task whose server never confirms tasks/cancel: TIMEOUT, its effect UNKNOWN."""
+    script = TaskScript(confirm_cancel=False)
+    async with Dispatcher(call_timeout=20) as dispatcher:
+        await dispatcher.connect("scripted", script.client, trusted=True)
+        [result] = await dispatcher.dispatch([ToolCall("1", "slow", {})])
+    assert result.status is CallStatus.TIMEOUT
+    assert result.effect is Effect.UNKNOWN
+    assert len(script.times("tasks/cancel")) == 1
+
+
+async def test_a_failed_poll_with_an_unconfirmed_cancel_says_the_outcome_is_unknown() -> None:
+    """tasks/get answered with an error, tasks/cancel never answered: FAILED, saying the task's outcome is unknown."""
+    script = TaskScript(confirm_cancel=False)
+    script_answer = script._answer
+
+    def refusing_polls(method: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        if method == "tasks/get":
+            raise LookupError("no such task")
+        return script_answer(method, params)
+
+    script._answer = refusing_polls  # type: ignore[method-assign]
+    result = await _run(script)
+    assert result.status is CallStatus.FAILED
+    assert result.error is not None and "following task 't-1' failed" in result.error
+    assert "its outcome is unknown" in result.error and result.effect is Effect.UNKNOWN

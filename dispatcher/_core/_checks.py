@@ -86,7 +86,7 @@ def seconds(name: str, value: object, *, none: str | None = None, zero: bool = F
     if value is None and none is not None:
         return None
     if _number(value) and math.isfinite(value) and (value > 0 or (zero and value == 0)):  # type: ignore[arg-type, operator]
-        return float(value)  # type: ignore[arg-type]
+        return value  # type: ignore[return-value]
     wanted = "a number of seconds >= 0" if zero else "a positive number of seconds"
     raise ConfigurationError(_message(name, wanted, value, none, hint))
 

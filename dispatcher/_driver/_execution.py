@@ -44,6 +44,7 @@ from .._core._keys import call_keys
 from .._core._lifecycle import Ending, Phase, done_sending
 from .._mcp._failures import describe as describe_failure
 from ._batch import Batch, PendingCall
+from ._clock import current_clock, start_clock
 from ._coordination import admitted_runner, budget_factory
 from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible, is_transient
 
@@ -572,6 +573,8 @@ class Executor:
                 return
             if not work.start(started := anyio.current_time()):
                 return  # settled while it was on its way (its fleet hold lost)
+            # The call's deadlines stop while a person answers its server's question (`_clock`).
+            clock = start_clock(work.call)
             # Only a call that carries its key is repeatable for its key (not one queued while its
             # tool was read-only, which got none).
             keyed = work.keyed and self._keyed(entry)
@@ -579,6 +582,7 @@ class Executor:
                 timeout = self._call_timeout
                 if timeout is not None:
                     scope.deadline = started + timeout
+                    clock.bound(scope)
                 last = await self._attempt(work, False, started, math.inf)
             else:
                 retrier = Retrier(
@@ -662,7 +666,10 @@ class Executor:
         """Invoke the tool once, cut off at the call timeout or at `limit` (the retry deadline)."""
         call_timeout = self._call_timeout
         deadline = limit if call_timeout is None else min(limit, start + call_timeout)
-        with anyio.CancelScope(deadline=deadline):
+        with anyio.CancelScope(deadline=deadline) as scope:
+            clock = current_clock()
+            if clock is not None:
+                clock.bound(scope)
             return await self._invoke(work)
         # Only the attempt's own deadline is absorbed by its scope; a cancellation of the call
         # (or of the dispatcher) is still pending and is raised here.

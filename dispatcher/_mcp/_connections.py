@@ -34,6 +34,7 @@ while a person decides, so a newer definition replaces the pending one at once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import logging
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import anyio.lowlevel
+import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.subscriptions import SubscriptionLost
 from mcp.server import Server
@@ -61,6 +63,7 @@ from .._core._lifecycle import mark_sent
 from ._failures import ConnectionLost, ToolUnavailableError, explain, innermost, is_transport_failure
 from ._online import LimitedTool
 from ._pins import DefinitionChange, Pins
+from ._questions import Flights
 from ._reconnect import ReconnectPolicy
 from ._session import (
     DEFAULT_MAX_ANSWER_BYTES,
@@ -80,13 +83,14 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
 
     from anyio.abc import TaskGroup, TaskStatus
-    from mcp.client.session import IncomingMessage, MessageHandlerFnT
+    from mcp.client.session import ElicitationFnT, IncomingMessage, MessageHandlerFnT
     from mcp.shared.dispatcher import ProgressFnT
     from mcp.types import CallToolResult, RequestParamsMeta, Tool
 
     from .._core._catalog import Catalog, ToolImpl
     from .._core._keys import KeyFunction
     from ._online import OnlineLimit
+    from ._questions import Asker, Flight
     from ._session import ToolCaller
 
 __all__ = ["LISTING_BURST", "LISTING_INTERVAL", "LISTING_REST", "Connection", "ServerRegistry", "check_target"]
@@ -153,8 +157,11 @@ class Connection:
         timeout: float | None,
         policy: ReconnectPolicy,
         max_answer_bytes: int | None = DEFAULT_MAX_ANSWER_BYTES,
+        elicit: ElicitationFnT | None = None,
     ) -> None:
         self.server = server
+        # The elicitation callback of each client (None: the dispatcher has no ask_user, nothing is advertised).
+        self._elicit = elicit
         self._max_answer_bytes = max_answer_bytes
         self.policy = policy
         self._target = target
@@ -291,15 +298,46 @@ class Connection:
         if isinstance(target, StdioServerParameters | str):
             # The transports that carry bytes from another process: each message is capped on arrival.
             transport = capped_transport(target, self._max_answer_bytes, self.server, self._refusals)
-            return Client(transport, mode=self._mode, message_handler=self._on_message)
+            return Client(
+                transport, mode=self._mode, message_handler=self._on_message, elicitation_callback=self._elicit
+            )
         if isinstance(target, MCPServer | Server | StdioServerParameters | str):
-            return Client(target, mode=self._mode, message_handler=self._on_message)
+            return Client(target, mode=self._mode, message_handler=self._on_message, elicitation_callback=self._elicit)
         client = target()
         if not isinstance(client, Client):
             raise TypeError(
                 f"the client factory of server {self.server!r} returned {type(client).__name__}, not a Client"
             )
         client.message_handler = self._chain(client.message_handler)
+        client = self._noting_refusals(client)
+        if client.elicitation_callback is None:
+            # The factory's own callback, if it set one, is the user's choice for this server.
+            client.elicitation_callback = self._elicit
+        return client
+
+    def _noting_refusals(self, client: Client) -> Client:
+        """The factory's client, its HTTP responses noted in `_refusals` where they can be (a readable 401).
+
+        A client built on a URL gets the transport `connect` builds for a URL (the SDK's defaults, no cap)
+        in its place; one built on the SDK's streamable HTTP transport over an HTTP client of the user's
+        has the noting hook added to that client. Any other transport is left as it is.
+        """
+        target = client.server
+        if isinstance(target, str):
+            try:
+                return dataclasses.replace(client, server=capped_transport(target, None, self.server, self._refusals))
+            except ValueError:  # a client option that needs its URL (a shared cache with no target_id)
+                return client
+        # The keyword arguments `streamable_http_client(url, http_client=...)` was called with.
+        http = (
+            getattr(target, "kwds", {}).get("http_client") if isinstance(getattr(target, "kwds", None), dict) else None
+        )
+        if isinstance(http, httpx2.AsyncClient):
+            hooks = http.event_hooks
+            noted = hooks.get("response", [])
+            if not any(getattr(hook, "__self__", None) is self._refusals for hook in noted):
+                hooks["response"] = [*noted, self._refusals.on_response]
+                http.event_hooks = hooks
         return client
 
     def _chain(self, user: MessageHandlerFnT | None) -> MessageHandlerFnT:
@@ -523,11 +561,12 @@ class Connection:
         bound: TaskBound,
         *,
         confirm: Callable[[], None] | None = None,
+        flight: Flight | None = None,
     ) -> CallToolResult:
         """Call a tool as a task on the current client (`call_as_task`), with `call_tool`'s connection handling."""
         self._tasks += 1
         try:
-            return await self._call(name, arguments, bound, confirm=confirm)
+            return await self._call(name, arguments, bound, confirm=confirm, flight=flight)
         finally:
             self._tasks -= 1
             self._tasks_idle.set()
@@ -541,6 +580,7 @@ class Connection:
         progress: ProgressFnT | None = None,
         meta: dict[str, Any] | None = None,
         confirm: Callable[[], None] | None = None,
+        flight: Flight | None = None,
     ) -> CallToolResult:
         if self._verdict is not None:
             # A call on this client was given up on: first learn whether the client still answers.
@@ -557,7 +597,7 @@ class Connection:
         mark_sent()  # past this point the SDK may write the request (see `_lifecycle.Moment`)
         try:
             if task is not None:
-                return await call_as_task(client, name, arguments or {}, task)
+                return await call_as_task(client, name, arguments or {}, task, flight)
             return await client.call_tool(
                 name, arguments, progress_callback=progress, meta=cast("RequestParamsMeta | None", meta)
             )
@@ -627,6 +667,8 @@ class _Server:
     idle_timeout: float | None = None
     # The server's adaptive limit (`max_concurrency=AdaptiveLimit(...)`), if it has one.
     online: OnlineLimit | None = None
+    # Its calls in flight, to which its questions to the person are attributed (`_questions`).
+    flights: Flights = field(default_factory=Flights)
 
 
 class ServerRegistry:
@@ -635,6 +677,8 @@ class ServerRegistry:
     def __init__(self, catalog: Catalog) -> None:
         self._catalog = catalog
         self._servers: dict[str, _Server] = {}
+        # The channel for servers' questions to the person (`Dispatcher(ask_user=...)`), or None.
+        self.asker: Asker | None = None
         self.pins = Pins()
         # Told (server, its callable tools) whenever a listing, an accepted change or imported pins
         # reach the catalogue, so that queued calls follow definitions approved since they queued.
@@ -745,6 +789,7 @@ class ServerRegistry:
             timeout=timeout,
             policy=check_reconnect(policy),
             max_answer_bytes=max_answer_bytes,
+            elicit=None if self.asker is None else self.asker.callback(server.name, server.trusted, server.flights),
         )
         server.caller = server.connection = connection
         return connection
@@ -863,9 +908,15 @@ class ServerRegistry:
     def _impl(self, server: _Server, tool: Tool, *, read: bool) -> ToolImpl:
         assert server.caller is not None
         guard = functools.partial(self._catalog.unavailable, server.name, tool.name)
-        task = TaskBound(server.task_timeout) if server.serves_tasks and wants_task(tool) else None
+        task = TaskBound(server.task_timeout, server.idle_timeout) if server.serves_tasks and wants_task(tool) else None
         impl = MCPTool(
-            server.caller, tool.name, tool.input_schema, guard=guard, task=task, idle_timeout=server.idle_timeout
+            server.caller,
+            tool.name,
+            tool.input_schema,
+            guard=guard,
+            task=task,
+            idle_timeout=server.idle_timeout,
+            flights=server.flights,
         )
         if server.online is None:
             return impl

@@ -51,6 +51,7 @@ from mcp.types import (
 from .._core._calls import CallStatus
 from .._core._errors import ArgumentError, CoordinationError
 from .._core._lifecycle import mark_sent, request_meta
+from .._driver._clock import current_clock
 from .._driver._observe import progress_reporter
 from ._failures import (
     ANSWER_TOO_LARGE,
@@ -58,6 +59,7 @@ from ._failures import (
     ConnectionLost,
     TaskFailed,
     ToolUnavailableError,
+    explain,
     is_transport_failure,
 )
 
@@ -69,7 +71,9 @@ if TYPE_CHECKING:
     from mcp.shared.dispatcher import CallOptions, ProgressFnT
     from mcp.types import RequestParamsMeta, Task, Tool
 
+    from .._driver._clock import CallClock
     from .._driver._coordination import Lease
+    from ._questions import Flight, Flights
 
 __all__ = [
     "ANSWER_TOO_LARGE",
@@ -460,7 +464,7 @@ class MCPTool:
     queued before its tool was blocked or removed fails instead of reaching the changed tool.
     """
 
-    __slots__ = ("_required", "client", "guard", "idle_timeout", "input_schema", "name", "task")
+    __slots__ = ("_required", "client", "flights", "guard", "idle_timeout", "input_schema", "name", "task")
 
     def __init__(
         self,
@@ -471,8 +475,11 @@ class MCPTool:
         guard: Callable[[], str | None] | None = None,
         task: TaskBound | None = None,
         idle_timeout: float | None = None,
+        flights: Flights | None = None,
     ) -> None:
         self.client = client
+        # The calls in flight on the tool's server, which its questions to the person are attributed to.
+        self.flights = flights
         # Seconds without progress after which a call is cut off (`Dispatcher.connect(idle_timeout=...)`).
         self.idle_timeout = idle_timeout
         # Set when the tool's calls run as tasks on its server (`call_as_task`).
@@ -489,7 +496,9 @@ class MCPTool:
         _check(self._required, prepared)
         return prepared
 
-    async def _invoke_task(self, prepared: dict[str, Any], bound: TaskBound, lease: Lease | None) -> CallToolResult:
+    async def _invoke_task(
+        self, prepared: dict[str, Any], bound: TaskBound, lease: Lease | None, flight: Flight | None
+    ) -> CallToolResult:
         # Polling stays inside this invocation, so the call keeps its turn (and its place under its
         # server's limit) until the task ends, with no help from the executor. A fleet hold's token goes
         # in the arguments only (a task's request carries no `_meta` of ours).
@@ -500,17 +509,27 @@ class MCPTool:
             if lease is not None:
                 lease.confirm()  # nothing awaits between this and the send
             mark_sent()
-            return await call_as_task(client, self.name, prepared, bound)
+            return await call_as_task(client, self.name, prepared, bound, flight)
         caller: TaskCaller = client  # type: ignore[assignment]  # connections the dispatcher owns
-        return await caller.call_task(self.name, prepared, bound, confirm=lease.confirm if lease else None)
+        return await caller.call_task(
+            self.name, prepared, bound, confirm=lease.confirm if lease else None, flight=flight
+        )
 
     async def invoke(self, prepared: dict[str, Any], lease: Lease | None = None) -> CallToolResult:
         if self.guard is not None:
             reason = self.guard()
             if reason is not None:
                 raise ToolUnavailableError(reason)
+        flights = self.flights
+        if flights is None:
+            return await self._invoke(prepared, lease, None)
+        # The call is in flight on its connection from here: a question from its server may be about it.
+        with flights.flying() as flight:
+            return await self._invoke(prepared, lease, flight)
+
+    async def _invoke(self, prepared: dict[str, Any], lease: Lease | None, flight: Flight | None) -> CallToolResult:
         if self.task is not None:
-            return await self._invoke_task(prepared, self.task, lease)
+            return await self._invoke_task(prepared, self.task, lease, flight)
         # Only an observed call asks for progress: a callback makes the SDK put a token on the request.
         progress = progress_reporter()
         if self.idle_timeout is not None:
@@ -520,11 +539,20 @@ class MCPTool:
     async def _invoke_idle(
         self, prepared: dict[str, Any], idle: float, report: ProgressFnT | None, lease: Lease | None
     ) -> CallToolResult:
-        """Call the tool, cut off when `idle` seconds pass with no progress from the server (each report resets it)."""
+        """Call the tool, cut off when `idle` seconds pass with no progress from the server (each report resets it).
+
+        The wait stops while the person answers a question of the server's (`_clock`).
+        """
+        clock = current_clock()
         with anyio.CancelScope(deadline=anyio.current_time() + idle) as scope:
+            if clock is not None:
+                clock.bound(scope)
 
             async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-                scope.deadline = anyio.current_time() + idle
+                if clock is not None:
+                    clock.reset(scope, idle)
+                else:
+                    scope.deadline = anyio.current_time() + idle
                 if report is not None:
                     await report(progress, total, message)
 
@@ -535,11 +563,6 @@ class MCPTool:
         self, prepared: dict[str, Any], progress: ProgressFnT | None, lease: Lease | None
     ) -> CallToolResult:
         client = self.client
-        if not getattr(client, "marks_sent", False):
-            # Past this point the SDK may write the request: the call's effect is unknown until it answers.
-            # (A connection the dispatcher owns marks it itself, once it has a client to send on.)
-            mark_sent()
-        meta = request_meta()  # an idempotency key, for a server that takes it in `_meta`
         try:
             keyed = request_meta()  # an idempotency key, for a server that takes it in `_meta`
             if lease is None:
@@ -602,19 +625,29 @@ _STATUS_TEXT = 300
 
 
 class TaskBound:
-    """How a tool's calls run as tasks on its server: `timeout` bounds the whole task (seconds, or None)."""
+    """How a tool's calls run as tasks on its server.
 
-    __slots__ = ("timeout",)
+    `timeout` bounds the whole task, `idle` the time between two changes of its polled state (seconds, or None).
+    """
 
-    def __init__(self, timeout: float | None) -> None:
+    __slots__ = ("idle", "timeout")
+
+    def __init__(self, timeout: float | None, idle: float | None = None) -> None:
         self.timeout = timeout
+        self.idle = idle
 
 
 class TaskCaller(Protocol):
     """A connection the dispatcher owns that can run a call as a task (see `call_as_task`)."""
 
     async def call_task(
-        self, name: str, arguments: dict[str, Any], bound: TaskBound, *, confirm: Callable[[], None] | None = None
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        bound: TaskBound,
+        *,
+        confirm: Callable[[], None] | None = None,
+        flight: Flight | None = None,
     ) -> CallToolResult: ...
 
 
@@ -669,19 +702,27 @@ class _Followed:
         self.final = False
 
 
-async def call_as_task(client: Client, name: str, arguments: dict[str, Any], bound: TaskBound) -> CallToolResult:
+async def call_as_task(
+    client: Client, name: str, arguments: dict[str, Any], bound: TaskBound, flight: Flight | None = None
+) -> CallToolResult:
     """Call a tool as a task and return its final result; cancelling this cancels the task on the server.
 
     A server that answers with an ordinary result (allowed for a tool whose task support is optional)
     has that result returned. `bound.timeout`, when set, bounds the whole task (and is the task's
-    requested TTL): when it passes the task is cancelled and this raises `TaskFailed` (TIMEOUT if the
-    server confirmed the cancellation, FAILED saying the outcome is unknown if it did not). Cancelled
+    requested TTL); `bound.idle`, when set, bounds the time between two changes of the task's state
+    (its status or status message, as polled). When either passes the task is cancelled and this raises
+    `TaskFailed` (TIMEOUT if the server confirmed the cancellation, FAILED saying the outcome is unknown
+    if it did not). Both stop while the person answers a question of the task's (`_clock`). Cancelled
     from outside (its caller, the call timeout, the dispatcher closing), this sends `tasks/cancel` at
     once, waits up to `TASK_CANCEL_WAIT` seconds for the confirmation, logs a warning if none comes,
-    and lets the cancellation go on.
+    and lets the cancellation go on (the call's effect reads unknown). A failure of the polling itself
+    (an error answer to `tasks/get`, a lost connection) cancels the task the same way; unconfirmed, it
+    becomes a `TaskFailed` saying that the outcome is unknown. `flight`, the call's entry among its
+    connection's calls in flight, learns the task's id, by which the task's questions name it.
 
     Raises:
-        TaskFailed: The task ended cancelled by the server, or its bound passed.
+        TaskFailed: The task ended cancelled by the server, one of its bounds passed, or following
+            it failed and its cancellation was not confirmed.
         MCPError: The server refused the task or answered `tasks/*` with an error.
     """
     timeout = bound.timeout
@@ -694,9 +735,36 @@ async def call_as_task(client: Client, name: str, arguments: dict[str, Any], bou
     if "task" not in raw:
         return CallToolResult.model_validate(raw, by_name=False)
     followed = _Followed(CreateTaskResult.model_validate(raw, by_name=False).task)
+    task_id = followed.task.task_id[:100]
+    if flight is not None:
+        flight.task_id = followed.task.task_id
+    clock = current_clock()
+    idle = bound.idle
     try:
-        with anyio.move_on_after(math.inf if timeout is None else timeout):
-            return await _follow(client, followed)
+        with anyio.move_on_after(math.inf if timeout is None else timeout) as whole:
+            if clock is not None:
+                clock.bound(whole)
+            with anyio.move_on_after(math.inf if idle is None else idle) as quiet:
+                if clock is not None:
+                    clock.bound(quiet)
+                return await _follow(client, followed, quiet, idle, clock)
+        # One of the two bounds passed (an outer cancellation would have been raised).
+        if whole.cancelled_caught:
+            what = f"did not finish within task_timeout={timeout}s"
+        else:
+            what = f"reported no change within idle_timeout={idle}s"
+    except Exception as exc:
+        if followed.final or _connection_gone(exc):
+            raise  # the outcome is the server's; or a lost connection, which the caller reports as such
+        # Following it failed (an error answer to tasks/get, a lost connection): the task may run on.
+        with anyio.CancelScope(shield=True):
+            confirmed = await _cancel_task(client, followed)
+        if confirmed:
+            raise
+        raise TaskFailed(
+            f"following task {task_id!r} failed ({explain(exc)}) and the server did not confirm its "
+            f"cancellation within {TASK_CANCEL_WAIT}s: its outcome is unknown"
+        ) from exc
     except BaseException:
         if not followed.final:
             with anyio.CancelScope(shield=True):
@@ -705,42 +773,58 @@ async def call_as_task(client: Client, name: str, arguments: dict[str, Any], bou
                 logger.warning(
                     "task %r of tool %r was abandoned and the server did not confirm its cancellation: "
                     "its outcome is unknown",
-                    followed.task.task_id[:100],
+                    task_id,
                     name[:100],
                 )
         raise
-    task_id = followed.task.task_id[:100]
     if await _cancel_task(client, followed):
-        raise TaskFailed(
-            f"task {task_id!r} did not finish within task_timeout={timeout}s; it was cancelled on the server",
-            CallStatus.TIMEOUT,
-        )
+        raise TaskFailed(f"task {task_id!r} {what}; it was cancelled on the server", CallStatus.TIMEOUT)
     raise TaskFailed(
-        f"task {task_id!r} did not finish within task_timeout={timeout}s and the server did not confirm "
-        f"its cancellation within {TASK_CANCEL_WAIT}s (last status {followed.task.status!r}): its outcome is unknown"
+        f"task {task_id!r} {what} and the server did not confirm its cancellation within {TASK_CANCEL_WAIT}s "
+        f"(last status {followed.task.status!r}): its outcome is unknown"
     )
 
 
-async def _follow(client: Client, followed: _Followed) -> CallToolResult:
-    """Poll a task until it leaves "working", then read its outcome (`tasks/result` waits for input_required)."""
+async def _follow(
+    client: Client, followed: _Followed, quiet: anyio.CancelScope, idle: float | None, clock: CallClock | None
+) -> CallToolResult:
+    """Poll a task until it leaves "working", then read its outcome (`tasks/result` waits for input_required).
+
+    Each poll that finds the task's status or status message changed gives `quiet` `idle` seconds again.
+    """
     session = client.session
     task_id = followed.task.task_id
     while followed.task.status == "working":
         await anyio.sleep(_poll_wait(followed.task))
+        before = (followed.task.status, followed.task.status_message)
         followed.task = await session.send_request(
             GetTaskRequest(params=GetTaskRequestParams(task_id=task_id)), GetTaskResult
         )
+        if idle is not None and (followed.task.status, followed.task.status_message) != before:
+            if clock is not None:
+                clock.reset(quiet, idle)
+            else:
+                quiet.deadline = anyio.current_time() + idle
     status = followed.task.status
     if status == "cancelled":
         followed.final = True
         raise TaskFailed(f"the server cancelled task {task_id[:100]!r}{_status_text(followed.task)}")
     if status != "input_required":
         followed.final = True  # completed or failed: the outcome is the server's to give
+    # The outcome may take long to come (input_required: a question to the person): no idle bound on it.
+    if clock is not None:
+        clock.reset(quiet, math.inf)
+    else:
+        quiet.deadline = math.inf
     result = await session.send_request(
         GetTaskPayloadRequest(params=GetTaskPayloadRequestParams(task_id=task_id)), CallToolResult
     )
     followed.final = True
     return result
+
+
+def _connection_gone(exc: BaseException) -> bool:
+    return is_transport_failure(exc) or (isinstance(exc, MCPError) and exc.error.code == CONNECTION_CLOSED)
 
 
 async def _cancel_task(client: Client, followed: _Followed) -> bool:

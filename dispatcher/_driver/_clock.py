@@ -1,0 +1,115 @@
+"""A call's clock: the deadlines that bound one call, which stop while a person answers its server's question.
+
+The executor starts a `CallClock` for each call it runs (`start_clock`, in the call's task) and hands it
+every cancel scope whose deadline bounds the call (`bound`): the call timeout, an attempt's deadline. The
+MCP boundary adds its own (a task's `task_timeout`, the idle timeout) and sets the idle wait again on each
+progress report through `reset`. While a question from the call's server is with the person (`paused`),
+every one of those deadlines is lifted; when the last open question is answered, each gets back the time
+it had left. So a person who takes two minutes to answer is not a timeout, and the time a call may spend
+working, not waiting for the person, is what the timeouts bound.
+
+The rule: between `pause` and the matching `resume` (they nest: a call whose server asks two questions at
+once is paused until both are answered) no bound scope's deadline passes; outside, each scope's deadline
+is its own minus nothing, plus the time paused since it was bound. Each operation costs O(number of
+scopes bound), which is at most a few per call (one per attempt, a task bound, an idle wait).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING
+
+import anyio
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from .._core._calls import ToolCall
+
+__all__ = ["CallClock", "current_clock", "start_clock"]
+
+
+class CallClock:
+    """The deadlines of one call (see the module docstring); `call` is the call they bound."""
+
+    __slots__ = ("_left", "_paused", "_scopes", "call")
+
+    def __init__(self, call: ToolCall | None) -> None:
+        self.call = call
+        self._scopes: list[anyio.CancelScope] = []
+        self._paused = 0
+        # While paused: the time each scope had left when the pause began.
+        self._left: dict[int, float] = {}
+
+    @property
+    def paused(self) -> bool:
+        """Whether a question to the person is open for this call."""
+        return self._paused > 0
+
+    def bound(self, scope: anyio.CancelScope) -> None:
+        """Let `scope`'s deadline stop while the call is paused (a scope bound while paused stops at once)."""
+        self._scopes.append(scope)
+        if self._paused:
+            self._stop(scope, anyio.current_time())
+
+    def reset(self, scope: anyio.CancelScope, seconds: float) -> None:
+        """Give `scope` `seconds` from now (or from the end of the pause, while paused)."""
+        if self._paused and id(scope) in self._left:
+            self._left[id(scope)] = seconds
+        else:
+            scope.deadline = anyio.current_time() + seconds
+
+    def pause(self) -> None:
+        """A question is with the person: stop every bound deadline (nested pauses count)."""
+        self._paused += 1
+        if self._paused == 1:
+            now = anyio.current_time()
+            for scope in self._scopes:
+                self._stop(scope, now)
+
+    def resume(self) -> None:
+        """A question was answered: the last one gives each deadline back the time it had left."""
+        if self._paused == 0:
+            return
+        self._paused -= 1
+        if self._paused:
+            return
+        now = anyio.current_time()
+        left, self._left = self._left, {}
+        for scope in self._scopes:
+            remaining = left.get(id(scope))
+            if remaining is not None:
+                scope.deadline = now + remaining
+
+    @contextmanager
+    def pausing(self) -> Iterator[None]:
+        """`pause` for the duration of the block."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
+
+    def _stop(self, scope: anyio.CancelScope, now: float) -> None:
+        deadline = scope.deadline
+        if scope.cancel_called or math.isinf(deadline) or id(scope) in self._left:
+            return  # already cut off (a pause cannot revive it), or not bounded
+        self._left[id(scope)] = max(0.0, deadline - now)
+        scope.deadline = math.inf
+
+
+_clock: ContextVar[CallClock | None] = ContextVar("dispatcher_clock", default=None)
+
+
+def start_clock(call: ToolCall | None) -> CallClock:
+    """A fresh clock for the call this task runs from now on (what `current_clock` returns here)."""
+    clock = CallClock(call)
+    _clock.set(clock)
+    return clock
+
+
+def current_clock() -> CallClock | None:
+    """The clock of the call this task runs, or None outside a call."""
+    return _clock.get()
