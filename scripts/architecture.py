@@ -25,10 +25,12 @@ import sys
 from dataclasses import dataclass
 
 __all__ = [
+    "CALL_PATH",
     "DOC",
     "LAYERS",
     "PACKAGE_DIR",
     "Import",
+    "call_path_problems",
     "concept",
     "imports",
     "layer_of",
@@ -160,6 +162,85 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ),
     ),
 )
+
+
+# The path of one call from `Dispatcher.dispatch()` to its result: (what happens, the module, the names it
+# runs there). tests/test_architecture.py checks that every name is defined in its module, so the page cannot
+# describe code that is gone.
+CALL_PATH: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (
+        "opens a `Batch` with this dispatch's hooks (approver, policy, guard, events) and waits for it",
+        "dispatcher._dispatcher",
+        ("Dispatcher.dispatch", "Dispatcher.batch"),
+    ),
+    (
+        "checks every call before any runs (types, duplicate ids) and hands them over in the model's order",
+        "dispatcher._driver._batch",
+        ("Batch.submit_all", "Batch._accept"),
+    ),
+    (
+        "finds the tool in the catalogue, reads its effective annotations and conflict keys, opens the call's"
+        " record in the lifecycle and submits a ticket to the gate; approvals are asked at the call's place",
+        "dispatcher._driver._execution",
+        ("Executor.submit_all", "Executor._queue", "Executor._ask"),
+    ),
+    (
+        "decides when the call may start: reads together, a write after everything before it (or beside calls"
+        " its keys prove apart), within the dispatcher's and the server's limits",
+        "dispatcher._core._gate",
+        ("Gate.submit", "Gate.finish"),
+    ),
+    (
+        "starts one task per admitted call; runs one attempt, or the retrier when the tool may be retried,"
+        " under the call's deadline",
+        "dispatcher._driver._execution",
+        ("Executor._pump", "Executor._run", "Executor._execute", "Executor._attempt"),
+    ),
+    (
+        "checks the arguments against the tool's schema and sends `tools/call` through the SDK's session (the"
+        " connection is kept by `_mcp._connections`; a local function runs in `_functions` instead)",
+        "dispatcher._mcp._session",
+        ("MCPTool", "check_arguments"),
+    ),
+    (
+        "turns what happened, and when, into the call's status, error and effect (the one table, `OUTCOMES`)"
+        " and builds its one `ToolResult`; failures are read by `_mcp._failures`",
+        "dispatcher._core._lifecycle",
+        ("CallRecord.settle", "build_result", "OUTCOMES"),
+    ),
+    (
+        "holds the result at the call's position; the gate, told the call finished, admits what waited on it",
+        "dispatcher._driver._batch",
+        ("Batch.settled", "Batch.results"),
+    ),
+)
+
+
+def call_path_problems(known: dict[str, pathlib.Path] | None = None) -> list[str]:
+    """Names of `CALL_PATH` that its module does not define (`Class.method`, a function or a constant)."""
+    known = modules() if known is None else known
+    problems = []
+    for _, module, names in CALL_PATH:
+        if module not in known:
+            problems.append(f"{module} is not a module")
+            continue
+        tree = ast.parse(known[module].read_text(encoding="utf-8"))
+        defined: set[str] = set()
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                defined.add(node.name)
+                defined.update(
+                    f"{node.name}.{item.name}"
+                    for item in node.body
+                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+                )
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                defined.add(node.name)
+            elif isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                defined.update(t.id for t in targets if isinstance(t, ast.Name))
+        problems.extend(f"{module} defines no {name}" for name in names if name not in defined)
+    return problems
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -315,6 +396,16 @@ def render() -> str:
     for index, (name, description, members) in enumerate(LAYERS, start=1):
         out.append(f"{index}. **{name}**: {description}.")
         out.extend(f"   - `{_short(module)}`: {concept(known[module])}" for module in members if module in known)
+    out += [
+        "",
+        "## The path of one call",
+        "",
+        "From `await dispatcher.dispatch(calls)` to the call's `ToolResult`, module by module:",
+        "",
+    ]
+    for index, (what, module, names) in enumerate(CALL_PATH, start=1):
+        shown = ", ".join(f"`{name}`" for name in names)
+        out.append(f"{index}. `{_short(module)}` ({shown}): {what}.")
     out += ["", "## Modules", ""]
     out.append("| module | layer | lines | imports (run time) | imports (types only) |")
     out.append("|---|---|---:|---|---|")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dispatcher._core import _errors as errors_module
-from scripts.architecture import DOC, LAYERS, Import, imports, layer_of, modules
+from scripts.architecture import CALL_PATH, DOC, LAYERS, Import, call_path_problems, imports, layer_of, modules
 
 if TYPE_CHECKING:
     import pathlib
@@ -268,3 +268,14 @@ def test_the_architecture_doc_lists_every_module() -> None:
         if f"`{module.removeprefix('dispatcher.') if module != 'dispatcher' else module}`" not in text
     ]
     assert missing == [], "docs/architecture.md is out of date: run make architecture"
+
+
+def test_the_path_of_one_call_names_code_that_exists(tmp_path: pathlib.Path) -> None:
+    """docs/architecture.md's path of one call has at most eight hops, each naming what its module defines."""
+    assert 1 <= len(CALL_PATH) <= 8
+    assert call_path_problems() == []
+    # The check is not vacuous: a module without the names is reported.
+    empty = tmp_path / "empty.py"
+    empty.write_text("X = 1\n")
+    known = {module: empty for _, module, _ in CALL_PATH}
+    assert len(call_path_problems(known)) == sum(len(names) for _, _, names in CALL_PATH)
