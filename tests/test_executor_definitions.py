@@ -129,7 +129,8 @@ async def test_a_retry_is_not_made_once_idempotence_is_withdrawn_during_the_back
     workspace = Workspace(faults=FaultConfig(rate=0.0))
     assert workspace.faults is not None
     workspace.faults.fail_next("set_note", "error")
-    retry = RetryPolicy(attempts=3, wait_initial=1.0, wait_max=1.0, jitter=False, timeout=None)
+    # The relisting below must land within the backoff: 4 s is a generous band on a loaded machine.
+    retry = RetryPolicy(attempts=3, wait_initial=4.0, wait_max=4.0, jitter=False, timeout=None)
 
     reviewer = Reviewer(accept=True)
     async with Dispatcher(retry=retry) as d:
@@ -145,7 +146,7 @@ async def test_a_retry_is_not_made_once_idempotence_is_withdrawn_during_the_back
                 # The fault injector's ledger has no event to wait on.
                 while not any(run.outcome == "error" for run in workspace.faults.ledger):  # noqa: ASYNC110
                     await anyio.sleep(0.005)
-            await _relist(workspace, reviewer, NOT_IDEMPOTENT)  # within the 1 s backoff
+            await _relist(workspace, reviewer, NOT_IDEMPOTENT)  # within the 4 s backoff
             assert next(e for e in d.tools() if e.tool == "set_note").annotations == NOT_IDEMPOTENT
     (result,) = results
     if not safety:

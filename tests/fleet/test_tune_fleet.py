@@ -89,7 +89,9 @@ async def test_a_fleet_sweep_measures_the_fleet_wide_limit_with_several_processe
     one, three = report.settings
     assert (one.limit, three.limit) == (1, 3)
     assert one.errors == three.errors == 0
-    assert one.calls >= 20 and three.calls >= 20, "each setting measured the calls of both processes"
+    # 24 calls split between 2 processes: more than one process's 12 shows that both were measured (a loaded
+    # machine may cut a few off at the end of the window).
+    assert one.calls > 12 and three.calls > 12, "each setting measured the calls of both processes"
     assert one.in_flight <= 1.05, f"{one.in_flight} in flight on average under a fleet-wide limit of 1"
     assert three.in_flight <= 3.05
     assert three.in_flight > 1.2, "the fleet never ran calls together under a limit of 3"
