@@ -3,7 +3,8 @@
 The SDK's server side does not run tasks, so this answers the JSON-RPC messages itself, in process, over
 memory streams: `initialize`, `tools/list` (one tool, `slow`, requiring tasks), a task-augmented
 `tools/call`, `tasks/get` (the task stays `working` until `finish_after` polls), `tasks/result` and
-`tasks/cancel` (answered or, with `confirm_cancel=False`, never). It records when each request came.
+`tasks/cancel` (answered or, with `confirm_cancel=False`, never). It records when each request came, and
+the parameters of each `tools/call`; with `call_errors=n` it answers the first n with a JSON-RPC error.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from mcp import Client
 from mcp.shared.message import SessionMessage
-from mcp.types import JSONRPCRequest, JSONRPCResponse
+from mcp.types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCRequest, JSONRPCResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -29,7 +30,11 @@ class TaskScript:
     finish_after: int | None = None  # polls until "completed"; None: working forever
     confirm_cancel: bool = True
     status_message: str = "working on it"
+    # Answer the first `call_errors` tools/call requests with -32603 (the server may have done the work).
+    call_errors: int = 0
+    tool_annotations: dict[str, Any] = field(default_factory=lambda: {"readOnlyHint": True, "openWorldHint": False})
     requests: list[tuple[str, float]] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
 
     def times(self, method: str) -> list[float]:
         return [at for name, at in self.requests if name == method]
@@ -63,7 +68,7 @@ class TaskScript:
             tool = {
                 "name": "slow",
                 "inputSchema": {"type": "object"},
-                "annotations": {"readOnlyHint": True, "openWorldHint": False},
+                "annotations": self.tool_annotations,
                 "execution": {"taskSupport": "required"},
             }
             return {"tools": [tool]}
@@ -90,6 +95,12 @@ class TaskScript:
                     if not isinstance(message, JSONRPCRequest):
                         continue
                     self.requests.append((message.method, anyio.current_time()))
+                    if message.method == "tools/call":
+                        self.calls.append(dict(message.params or {}))
+                        if len(self.calls) <= self.call_errors:
+                            error = ErrorData(code=INTERNAL_ERROR, message="internal error, after the work was done")
+                            await to_client.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=message.id, error=error)))
+                            continue
                     result = self._answer(message.method, message.params or {})
                     if result is not None:
                         reply = JSONRPCResponse(jsonrpc="2.0", id=message.id, result=result)
