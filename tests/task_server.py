@@ -99,7 +99,9 @@ class TaskScript:
                         self.calls.append(dict(message.params or {}))
                         if len(self.calls) <= self.call_errors:
                             error = ErrorData(code=INTERNAL_ERROR, message="internal error, after the work was done")
-                            await to_client.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=message.id, error=error)))
+                            await to_client.send(
+                                SessionMessage(JSONRPCError(jsonrpc="2.0", id=message.id, error=error))
+                            )
                             continue
                     result = self._answer(message.method, message.params or {})
                     if result is not None:

@@ -11,18 +11,17 @@ a hole fail on the code before their fix (each docstring says which).
 from __future__ import annotations
 
 import contextlib
-import pathlib
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
 from mcp import Client
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
 
 from dispatcher import CallStatus, ConfigurationError, Dispatcher, Effect, IdempotencyKeys, RetryPolicy, ToolCall
-from dispatcher._coordination import Lease
+from dispatcher._driver._coordination import Lease
 from dispatcher.examples import Workspace
 from dispatcher.examples._http import serve_http
 from dispatcher.testing import inject_faults
@@ -32,6 +31,7 @@ from .task_server import TaskScript
 from .test_effects import check_effects, started, workspace_command
 
 if TYPE_CHECKING:
+    import pathlib
     from collections.abc import AsyncIterator, Callable, Collection, Hashable
 
 pytestmark = pytest.mark.anyio
@@ -51,7 +51,7 @@ async def test_a_task_call_carries_its_meta_key_on_every_attempt() -> None:
     Before the fix a task's request carried no `_meta` of ours, yet the call counted as keyed and was
     retried: the server saw the same write twice with nothing to tell them apart.
     """
-    script = TaskScript(finish_after=0, call_errors=1, tool_annotations={"readOnlyHint": False})
+    script = TaskScript(poll_interval=50, finish_after=0, call_errors=1, tool_annotations={"readOnlyHint": False})
     async with Dispatcher(retry=RETRY) as d:
         await d.connect(
             "tasks", script.client, trusted=True, idempotency=IdempotencyKeys(meta="io.example/idempotency-key")
@@ -252,7 +252,7 @@ async def test_a_hold_lost_before_the_send_never_ran_whoever_owns_the_client(own
 
 @pytest.mark.parametrize("keyed", [True, False], ids=["keys", "no-keys"])
 async def test_a_write_that_answers_only_after_the_deadline(keyed: bool) -> None:
-    """A write that does its work, then answers only after the call timeout: UNKNOWN; with keys, retried and applied once."""
+    """A write that does its work and answers only after the call timeout: UNKNOWN; keyed, retried and applied once."""
     workspace = Workspace(idempotency_key="idempotency_key" if keyed else None)
     faults = inject_faults(workspace.server, rate=0.0)
     faults.fail_next("append_note", "hang", strike="after")
@@ -361,7 +361,7 @@ async def _http(workspace: Workspace) -> AsyncIterator[DroppingProxy]:
 async def _wait_for(condition: Callable[[], bool]) -> None:
     """Until `condition` holds (polled: the server runs on another thread or in another process)."""
     with anyio.fail_after(20):
-        while not condition():
+        while not condition():  # noqa: ASYNC110  # another thread or process changes it: no event to wait on
             await anyio.sleep(0.01)
 
 
@@ -396,3 +396,18 @@ async def test_cancelling_a_batch_mid_send(transport: str, tmp_path: pathlib.Pat
     assert [r.status for r in results] == [CallStatus.CANCELLED, CallStatus.CANCELLED]
     assert [r.effect for r in results] == [Effect.UNKNOWN, Effect.NEVER_RAN]
     check_effects(results, executed())
+
+
+async def test_the_oracle_catches_a_key_sent_to_a_tool_that_drops_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every write of a keyed server taken as carrying the key, the undeclared one is applied twice: caught."""
+    from dispatcher._driver import _execution
+
+    monkeypatch.setattr(_execution, "takes_key", lambda keys, schema: True)
+    server, applied = _appender(declares_key=False)
+    faults = inject_faults(server, rate=0.0)
+    faults.fail_next("append", "drop", strike="after")
+    async with Dispatcher(retry=RETRY) as d:
+        await d.connect("a", server, trusted=True, idempotency=KEYED)
+        [result] = await d.dispatch([ToolCall("w", "append", {"text": "x"})])
+    assert result.attempts == 2
+    assert applied == ["x", "x"]  # what the test above checks never happens

@@ -196,10 +196,13 @@ def _table() -> dict[tuple[Ending, Phase], tuple[CallStatus, str]]:
     # A task is cancelled by itself only by code running in it: the tool, or an approver asked at the start.
     for phase in (Phase.ADMITTED, Phase.RUNNING):
         table[Ending.SELF_CANCELLED, phase] = (cancelled, "the tool's task was cancelled by itself")
-        table[Ending.HOLD_LOST, phase] = (
-            CallStatus.FAILED,
-            "{}; the call was abandoned (like a timed-out call, it may still be running on the server)",
-        )
+    # Lost before the call started, its request was never sent; lost while it ran, it was sent unless
+    # the hold failed its check right before the send (`settle` reads the moment for that).
+    table[Ending.HOLD_LOST, Phase.ADMITTED] = (CallStatus.FAILED, "{}; the call was not sent")
+    table[Ending.HOLD_LOST, Phase.RUNNING] = (
+        CallStatus.FAILED,
+        "{}; the call was abandoned (like a timed-out call, it may still be running on the server)",
+    )
     table[Ending.NO_HOLD, Phase.ADMITTED] = (CallStatus.FAILED, "{}")
     # Only a call that waits can be skipped: one that conflicts with a failed write waits behind it.
     for phase in (Phase.QUEUED, Phase.AWAITING_APPROVAL):
@@ -310,6 +313,25 @@ class CallRecord:
         """Keep the call's arguments, checked and converted for its tool."""
         self._expect(Phase.QUEUED, what="prepare")
         self.prepared = prepared
+
+    def carry_key(self, *, prepared: Any = None, meta: dict[str, Any] | None = None) -> None:
+        """The call carries its idempotency key: in its prepared arguments (given whole), or in `meta`."""
+        self._expect(Phase.QUEUED, what="carry a key")
+        if prepared is not None:
+            self.prepared = prepared
+        if meta is not None:
+            self.meta = meta
+        self.keyed = True
+
+    def skip(self, keys: tuple[str, ...], why: str, now: float) -> bool:
+        """Fail-fast: settle a call not yet in the gate as SKIPPED, keeping the conflict keys it was found to have.
+
+        A skipped call that may mutate is a failure in turn (`FailFast`): what conflicts with it is what
+        its own keys conflict with, not everything.
+        """
+        if self.phase is not Phase.SETTLED:
+            self.keys = keys
+        return self.settle(Ending.SKIPPED, now, why)
 
     def enter(self, ticket: Ticket[Any], *, held: bool) -> None:
         """Take the call's place in the gate: waiting its turn, or `held` while its approval is asked."""
@@ -424,6 +446,8 @@ class CallRecord:
         found = OUTCOMES.get((ending, self.phase))
         if found is None:
             raise LifecycleError(f"call {self.call.id!r} cannot end as {ending.value} while {self.phase.name}")
+        if ending is Ending.HOLD_LOST and self.moment is Moment.BEFORE_SEND:
+            found = OUTCOMES[ending, Phase.ADMITTED]  # nothing of the call was sent: it cannot be running
         status, template = found
         if untrusted:
             self.untrusted = True

@@ -497,13 +497,16 @@ class MCPTool:
         client = self.client
         if lease is not None:
             prepared, _ = lease.stamp(prepared)
+        # An idempotency key taken in `_meta` goes on the request that creates the task, which is what
+        # the server deduplicates (polls and the result read only follow it).
+        keyed = request_meta()
         if isinstance(client, Client):
             if lease is not None:
                 lease.confirm()  # nothing awaits between this and the send
             mark_sent()
-            return await call_as_task(client, self.name, prepared, bound)
+            return await call_as_task(client, self.name, prepared, bound, meta=keyed)
         caller: TaskCaller = client  # type: ignore[assignment]  # connections the dispatcher owns
-        return await caller.call_task(self.name, prepared, bound, confirm=lease.confirm if lease else None)
+        return await caller.call_task(self.name, prepared, bound, confirm=lease.confirm if lease else None, meta=keyed)
 
     async def invoke(self, prepared: dict[str, Any], lease: Lease | None = None) -> CallToolResult:
         if self.guard is not None:
@@ -536,35 +539,33 @@ class MCPTool:
         self, prepared: dict[str, Any], progress: ProgressFnT | None, lease: Lease | None
     ) -> CallToolResult:
         client = self.client
-        if not getattr(client, "marks_sent", False):
-            # Past this point the SDK may write the request: the call's effect is unknown until it answers.
-            # (A connection the dispatcher owns marks it itself, once it has a client to send on.)
-            mark_sent()
-        meta = request_meta()  # an idempotency key, for a server that takes it in `_meta`
+        # Past `mark_sent` the SDK may write the request: the call's effect is unknown until it answers. A
+        # connection the dispatcher owns marks it itself (once it has a client to send on and its fleet
+        # hold is confirmed); any other caller is marked here, right before the call and after the check
+        # of its hold, so that a hold lost before the send leaves the call NEVER_RAN.
+        owned = getattr(client, "marks_sent", False)
+        keyed = request_meta()  # an idempotency key, for a server that takes it in `_meta`
         try:
-            keyed = request_meta()  # an idempotency key, for a server that takes it in `_meta`
             if lease is None:
-                if not getattr(client, "marks_sent", False):
-                    # Past this point the SDK may write the request: the call's effect is unknown until
-                    # it answers. (A connection the dispatcher owns marks it itself, once it has a client.)
-                    mark_sent()
                 options: dict[str, Any] = {}
                 if progress is not None:
                     options["progress_callback"] = progress
                 if keyed is not None:
                     options["meta"] = keyed
+                if not owned:
+                    mark_sent()
                 return await client.call_tool(self.name, prepared, **options)
             prepared, fenced = lease.stamp(prepared)
             meta = {**(keyed or {}), **(fenced or {})} or None
             try:
-                if isinstance(client, Client):
+                if not owned:
                     lease.confirm()  # the fleet hold still holds: nothing awaits between this and the send
                     mark_sent()
                     return await client.call_tool(
                         self.name, prepared, progress_callback=progress, meta=cast("RequestParamsMeta | None", meta)
                     )
-                owned = cast("_ConfirmingCaller", client)
-                return await owned.call_tool(
+                confirming = cast("_ConfirmingCaller", client)
+                return await confirming.call_tool(
                     self.name, prepared, progress_callback=progress, meta=meta, confirm=lease.confirm
                 )
             except CoordinationError:
@@ -615,7 +616,13 @@ class TaskCaller(Protocol):
     """A connection the dispatcher owns that can run a call as a task (see `call_as_task`)."""
 
     async def call_task(
-        self, name: str, arguments: dict[str, Any], bound: TaskBound, *, confirm: Callable[[], None] | None = None
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        bound: TaskBound,
+        *,
+        confirm: Callable[[], None] | None = None,
+        meta: dict[str, Any] | None = None,
     ) -> CallToolResult: ...
 
 
@@ -670,7 +677,9 @@ class _Followed:
         self.final = False
 
 
-async def call_as_task(client: Client, name: str, arguments: dict[str, Any], bound: TaskBound) -> CallToolResult:
+async def call_as_task(
+    client: Client, name: str, arguments: dict[str, Any], bound: TaskBound, *, meta: dict[str, Any] | None = None
+) -> CallToolResult:
     """Call a tool as a task and return its final result; cancelling this cancels the task on the server.
 
     A server that answers with an ordinary result (allowed for a tool whose task support is optional)
@@ -690,6 +699,7 @@ async def call_as_task(client: Client, name: str, arguments: dict[str, Any], bou
         name=name,
         arguments=arguments,
         task=TaskMetadata(ttl=None if timeout is None else math.ceil(timeout * 1000)),
+        _meta=cast("RequestParamsMeta | None", meta),
     )
     raw = await _send_raw(client, CallToolRequest(params=params))
     if "task" not in raw:
