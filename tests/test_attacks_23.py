@@ -138,6 +138,36 @@ async def test_the_model_never_chooses_the_key_argument() -> None:
     assert seen == [None]
 
 
+async def test_odd_keys_from_the_model_never_reach_a_write() -> None:
+    """A model's key of any type or size, or one a server echoed back earlier, is replaced by the call's own.
+
+    The echoed one replays the key the server showed for an earlier write (a result that quotes it):
+    taken, a new payment would read as a repeat of the first and be dropped.
+    """
+    server: MCPServer[Any] = MCPServer("payments")
+    applied: dict[str, int] = {}
+
+    @server.tool(annotations=WRITE)
+    async def pay(amount: int, idempotency_key: str | None = None) -> str:
+        if idempotency_key in applied:
+            return f"already paid under {idempotency_key}"
+        applied[str(idempotency_key)] = amount
+        return f"paid {amount} under {idempotency_key}"
+
+    async with Dispatcher() as d:
+        await d.connect("p", server, trusted=True, idempotency=KEYED)
+        [first] = await d.dispatch([ToolCall("p0", "pay", {"amount": 0})])
+        assert first.result is not None
+        echoed = str(getattr(first.result.content[0], "text", "")).rsplit(" ", 1)[-1]
+        odd: list[object] = [echoed, 12345, None, {"$ne": ""}, "k" * 100_000]
+        for i, key in enumerate(odd, start=1):
+            [result] = await d.dispatch([ToolCall(f"p{i}", "pay", {"amount": i, "idempotency_key": key})])
+            assert result.ok and result.result is not None, key
+            assert str(getattr(result.result.content[0], "text", "")).startswith("paid"), key
+    assert sorted(applied.values()) == list(range(len(odd) + 1)), "a payment was taken for another"
+    assert all(len(k) == 32 and k.isalnum() for k in applied)  # the dispatcher's keys, one per call
+
+
 @pytest.mark.parametrize(
     "name",
     [

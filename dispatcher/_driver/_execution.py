@@ -245,9 +245,9 @@ class Executor:
             return work
         fail_fast = batch.fail_fast
         if fail_fast:  # an earlier call of the batch failed: this one may depend on it
-            why = fail_fast.blocker(work.position, keys)
-            if why is not None:
-                work.skip(keys, why, now)  # with its keys: it is a failure in turn, for what conflicts with it
+            dependency = fail_fast.blocker(work.position, keys)
+            if dependency is not None:
+                work.skip(keys, dependency, now)  # with its keys: a failure in turn, for what conflicts with it
                 return work
         if hooks is None:
             work.enter(self.gate.submit(work, exclusive=entry.exclusive, server=entry.server, keys=keys), held=False)
@@ -468,10 +468,10 @@ class Executor:
                 ticket = later.ticket
                 if ticket is None or ticket.state not in _WAITING:
                     continue
-                why = rules.blocker(later.position, ticket.keys)
-                if why is not None and self.gate.withdraw(ticket):
+                dependency = rules.blocker(later.position, ticket.keys)
+                if dependency is not None and self.gate.withdraw(ticket):
                     withdrew = True
-                    later.settle(Ending.SKIPPED, now, why)
+                    later.skip(ticket.keys, dependency, now)
         finally:
             self._skipping = False
         if withdrew and self._open:

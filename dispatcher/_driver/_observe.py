@@ -280,6 +280,7 @@ class Observer:
                     "dispatcher.untrusted_content": result.untrusted_content,
                     # Only declared keys: the root key ("") is every call's default.
                     **({"dispatcher.keys": list(state.keys)} if state.keys not in ((), ("",)) else {}),
+                    **({"dispatcher.depends_on": result.depends_on} if result.depends_on is not None else {}),
                 },
             )
         self._emit(
