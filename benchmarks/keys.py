@@ -17,6 +17,15 @@ On a virtual clock the keyed dispatcher's makespan equals the ideal keyed schedu
 checks it); in real time every dependent round adds the event loop's timer overshoot, which the unsafe
 variant pays too, so the two ratios to their ideals are the fair comparison.
 
+The fail-fast part runs the same seeded turns with one more write of ``fs`` in each (in its first half,
+on a seeded path) that fails after its latency, with ``fail_fast=True`` and with the default
+(``fail_fast=False``). The calls after it on its path depend on it; every other call is independent.
+Reported: the makespan of the independent calls (submission to the last of them done) in both modes,
+against the conflict rule's ideal for them with the dependents left out (`independent_ideal`); how many
+dependent calls ran after the failed write and how many independent calls were skipped (both must be 0).
+On a virtual clock both modes take exactly the ideal (a test checks it): fail-fast costs the
+independent calls nothing.
+
 The admission part measures `Gate` alone, the sans-I/O state machine that decides what starts: it
 queues n zero-latency calls (30% writes) spread over 1, 10 or 1,000 keys of one domain, then admits
 and finishes them all with a limit of 16 in flight. Its time per call at 100,000 calls against 1,000
@@ -33,12 +42,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from dispatcher import Dispatcher, ToolCall
-from dispatcher._core._gate import Gate
+from dispatcher._core._gate import Gate, conflicts
 
 from ._measure import Stat, interleave
 from ._results import Comparison, Target, WorkloadResult
 from ._tools import READ_ONLY, WRITE, sleep_read, sleep_write
-from .reference import KeyedCall, ideal_keyed_makespan, ideal_makespan
+from .reference import KeyedCall, ideal_keyed_makespan, ideal_makespan, keyed_schedule
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -53,6 +62,11 @@ ALL_AT_ONCE = "all at once (unsafe)"
 IDEAL_KEYED = "ideal keyed schedule"
 IDEAL_BARRIERS = "ideal ordered barriers"
 IDEAL_ALL = "ideal all at once (unsafe)"
+
+FAIL_FAST = "dispatcher, keyed, fail_fast=True"
+NO_FAIL_FAST = "dispatcher, keyed, fail_fast=False (default)"
+IDEAL_INDEPENDENT = "ideal for the independent calls"
+FAIL_CASE = "fail-fast, independent calls"
 
 DOMAINS = ("github", "slack", "fs")
 LIMIT = 16
@@ -133,6 +147,88 @@ def tool_calls(turn: list[Call], latency: float, prefix: str) -> list[ToolCall]:
     ]
 
 
+@dataclass(frozen=True, slots=True)
+class FailingTurn:
+    """A seeded turn with a write that fails at `failing`, and the calls after it that depend on it."""
+
+    calls: list[Call]
+    failing: int
+    dependents: frozenset[int]
+
+    @property
+    def independent(self) -> list[int]:
+        return [i for i in range(len(self.calls)) if i != self.failing and i not in self.dependents]
+
+
+def failing_turns(config: Config) -> list[FailingTurn]:
+    """The seeded turns (not the turn of new files), each with a failing write of ``fs`` in its first half."""
+    rng = random.Random(config.seed + 1)
+    found = []
+    for turn in turns_of(config)[:-1]:
+        at = rng.randrange(max(1, len(turn) // 2))
+        calls = [*turn[:at], Call("fs", True, f"/src/f{rng.randrange(6)}.py"), *turn[at:]]
+        # The conflict rule's dependents: a call conflicting with a failure, where a skipped write is
+        # a failure in turn (as `FailFast` has it).
+        failed = [keys_of(calls[at])]
+        dependents = set()
+        for i in range(at + 1, len(calls)):
+            if any(conflicts(keys, keys_of(calls[i])) for keys in failed):
+                dependents.add(i)
+                if calls[i].write:
+                    failed.append(keys_of(calls[i]))
+        found.append(FailingTurn(calls, at, frozenset(dependents)))
+    return found
+
+
+def failing_calls(turn: FailingTurn, latency: float, prefix: str) -> list[ToolCall]:
+    calls = tool_calls(turn.calls, latency, prefix)
+    failing = calls[turn.failing]
+    calls[turn.failing] = ToolCall(failing.id, "fs_fail", failing.arguments)
+    return calls
+
+
+def independent_ideal(turn: FailingTurn, latency: float) -> float:
+    """When the last independent call of a turn ends under the conflict rule, with its dependents left out."""
+    kept = [i for i in range(len(turn.calls)) if i not in turn.dependents]
+    schedule = keyed_schedule([KeyedCall(keys_of(turn.calls[i]), turn.calls[i].write, latency) for i in kept], LIMIT)
+    return max(end for i, (_, end) in zip(kept, schedule, strict=True) if i != turn.failing)
+
+
+async def _failing_write(key: str, seconds: float) -> str:
+    await anyio.sleep(seconds)
+    raise RuntimeError(f"could not write {key}")
+
+
+def register_failing(dispatcher: Dispatcher) -> None:
+    """The keyed tools, and ``fs_fail``: a write of ``fs``, keyed by its path, that fails after its latency."""
+    register(dispatcher, keyed=True)
+    dispatcher.add_function(_failing_write, name="fs_fail", annotations=WRITE, domain="fs", keys=_path_key)
+
+
+@dataclass(slots=True)
+class FailFastRun:
+    """One pass over the failing turns: the independent calls' makespan, and what the mode got wrong."""
+
+    seconds: float = 0.0
+    dependents_run: int = 0
+    independents_skipped: int = 0
+
+
+async def run_failing_turns(dispatcher: Dispatcher, config: Config, *, fail_fast: bool) -> FailFastRun:
+    """Dispatch every failing turn once; time each turn's independent calls from submission to the last one done."""
+    found = FailFastRun()
+    for t, turn in enumerate(failing_turns(config)):
+        results = await dispatcher.dispatch(failing_calls(turn, config.latency, f"f{t}-"), fail_fast=fail_fast)
+        assert not results[turn.failing].ok
+        start = min(result.queued_at for result in results)
+        found.seconds += max(results[i].finished_at for i in turn.independent) - start
+        found.independents_skipped += sum(results[i].depends_on is not None for i in turn.independent)
+        if fail_fast:
+            found.dependents_run += sum(results[i].started_at is not None for i in turn.dependents)
+        assert all(results[i].ok for i in turn.independent if results[i].depends_on is None)
+    return found
+
+
 def ideal_keyed(config: Config) -> float:
     """The ideal makespan of all turns under the conflict rule, in seconds."""
     return sum(
@@ -169,15 +265,39 @@ async def _measure(config: Config, progress: Progress) -> dict[str, list[float]]
                     tg.start_soon(sleep_write if call.write else sleep_read, call.path, latency)
         return time.perf_counter() - start
 
-    async with Dispatcher() as keyed, Dispatcher() as barriers:
+    mistakes = FailFastRun()
+
+    def failing(dispatcher: Dispatcher, fail_fast: bool) -> Callable[[], Coroutine[Any, Any, float]]:
+        async def run_turns() -> float:
+            found = await run_failing_turns(dispatcher, config, fail_fast=fail_fast)
+            mistakes.dependents_run += found.dependents_run
+            mistakes.independents_skipped += found.independents_skipped
+            return found.seconds
+
+        return run_turns
+
+    async with Dispatcher() as keyed, Dispatcher() as barriers, Dispatcher() as failing_fast:
         register(keyed, keyed=True)
         register(barriers, keyed=False)
-        return await interleave(
+        register_failing(failing_fast)
+        samples = await interleave(
             {KEYED: timed(keyed), BARRIERS: timed(barriers), ALL_AT_ONCE: run_all_at_once},
             config.repeat,
             progress,
             label=f"{len(turns)} turns",
         )
+        samples.update(
+            await interleave(
+                {FAIL_FAST: failing(failing_fast, True), NO_FAIL_FAST: failing(failing_fast, False)},
+                config.repeat,
+                progress,
+                label="failing turns",
+            )
+        )
+    # Not samples: counts over every run, each of which must be 0.
+    samples["dependents run"] = [float(mistakes.dependents_run)]
+    samples["independents skipped"] = [float(mistakes.independents_skipped)]
+    return samples
 
 
 def admit_all(n: int, keys: int, seed: int = 0) -> float:
@@ -210,7 +330,8 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
         name="keys",
         title=(
             f"8. Conflict keys: {len(turns)} turns over 3 servers with separate state ({total} calls, {writes} "
-            f"writes, {config.latency * 1000:g} ms each); admission of up to {max(config.gate_sizes):,} calls"
+            f"writes, {config.latency * 1000:g} ms each), and with a failing write each under fail-fast; "
+            f"admission of up to {max(config.gate_sizes):,} calls"
         ),
         params={
             "turns": config.turns,
@@ -225,6 +346,9 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
         },
     )
     samples = anyio.run(_measure, config, progress, backend=config.backend)
+    [dependents_run] = samples.pop("dependents run")
+    [independents_skipped] = samples.pop("independents skipped")
+    failing_ms = {name: [s * 1000 for s in samples.pop(name)] for name in (FAIL_FAST, NO_FAIL_FAST)}
     ms = {name: [s * 1000 for s in values] for name, values in samples.items()}
     ideal_ms = ideal_keyed(config) * 1000
     barrier_ms = ideal_barriers(config) * 1000
@@ -259,6 +383,7 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
             detail="within 5% of the ideal schedule under the conflict rule",
         )
     )
+    _fail_fast_rows(result, config, failing_ms, dependents_run, independents_skipped)
     per_call: dict[tuple[int, int], Stat] = {}
     for keys in config.gate_keys:
         for n in config.gate_sizes:
@@ -286,3 +411,47 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
         f"barriers / keyed (medians): {Stat.of(ms[BARRIERS]).median / Stat.of(ms[KEYED]).median:.2f}x"
     )
     return result
+
+
+def _fail_fast_rows(
+    result: WorkloadResult,
+    config: Config,
+    ms: dict[str, list[float]],
+    dependents_run: float,
+    independents_skipped: float,
+) -> None:
+    """The fail-fast case: the independent calls' makespan in both modes, its ideal, and the two counts."""
+    turns = failing_turns(config)
+    ideal_ms = sum(independent_ideal(turn, config.latency) for turn in turns) * 1000
+    for name in (FAIL_FAST, NO_FAIL_FAST):
+        median = Stat.of(ms[name]).median
+        result.row(FAIL_CASE, name, "ms", ms[name], note=f"{median / ideal_ms:.3f}x ideal")
+    dependents = sum(len(turn.dependents) for turn in turns)
+    result.row(
+        FAIL_CASE, IDEAL_INDEPENDENT, "ms", [ideal_ms], note=f"the conflict rule without the {dependents} dependents"
+    )
+    cost = Comparison.paired(FAIL_CASE, (FAIL_FAST, ms[FAIL_FAST]), (NO_FAIL_FAST, ms[NO_FAIL_FAST]), better="lower")
+    result.comparisons.append(cost)
+    result.targets += [
+        Target(
+            name="fail-fast / default, makespan of the independent calls",
+            value=cost.ratio.median,
+            op="<=",
+            threshold=1.05,
+            detail="skipping what depends on a failed write costs the independent calls nothing",
+        ),
+        Target(
+            name="fail-fast: dependent calls run after the failed write",
+            value=dependents_run,
+            op="<=",
+            threshold=0,
+            detail=f"of {dependents} dependents per pass, over every pass",
+        ),
+        Target(
+            name="fail-fast: independent calls skipped",
+            value=independents_skipped,
+            op="<=",
+            threshold=0,
+            detail="in both modes, over every pass",
+        ),
+    ]

@@ -28,7 +28,9 @@ sit between the wrapper's opening and its closing (Anthropic ``tool_result``, Re
 ``function_call_output``), and never go into a user-role message: Chat Completions describes them and
 says they were not sent. A failed call that may mutate and whose effect is unknown (`Effect.UNKNOWN`: sent,
 and no answer came) ends with `UNKNOWN_EFFECT_NOTE`, outside any wrapper: it may have happened, and
-should be checked before it is repeated.
+should be checked before it is repeated. A call that fail-fast did not run (`ToolResult.depends_on`) ends
+with a note naming the call it depended on, saying that nothing of it happened. `result_note` gives these
+notes alone, for a loop that builds its own text from `result_text`.
 
 A tool's description, or its title when it has no description, is what the model reads about it; both
 are part of the tool's pinned definition, so a server cannot change them without the tool being blocked.
@@ -83,6 +85,7 @@ __all__ = [
     "openai_responses_calls",
     "openai_responses_results",
     "openai_responses_tools",
+    "result_note",
     "result_text",
     "tool_description",
     "tool_schema",
@@ -612,6 +615,27 @@ def result_text(result: ToolResult) -> str:
     return result.error or f"the call ended with status {result.status.value}"
 
 
+def result_note(result: ToolResult) -> str | None:
+    """The dispatcher's own note on a result, for the model to read after everything else, or None.
+
+    `UNKNOWN_EFFECT_NOTE` for a call that may mutate and was sent with no answer back (it may have
+    happened: check before repeating it); for a call fail-fast did not run (`ToolResult.depends_on`), a
+    note that nothing of it happened and which call it waited on. The results of this module end with it
+    already (outside any untrusted-content wrapper, so no content can hide it); a loop that builds its
+    own text from `result_text` should add it the same way.
+    """
+    if result.effect is Effect.UNKNOWN and result.mutating and result.result is None:
+        return UNKNOWN_EFFECT_NOTE
+    if result.depends_on is not None and result.effect is Effect.NEVER_RAN:
+        # The id is the model's own (quoted as Python does, so no character of it can start a new line).
+        return (
+            f"[dispatcher: this call was not run, so nothing of it happened: it depends on call "
+            f"{result.depends_on!r}, which did not succeed. Settle what happened to that call first; then "
+            "send this call again if it is still wanted.]"
+        )
+    return None
+
+
 def mark_untrusted(text: str, result: ToolResult) -> str:
     """Wrap untrusted content so the model can tell it is data to use, never instructions to follow.
 
@@ -776,10 +800,11 @@ def _presented(
         parts = [f"{text}\n{_WITHHELD}" if media else text]
     if prefix_errors and not result.ok:
         parts[0] = f"Error ({result.status.value}): {parts[0]}"
-    if result.effect is Effect.UNKNOWN and result.mutating and result.result is None:
+    note = result_note(result)
+    if note is not None:
         # The dispatcher's own words, after any wrapper: what the server sent cannot reach past them.
         last = max(index for index, part in enumerate(parts) if isinstance(part, str))
-        parts[last] = f"{parts[last]}\n{UNKNOWN_EFFECT_NOTE}"
+        parts[last] = f"{parts[last]}\n{note}"
     return parts
 
 

@@ -3,7 +3,8 @@
 The SDK's server side does not run tasks, so this answers the JSON-RPC messages itself, in process, over
 memory streams: `initialize`, `tools/list` (one tool, `slow`, requiring tasks), a task-augmented
 `tools/call`, `tasks/get` (the task stays `working` until `finish_after` polls), `tasks/result` and
-`tasks/cancel` (answered or, with `confirm_cancel=False`, never). It records when each request came.
+`tasks/cancel` (answered or, with `confirm_cancel=False`, never). It records when each request came, and
+the parameters of each `tools/call`; with `call_errors=n` it answers the first n with a JSON-RPC error.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from mcp import Client
 from mcp.shared.message import SessionMessage
-from mcp.types import INVALID_PARAMS, ErrorData, JSONRPCError, JSONRPCRequest, JSONRPCResponse
+from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, ErrorData, JSONRPCError, JSONRPCRequest, JSONRPCResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -31,7 +32,11 @@ class TaskScript:
     status_message: str = "working on it"
     # Whether each poll reports a new status message ("step 1", "step 2", ...): a task that is not idle.
     reports_steps: bool = False
+    # Answer the first `call_errors` tools/call requests with -32603 (the server may have done the work).
+    call_errors: int = 0
+    tool_annotations: dict[str, Any] = field(default_factory=lambda: {"readOnlyHint": True, "openWorldHint": False})
     requests: list[tuple[str, float]] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
 
     def times(self, method: str) -> list[float]:
         return [at for name, at in self.requests if name == method]
@@ -65,7 +70,7 @@ class TaskScript:
             tool = {
                 "name": "slow",
                 "inputSchema": {"type": "object"},
-                "annotations": {"readOnlyHint": True, "openWorldHint": False},
+                "annotations": self.tool_annotations,
                 "execution": {"taskSupport": "required"},
             }
             return {"tools": [tool]}
@@ -95,6 +100,14 @@ class TaskScript:
                     if not isinstance(message, JSONRPCRequest):
                         continue
                     self.requests.append((message.method, anyio.current_time()))
+                    if message.method == "tools/call":
+                        self.calls.append(dict(message.params or {}))
+                        if len(self.calls) <= self.call_errors:
+                            error = ErrorData(code=INTERNAL_ERROR, message="internal error, after the work was done")
+                            await to_client.send(
+                                SessionMessage(JSONRPCError(jsonrpc="2.0", id=message.id, error=error))
+                            )
+                            continue
                     try:
                         result = self._answer(message.method, message.params or {})
                     except LookupError as exc:  # a fault a test injects: answered as an error

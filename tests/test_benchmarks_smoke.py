@@ -96,7 +96,8 @@ def test_mixed_turns_order_the_strategies() -> None:
 
 
 def test_keyed_turns_and_admission_cost() -> None:
-    """Keyed turns: never faster than the ideal keyed schedule, which beats barriers; the gate is timed per call."""
+    """Keyed turns: never faster than the ideal keyed schedule, which beats barriers; fail-fast runs no dependent
+    and skips no independent call; the gate is timed per call."""
     config = keys.Config(turns=1, size=6, files=3, latency=0.005, repeat=1, gate_sizes=(100, 200), gate_keys=(1, 10))
     result = keys.run(config, QUIET)
     check_well_formed(result)
@@ -105,7 +106,15 @@ def test_keyed_turns_and_admission_cost() -> None:
     assert found[keys.IDEAL_KEYED] < found[keys.IDEAL_BARRIERS]
     assert found[keys.KEYED] >= found[keys.IDEAL_KEYED] * 0.9
     assert [point["calls"] for point in result.series["gate_us_per_call"]] == [100, 200, 100, 200]
-    assert len(result.targets) == 3
+    assert len(result.targets) == 6
+    failing = medians(result, keys.FAIL_CASE)
+    assert set(failing) == {keys.FAIL_FAST, keys.NO_FAIL_FAST, keys.IDEAL_INDEPENDENT}
+    assert failing[keys.FAIL_FAST] >= failing[keys.IDEAL_INDEPENDENT] * 0.9
+    counts = {target.name: target.value for target in result.targets if target.threshold == 0}
+    assert counts == {
+        "fail-fast: dependent calls run after the failed write": 0,
+        "fail-fast: independent calls skipped": 0,
+    }
 
 
 def test_many_small_batches() -> None:

@@ -9,9 +9,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp.types import ToolAnnotations
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from dispatcher import ApprovalPolicy, CallStatus, ConfigurationError, Dispatcher, Effect, ToolCall, ToolResult
+from dispatcher import (
+    ApprovalPolicy,
+    CallEvent,
+    CallStatus,
+    ConfigurationError,
+    Dispatcher,
+    Effect,
+    ToolCall,
+    ToolResult,
+)
 from dispatcher.examples import Workspace
+from dispatcher.formats import anthropic_results, openai_chat_results, result_note
+from dispatcher.integrations._common import model_text
 
 pytestmark = pytest.mark.anyio
 
@@ -129,6 +143,62 @@ async def test_a_skipped_write_stops_what_depends_on_it() -> None:
     assert sorted(files.ran) == [("read", "c"), ("write", "bad")]
 
 
+async def test_a_skipped_result_names_what_it_depended_on() -> None:
+    """`ToolResult.depends_on` names the call each skipped call waited on (a skipped write in turn), in events,
+    spans and what the model reads (formats and the integrations); the other calls have none."""
+    files = Files()
+    events: list[CallEvent] = []
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+
+    async def move(source: str, target: str) -> str:
+        return "moved"
+
+    async with Dispatcher(fail_fast=True, on_event=events.append, tracer_provider=provider) as d:
+        files.register(d)
+        d.add_function(move, annotations=WRITE, domain="files", keys=lambda a: [str(a["source"]), str(a["target"])])
+        results = await d.dispatch(
+            [
+                ToolCall("c0", "write", {"path": "bad"}),
+                ToolCall("c1", "move", {"source": "bad", "target": "b"}),
+                ToolCall("c2", "read", {"path": "b"}),
+                ToolCall("c3", "read", {"path": "c"}),
+            ]
+        )
+    assert [r.depends_on for r in results] == [None, "c0", "c1", None]
+    finished = {e.call.id: e.result.depends_on for e in events if e.kind == "finished" and e.result is not None}
+    assert finished == {"c0": None, "c1": "c0", "c2": "c1", "c3": None}
+    spans = {
+        span.attributes.get("gen_ai.tool.call.id"): span.attributes.get("dispatcher.depends_on")
+        for span in exporter.get_finished_spans()
+        if span.attributes is not None and "dispatcher.status" in span.attributes
+    }
+    assert spans == {"c0": None, "c1": "c0", "c2": "c1", "c3": None}
+    note = result_note(results[2])
+    assert note is not None and "'c1'" in note and "nothing of it happened" in note
+    assert [result_note(r) for r in (results[0], results[3])] == [None, None]
+    assert anthropic_results(results)[2]["content"].endswith(note)
+    assert openai_chat_results(results)[2]["content"].endswith(note)
+    assert model_text(results[2]).endswith(note)
+
+
+async def test_the_integrations_tell_the_model_of_an_unknown_write() -> None:
+    """The framework integrations' text ends with the unknown-outcome note, as the formats' does.
+
+    Before the fix it did not: a LangGraph, Agents SDK, pydantic-ai or Claude agent read a timed-out
+    write as a plain error, free to send it again.
+    """
+    from dispatcher.formats import UNKNOWN_EFFECT_NOTE
+
+    files = Files()
+    async with Dispatcher(call_timeout=0.2) as d:
+        files.register(d)
+        [result] = await d.dispatch([ToolCall("w", "write", {"path": "slow"})])
+    assert result.effect is Effect.UNKNOWN
+    assert model_text(result).endswith(UNKNOWN_EFFECT_NOTE)
+
+
 async def test_a_failed_read_stops_nothing() -> None:
     """Only a call that may mutate is depended on: a failed read leaves the calls after it alone."""
     async with Dispatcher(fail_fast=True) as d:
@@ -204,7 +274,8 @@ def _related(first: str, second: str) -> bool:
     )
 )
 async def test_random_batches_skip_exactly_the_dependents(anyio_backend: Any, specs: list[tuple[str, str]]) -> None:
-    """Against a model: a call is skipped iff an earlier failed (or skipped) write touches its path; the rest run."""
+    """Against a model: a call is skipped iff an earlier failed (or skipped) write touches its path, naming the
+    earliest; the rest run."""
     files = Files()
     calls = [
         ToolCall(f"c{i}", "read" if kind == "read" else "write", {"path": path if kind != "bad" else f"bad{path}"})
@@ -217,13 +288,17 @@ async def test_random_batches_skip_exactly_the_dependents(anyio_backend: Any, sp
         results = await d.dispatch(calls)
     failed: list[int] = []
     expected = []
+    depends: list[str | None] = []
     for i, (kind, _) in enumerate(specs):
-        if any(_related(paths[j], paths[i]) for j in failed):
+        earlier = [j for j in failed if _related(paths[j], paths[i])]
+        depends.append(f"c{min(earlier)}" if earlier else None)
+        if earlier:
             expected.append(f"c{i}")
             if kind != "read":
                 failed.append(i)  # a skipped write is a failure in turn
         elif kind == "bad":
             failed.append(i)
     assert skipped(results) == expected
+    assert [r.depends_on for r in results] == depends  # the earliest call each depended on
     ran = sorted(str(call.arguments["path"]) for call in calls if call.id not in expected)  # type: ignore[index]
     assert sorted(path for _, path in files.ran) == ran  # 0 conflicting calls ran, 0 independent ones skipped

@@ -17,6 +17,7 @@ from benchmarks import keys as bench
 from benchmarks.reference import KeyedCall, ideal_keyed_makespan
 from dispatcher import ApprovalPolicy, CallEvent, CallStatus, ConfigurationError, Dispatcher, RetryPolicy, ToolCall
 from dispatcher._core._gate import conflicts
+from dispatcher._core._lifecycle import FailFast
 from dispatcher.examples import Workspace
 from dispatcher.testing import inject_faults
 
@@ -318,6 +319,36 @@ async def test_the_keyed_benchmark_workload_takes_exactly_the_ideal_keyed_time()
             )
             assert all(result.ok for result in results)
             assert took == pytest.approx(ideal), t
+
+
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")]
+)
+async def test_fail_fast_costs_the_independent_calls_nothing() -> None:
+    """On a virtual clock, the benchmark's failing turns: with fail-fast or without, the independent calls end
+    exactly when the conflict rule says; fail-fast runs no dependent and skips no independent call."""
+    config = bench.FULL
+    turns = bench.failing_turns(config)
+    assert all(turn.dependents for turn in turns[:2]) and sum(len(turn.independent) for turn in turns) > 40
+    ideal = sum(bench.independent_ideal(turn, config.latency) for turn in turns)
+    async with Dispatcher() as d:
+        bench.register_failing(d)
+        for fail_fast in (True, False):
+            found = await bench.run_failing_turns(d, config, fail_fast=fail_fast)
+            assert found.seconds == pytest.approx(ideal), fail_fast
+            assert found.dependents_run == 0 and found.independents_skipped == 0
+
+
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")]
+)
+async def test_the_fail_fast_count_catches_dependents_that_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With fail-fast noting no failure (the safety off), the benchmark counts the dependents that ran."""
+    monkeypatch.setattr(FailFast, "failed", lambda self, record, result: False)
+    async with Dispatcher() as d:
+        bench.register_failing(d)
+        found = await bench.run_failing_turns(d, bench.FULL, fail_fast=True)
+    assert found.dependents_run == sum(len(turn.dependents) for turn in bench.failing_turns(bench.FULL)) > 0
 
 
 # Accepted changes apply to calls not yet started (issue 10, point 6) ----------------------------------

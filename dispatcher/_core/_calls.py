@@ -102,6 +102,9 @@ class ToolResult:
         mutating: Whether the call's tool may change something (its effective readOnlyHint is not
             true; an unknown tool counts as mutating): with an UNKNOWN effect, the model is told to check
             before it repeats the call (`dispatcher.formats`).
+        depends_on: For a call that fail-fast did not run (``fail_fast=True``): the id of the earlier
+            call of its batch whose failure or unknown outcome it depended on (a write it conflicts
+            with, or a call skipped in turn); None for every other call. Its ``effect`` is NEVER_RAN.
         untrusted_content: Whether what the tool sent back came from an open world: the tool's
             effective openWorldHint is true and it ran (an untrusted server's tools always count as
             open-world), or the error quotes text a server wrote (the changed definition of a blocked
@@ -124,6 +127,7 @@ class ToolResult:
     untrusted_content: bool = False
     effect: Effect = Effect.UNKNOWN
     mutating: bool = True
+    depends_on: str | None = None
 
     @property
     def call_id(self) -> str:

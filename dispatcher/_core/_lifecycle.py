@@ -50,10 +50,11 @@ Cost: every transition is O(1); `settle` builds one result (its slots set direct
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import enum
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ._calls import CallStatus, Effect, ToolResult
 from ._errors import LifecycleError
@@ -73,6 +74,7 @@ __all__ = [
     "MAX_ERROR",
     "OUTCOMES",
     "CallRecord",
+    "Dependency",
     "build_result",
     "Ending",
     "FailFast",
@@ -193,10 +195,13 @@ def _table() -> dict[tuple[Ending, Phase], tuple[CallStatus, str]]:
     # A task is cancelled by itself only by code running in it: the tool, or an approver asked at the start.
     for phase in (Phase.ADMITTED, Phase.RUNNING):
         table[Ending.SELF_CANCELLED, phase] = (cancelled, "the tool's task was cancelled by itself")
-        table[Ending.HOLD_LOST, phase] = (
-            CallStatus.FAILED,
-            "{}; the call was abandoned (like a timed-out call, it may still be running on the server)",
-        )
+    # Lost before the call started, its request was never sent; lost while it ran, it was sent unless
+    # the hold failed its check right before the send (`settle` reads the moment for that).
+    table[Ending.HOLD_LOST, Phase.ADMITTED] = (CallStatus.FAILED, "{}; the call was not sent")
+    table[Ending.HOLD_LOST, Phase.RUNNING] = (
+        CallStatus.FAILED,
+        "{}; the call was abandoned (like a timed-out call, it may still be running on the server)",
+    )
     table[Ending.NO_HOLD, Phase.ADMITTED] = (CallStatus.FAILED, "{}")
     # Only a call that waits can be skipped: one that conflicts with a failed write waits behind it.
     for phase in (Phase.QUEUED, Phase.AWAITING_APPROVAL):
@@ -239,6 +244,7 @@ class CallRecord:
         "attempts",
         "call",
         "cancel_requested",
+        "depends_on",
         "entry",
         "errors",
         "hooks",
@@ -282,6 +288,8 @@ class CallRecord:
         # Whether its request carries an idempotency key (in its arguments or `meta`).
         self.keyed = False
         self.interrupt: Interrupt | None = None
+        # The id of the call of its batch whose failure it depended on, once fail-fast skips it.
+        self.depends_on: str | None = None
         self.cancel_requested = False
         self.attempts = 0
         self.moment = Moment.BEFORE_SEND
@@ -307,6 +315,27 @@ class CallRecord:
         """Keep the call's arguments, checked and converted for its tool."""
         self._expect(Phase.QUEUED, what="prepare")
         self.prepared = prepared
+
+    def carry_key(self, *, prepared: Any = None, meta: dict[str, Any] | None = None) -> None:
+        """The call carries its idempotency key: in its prepared arguments (given whole), or in `meta`."""
+        self._expect(Phase.QUEUED, what="carry a key")
+        if prepared is not None:
+            self.prepared = prepared
+        if meta is not None:
+            self.meta = meta
+        self.keyed = True
+
+    def skip(self, keys: tuple[str, ...], dependency: Dependency, now: float) -> bool:
+        """Fail-fast: settle a waiting call as SKIPPED, for the failure `dependency` (`FailFast.blocker`).
+
+        It keeps the conflict keys it has (its ticket's, or those it was found to have as it was
+        submitted): a skipped call that may mutate is a failure in turn, and what conflicts with it is
+        what its own keys conflict with, not everything.
+        """
+        if self.phase is not Phase.SETTLED:
+            self.keys = keys
+            self.depends_on = dependency.call_id
+        return self.settle(Ending.SKIPPED, now, dependency.why)
 
     def enter(self, ticket: Ticket[Any], *, held: bool) -> None:
         """Take the call's place in the gate: waiting its turn, or `held` while its approval is asked."""
@@ -421,6 +450,8 @@ class CallRecord:
         found = OUTCOMES.get((ending, self.phase))
         if found is None:
             raise LifecycleError(f"call {self.call.id!r} cannot end as {ending.value} while {self.phase.name}")
+        if ending is Ending.HOLD_LOST and self.moment is Moment.BEFORE_SEND:
+            found = OUTCOMES[ending, Phase.ADMITTED]  # nothing of the call was sent: it cannot be running
         status, template = found
         if untrusted:
             self.untrusted = True
@@ -467,6 +498,7 @@ class CallRecord:
             untrusted,
             EFFECTS[self.moment],
             entry is None or not entry.annotations.read_only_hint,
+            self.depends_on,
         )
         # A settled call waits for nothing: an approval still being asked, a fleet hold being waited for.
         interrupt = self.interrupt
@@ -494,6 +526,17 @@ class CallRecord:
         return f"<CallRecord {self.call.id!r} {self.phase.name}>"
 
 
+def _at(failure: tuple[int, tuple[str, ...], Dependency]) -> int:
+    return failure[0]
+
+
+class Dependency(NamedTuple):
+    """The failed call a skipped call depended on: its id (`ToolResult.depends_on`), and why (its error)."""
+
+    call_id: str
+    why: str
+
+
 class FailFast:
     """The failed calls of one batch that later calls conflicting with them depend on (opt-in, sans I/O).
 
@@ -502,13 +545,17 @@ class FailFast:
     caller gave up on it, as on the rest of a cancelled batch). A later call of the batch (a higher
     `CallRecord.position`) whose keys conflict with a failure's (`_gate.conflicts`: the same key, a key
     under it, or the root key, which every call without declared keys has) is not run: the driver settles
-    it as `Ending.SKIPPED`, naming the call it depended on. A call that conflicts with none runs as usual.
+    it as `Ending.SKIPPED` (`CallRecord.skip`) with the earliest such failure, by position, as the
+    `Dependency` its result names (`ToolResult.depends_on`). A call that conflicts with none runs as usual.
+
+    Cost: noting a failure is an insertion in position order (an append when failures end in order);
+    `blocker` scans the failures in that order and stops at the first that conflicts.
     """
 
     __slots__ = ("_failed",)
 
     def __init__(self) -> None:
-        self._failed: list[tuple[int, tuple[str, ...], str]] = []
+        self._failed: list[tuple[int, tuple[str, ...], Dependency]] = []
 
     def failed(self, record: CallRecord, result: ToolResult) -> bool:
         """Note a settled call of the batch; True if it is a failure later calls may depend on."""
@@ -523,16 +570,17 @@ class FailFast:
         else:
             how = f"failed ({result.status.value})"
         tool = result.tool or result.call.name
-        self._failed.append(
-            (record.position, record.keys, f"it depends on call {result.call.id!r} ({tool}), which {how}")
-        )
+        why = f"it depends on call {result.call.id!r} ({tool}), which {how}"
+        # Kept in position order (failures mostly settle in it, so this is an append), so that a call
+        # depending on several is told of the earliest, whatever order they ended in.
+        bisect.insort(self._failed, (record.position, record.keys, Dependency(result.call.id, why)), key=_at)
         return True
 
-    def blocker(self, position: int, keys: tuple[str, ...]) -> str | None:
-        """Why a call at `position` with `keys` must not run (the earliest failure it conflicts with), or None."""
-        for at, failed_keys, why in self._failed:
+    def blocker(self, position: int, keys: tuple[str, ...]) -> Dependency | None:
+        """The earliest failure a call at `position` with `keys` conflicts with (it must not run), or None."""
+        for at, failed_keys, dependency in self._failed:
             if at < position and conflicts(failed_keys, keys):
-                return why
+                return dependency
         return None
 
     def __bool__(self) -> bool:
@@ -555,6 +603,7 @@ _set_attempt_errors = _slot["attempt_errors"].__set__
 _set_untrusted_content = _slot["untrusted_content"].__set__
 _set_effect = _slot["effect"].__set__
 _set_mutating = _slot["mutating"].__set__
+_set_depends_on = _slot["depends_on"].__set__
 # `build_result` sets every field (each by its name) and relies on nothing to run after __init__.
 assert [field.name for field in dataclasses.fields(ToolResult)] == [
     "call",
@@ -571,6 +620,7 @@ assert [field.name for field in dataclasses.fields(ToolResult)] == [
     "untrusted_content",
     "effect",
     "mutating",
+    "depends_on",
 ]
 assert not hasattr(ToolResult, "__post_init__")
 
@@ -590,6 +640,7 @@ def build_result(
     untrusted_content: bool,
     effect: Effect = Effect.UNKNOWN,
     mutating: bool = True,
+    depends_on: str | None = None,
 ) -> ToolResult:
     """A `ToolResult` equal to the one its constructor builds, at less than half the cost.
 
@@ -612,4 +663,5 @@ def build_result(
     _set_untrusted_content(new, untrusted_content)
     _set_effect(new, effect)
     _set_mutating(new, mutating)
+    _set_depends_on(new, depends_on)
     return new

@@ -39,7 +39,7 @@ import anyio.lowlevel
 from .._core._calls import CallStatus
 from .._core._errors import ArgumentError, DispatcherClosedError, KeyRuleError, ToolUnavailableError
 from .._core._gate import Gate, TicketState
-from .._core._idempotency import IdempotencyKeys, call_key
+from .._core._idempotency import IdempotencyKeys, call_key, takes_key
 from .._core._keys import call_keys
 from .._core._lifecycle import Ending, Phase, done_sending
 from .._mcp._failures import describe as describe_failure
@@ -235,17 +235,8 @@ class Executor:
             error = f"invalid arguments: {type(exc).__name__}: {exc}"
             work.settle(Ending.REJECTED, now, error, untrusted=not entry.trusted)
             return work
-        server = entry.server
-        if server is not None and self._idempotency and self._keyed(entry):
-            # One key per logical call, the same on every attempt; the model's value, if any, is replaced.
-            how = self._idempotency[server]
-            key = call_key(self._key_secret, batch.number, work.position, call.id, server, entry.tool)
-            if how.argument is not None and isinstance(work.prepared, dict):
-                work.prepare({**work.prepared, how.argument: key})
-                work.keyed = True
-            elif how.meta is not None:
-                work.meta = {how.meta: key}
-                work.keyed = True
+        if self._idempotency and entry.server in self._idempotency:
+            self._give_key(work, batch.number, entry)
         try:
             keys = call_keys(entry, arguments)
         except KeyRuleError as exc:
@@ -253,9 +244,9 @@ class Executor:
             return work
         fail_fast = batch.fail_fast
         if fail_fast:  # an earlier call of the batch failed: this one may depend on it
-            why = fail_fast.blocker(work.position, keys)
-            if why is not None:
-                work.settle(Ending.SKIPPED, now, why)
+            dependency = fail_fast.blocker(work.position, keys)
+            if dependency is not None:
+                work.skip(keys, dependency, now)  # with its keys: a failure in turn, for what conflicts with it
                 return work
         if hooks is None:
             work.enter(self.gate.submit(work, exclusive=entry.exclusive, server=entry.server, keys=keys), held=False)
@@ -431,8 +422,31 @@ class Executor:
         return next(self._batches)
 
     def _keyed(self, entry: ToolEntry) -> bool:
+        """Whether the calls of `entry` carry their server's idempotency key (a write that can take it)."""
+        how = self._idempotency.get(entry.server) if entry.server is not None else None
+        return how is not None and not entry.annotations.read_only_hint and takes_key(how, entry.input_schema)
+
+    def _give_key(self, work: PendingCall, batch: int, entry: ToolEntry) -> None:
+        """Give a call of a server that takes idempotency keys its key, if its tool takes one.
+
+        One key per logical call, the same on every attempt. On a server that takes the key in an
+        argument, that argument is the dispatcher's on every call: what the model put there is dropped.
+        """
         server = entry.server
-        return server is not None and server in self._idempotency and not entry.annotations.read_only_hint
+        assert server is not None
+        how = self._idempotency[server]
+        prepared = work.prepared
+        argument = how.argument
+        if argument is not None and isinstance(prepared, dict) and argument in prepared:
+            prepared = {name: value for name, value in prepared.items() if name != argument}
+            work.prepare(prepared)
+        if not self._keyed(entry):
+            return
+        key = call_key(self._key_secret, batch, work.position, work.call.id, server, entry.tool)
+        if how.meta is not None:
+            work.carry_key(meta={how.meta: key})
+        elif argument is not None and isinstance(prepared, dict):
+            work.carry_key(prepared={**prepared, argument: key})
 
     def skip_dependents(self, batch: Batch, failed: PendingCall) -> None:
         """Settle as SKIPPED the waiting calls of `batch` after `failed` that depend on a failure (`FailFast`).
@@ -453,10 +467,10 @@ class Executor:
                 ticket = later.ticket
                 if ticket is None or ticket.state not in _WAITING:
                     continue
-                why = rules.blocker(later.position, ticket.keys)
-                if why is not None and self.gate.withdraw(ticket):
+                dependency = rules.blocker(later.position, ticket.keys)
+                if dependency is not None and self.gate.withdraw(ticket):
                     withdrew = True
-                    later.settle(Ending.SKIPPED, now, why)
+                    later.skip(ticket.keys, dependency, now)
         finally:
             self._skipping = False
         if withdrew and self._open:

@@ -303,6 +303,7 @@ class Observer:
                     # Only declared keys: the root key ("") is every call's default.
                     **({"dispatcher.keys": list(state.keys)} if state.keys not in ((), ("",)) else {}),
                     **({"dispatcher.server.limit": limit} if limit is not None else {}),
+                    **({"dispatcher.depends_on": result.depends_on} if result.depends_on is not None else {}),
                 },
             )
         self._emit(

@@ -562,11 +562,12 @@ class Connection:
         *,
         confirm: Callable[[], None] | None = None,
         flight: Flight | None = None,
+        meta: dict[str, Any] | None = None,
     ) -> CallToolResult:
         """Call a tool as a task on the current client (`call_as_task`), with `call_tool`'s connection handling."""
         self._tasks += 1
         try:
-            return await self._call(name, arguments, bound, confirm=confirm, flight=flight)
+            return await self._call(name, arguments, bound, meta=meta, confirm=confirm, flight=flight)
         finally:
             self._tasks -= 1
             self._tasks_idle.set()
@@ -597,7 +598,7 @@ class Connection:
         mark_sent()  # past this point the SDK may write the request (see `_lifecycle.Moment`)
         try:
             if task is not None:
-                return await call_as_task(client, name, arguments or {}, task, flight)
+                return await call_as_task(client, name, arguments or {}, task, flight, meta=meta)
             return await client.call_tool(
                 name, arguments, progress_callback=progress, meta=cast("RequestParamsMeta | None", meta)
             )

@@ -505,14 +505,17 @@ class MCPTool:
         client = self.client
         if lease is not None:
             prepared, _ = lease.stamp(prepared)
+        # An idempotency key taken in `_meta` goes on the request that creates the task, which is what
+        # the server deduplicates (polls and the result read only follow it).
+        keyed = request_meta()
         if isinstance(client, Client):
             if lease is not None:
                 lease.confirm()  # nothing awaits between this and the send
             mark_sent()
-            return await call_as_task(client, self.name, prepared, bound, flight)
+            return await call_as_task(client, self.name, prepared, bound, flight, meta=keyed)
         caller: TaskCaller = client  # type: ignore[assignment]  # connections the dispatcher owns
         return await caller.call_task(
-            self.name, prepared, bound, confirm=lease.confirm if lease else None, flight=flight
+            self.name, prepared, bound, confirm=lease.confirm if lease else None, flight=flight, meta=keyed
         )
 
     async def invoke(self, prepared: dict[str, Any], lease: Lease | None = None) -> CallToolResult:
@@ -563,30 +566,33 @@ class MCPTool:
         self, prepared: dict[str, Any], progress: ProgressFnT | None, lease: Lease | None
     ) -> CallToolResult:
         client = self.client
+        # Past `mark_sent` the SDK may write the request: the call's effect is unknown until it answers. A
+        # connection the dispatcher owns marks it itself (once it has a client to send on and its fleet
+        # hold is confirmed); any other caller is marked here, right before the call and after the check
+        # of its hold, so that a hold lost before the send leaves the call NEVER_RAN.
+        owned = getattr(client, "marks_sent", False)
+        keyed = request_meta()  # an idempotency key, for a server that takes it in `_meta`
         try:
-            keyed = request_meta()  # an idempotency key, for a server that takes it in `_meta`
             if lease is None:
-                if not getattr(client, "marks_sent", False):
-                    # Past this point the SDK may write the request: the call's effect is unknown until
-                    # it answers. (A connection the dispatcher owns marks it itself, once it has a client.)
-                    mark_sent()
                 options: dict[str, Any] = {}
                 if progress is not None:
                     options["progress_callback"] = progress
                 if keyed is not None:
                     options["meta"] = keyed
+                if not owned:
+                    mark_sent()
                 return await client.call_tool(self.name, prepared, **options)
             prepared, fenced = lease.stamp(prepared)
             meta = {**(keyed or {}), **(fenced or {})} or None
             try:
-                if isinstance(client, Client):
+                if not owned:
                     lease.confirm()  # the fleet hold still holds: nothing awaits between this and the send
                     mark_sent()
                     return await client.call_tool(
                         self.name, prepared, progress_callback=progress, meta=cast("RequestParamsMeta | None", meta)
                     )
-                owned = cast("_ConfirmingCaller", client)
-                return await owned.call_tool(
+                confirming = cast("_ConfirmingCaller", client)
+                return await confirming.call_tool(
                     self.name, prepared, progress_callback=progress, meta=meta, confirm=lease.confirm
                 )
             except CoordinationError:
@@ -648,6 +654,7 @@ class TaskCaller(Protocol):
         *,
         confirm: Callable[[], None] | None = None,
         flight: Flight | None = None,
+        meta: dict[str, Any] | None = None,
     ) -> CallToolResult: ...
 
 
@@ -703,7 +710,13 @@ class _Followed:
 
 
 async def call_as_task(
-    client: Client, name: str, arguments: dict[str, Any], bound: TaskBound, flight: Flight | None = None
+    client: Client,
+    name: str,
+    arguments: dict[str, Any],
+    bound: TaskBound,
+    flight: Flight | None = None,
+    *,
+    meta: dict[str, Any] | None = None,
 ) -> CallToolResult:
     """Call a tool as a task and return its final result; cancelling this cancels the task on the server.
 
@@ -730,6 +743,7 @@ async def call_as_task(
         name=name,
         arguments=arguments,
         task=TaskMetadata(ttl=None if timeout is None else math.ceil(timeout * 1000)),
+        _meta=cast("RequestParamsMeta | None", meta),
     )
     raw = await _send_raw(client, CallToolRequest(params=params))
     if "task" not in raw:

@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import random
 import signal
 import sys
 from collections import Counter
@@ -521,12 +522,21 @@ class DroppingProxy:
 
     Used with `async with`, inside which it forwards ``127.0.0.1:port`` to the upstream port. `drop()`
     closes every open connection at once, in both directions, without a word to either side.
+    `lose_answers(marker, rate, seed, count)` cuts, instead, the connection of each request whose bytes
+    hold `marker` (drawn with probability `rate`, seeded; at most `count` of them) once the server has
+    answered it, before a byte of the answer reaches the client: the server did the work, and the client
+    lost its connection with no answer. `answers_lost` counts them.
     """
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.port = 0
         self.drops = 0
+        self.answers_lost = 0
+        self._marker: bytes | None = None
+        self._rate = 0.0
+        self._left: int | None = None
+        self._rng = random.Random(0)
         self._live: set[anyio.CancelScope] = set()
         self._tg: anyio.abc.TaskGroup | None = None
         self._listener: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
@@ -543,14 +553,22 @@ class DroppingProxy:
         self.drops += len(live)
         return len(live)
 
+    def lose_answers(self, marker: bytes, rate: float = 1.0, seed: int = 0, count: int | None = None) -> None:
+        """From now on, lose the answer of each request holding `marker` with probability `rate` (see above)."""
+        self._marker = marker
+        self._rate = rate
+        self._rng = random.Random(seed)
+        self._left = count
+
     async def _handle(self, client: anyio.abc.SocketStream) -> None:
         with anyio.CancelScope() as scope:
             self._live.add(scope)
             try:
                 async with client, await anyio.connect_tcp("127.0.0.1", self.upstream_port) as upstream:
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(self._pump, client, upstream, tg.cancel_scope)
-                        tg.start_soon(self._pump, upstream, client, tg.cancel_scope)
+                        doomed = anyio.Event()
+                        tg.start_soon(self._watch, client, upstream, doomed, tg.cancel_scope)
+                        tg.start_soon(self._cut, upstream, client, doomed, tg.cancel_scope)
             except OSError:
                 pass  # the upstream is down: the client sees its connection closed
             finally:
@@ -561,6 +579,48 @@ class DroppingProxy:
         try:
             async for chunk in source:
                 await sink.send(chunk)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        done.cancel()
+
+    async def _watch(
+        self, source: anyio.abc.SocketStream, sink: anyio.abc.SocketStream, doomed: anyio.Event, done: anyio.CancelScope
+    ) -> None:
+        """Forward a client's bytes; mark the connection doomed once a request holding the marker passed."""
+        seen = b""
+        try:
+            async for chunk in source:
+                if not doomed.is_set() and self._marker is not None:
+                    # HTTP/1.1 without pipelining: one request at a time on a connection, so what the
+                    # server sends next on it answers this request. Doomed before the bytes go on, so
+                    # that no part of the answer can slip through first.
+                    seen = (seen + chunk)[-65536:]
+                    if self._marker in seen:
+                        seen = b""
+                        if self._rng.random() < self._rate and self._left != 0:
+                            doomed.set()
+                            if self._left is not None:
+                                self._left -= 1
+                await sink.send(chunk)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        done.cancel()
+
+    async def _cut(
+        self, source: anyio.abc.SocketStream, sink: anyio.abc.SocketStream, doomed: anyio.Event, done: anyio.CancelScope
+    ) -> None:
+        """Forward the server's bytes, until a doomed request's answer is complete: then close both sides."""
+        held = b""
+        try:
+            async for chunk in source:
+                if not doomed.is_set():
+                    await sink.send(chunk)
+                    continue
+                held += chunk
+                # The answer holds the JSON-RPC result or error once the server is done with the call.
+                if b'"result"' in held or b'"error"' in held:
+                    self.answers_lost += 1
+                    break
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
         done.cancel()
