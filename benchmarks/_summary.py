@@ -103,6 +103,10 @@ def summarize(run: Run, reference: Run | None) -> Summary:
             backend, key = split_backend(target.reference_key, workload)
             _, label = split_backend(target.name, workload)
             line = by_key.get(key)
+            while line is not None and backend in line.cells:
+                # Two targets of one name on one backend: each keeps a line of its own.
+                key += " (again)"
+                line = by_key.get(key)
             if line is None:
                 line = by_key[key] = Line(workload=workload.name, label=label, goal=_goal(target))
             state: State = ("met" if target.met else "not met") if run.verdicts else "figure"

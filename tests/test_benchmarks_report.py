@@ -125,7 +125,11 @@ def test_a_figure_this_run_lacks_is_missing_and_one_the_reference_lacks_has_none
         name="limits",
         title="10. Adaptive limits",
         params={"backend": "trio"},
-        targets=[Target(name="adaptive / best fixed limit", value=1.2, op="<=", threshold=1.1)],
+        targets=[
+            Target(name="adaptive / best fixed limit", value=1.2, op="<=", threshold=1.1),
+            Target(name="trio: [bold]one name twice", value=1.0, op=">=", threshold=1.0),
+            Target(name="trio: [bold]one name twice", value=0.5, op=">=", threshold=1.0),
+        ],
     )
     run = dataclasses.replace(judged(quick), workloads=[*quick.workloads, new])
     gate = "gate time per call at 100,000 / at 10,000 calls, 10 keys"
@@ -137,6 +141,10 @@ def test_a_figure_this_run_lacks_is_missing_and_one_the_reference_lacks_has_none
     assert lines["keys: gate time per call at 10,000 / at 1,000 calls, 10 keys"].cells["asyncio"].reference is None
     rows = {line.split("  ")[0].strip(): line for line in first_screen(summary).splitlines() if ": " in line}
     assert re.search(r"<= 1\.1 +1\.200 NOT MET +none$", rows["limits: adaptive / best fixed limit"].rstrip())
+    # Two targets of one name each keep their line; their names are text, not rich markup.
+    twice = [line for line in summary.lines if line.label == "[bold]one name twice"]
+    assert [line.cells["trio"].state for line in twice] == ["met", "not met"]
+    assert first_screen(summary).count("limits: [bold]one name twice") == 2
 
 
 def test_the_quick_run_shows_figures_and_says_why_there_are_no_verdicts(quick: Run, reference: Run) -> None:
