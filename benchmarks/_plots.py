@@ -95,8 +95,8 @@ def mixed_figure(result: WorkloadResult) -> Figure | None:
     ax.set_xlabel("makespan of the batch set (ms, median and IQR)")
     ax.set_xlim(0, max(rows[SERIAL].stat.max, ideal) * 1.4)
     speedup = rows[SERIAL].stat.median / rows[DISPATCHER].stat.median
-    ax.set_title(
-        "\n".join(textwrap.wrap(_title(result), 80))
+    figure.suptitle(
+        "\n".join(textwrap.wrap(_title(result), 100))
         + f"\ndispatcher: {speedup:.2f}x faster than serial, and no write overlaps another call",
         fontsize=9,
     )
