@@ -676,9 +676,10 @@ def _wait(record: _Record, position: int, ordered: Sequence[_Record], ends: Sequ
     asked, answered = approval[0], approval[1]
     if wait is None and started - record.queued_at <= _WAITED_SECONDS:
         return None  # approved at once (an approver that needs no person): the event loop's ordinary delay
-    # The approval came before the start: if nothing that ended after it explains the start, the call
-    # started because it was approved; else the rule's wait stands, and part of it was the approval's.
-    ended_since = range(bisect.bisect_right(ends, (answered, math.inf)), bisect.bisect_right(ends, (started, math.inf)))
+    # The approval came before the start: if nothing that ended as it came or after explains the start,
+    # the call started because it was approved; else the rule's wait stands (an end at the very time of
+    # the answer held it as much), and part of it was the approval's.
+    ended_since = range(bisect.bisect_left(ends, (answered, -1)), bisect.bisect_right(ends, (started, math.inf)))
     if wait is None or wait.kind == "unrecorded" or not any(ends[i][1] != position for i in ended_since):
         return Wait(
             kind="approved",
