@@ -1,7 +1,9 @@
-"""Showing and saving results: progress lines, the terminal tables (`rich`), JSON files and plots.
+"""Showing and saving results: progress lines, the report (`rich`) and the JSON files.
 
-Results go to `benchmarks/results/` by default, which git ignores: running the suite never changes a
-tracked file. `benchmarks/reference.json` is the committed copy of the run that docs/benchmarks.md quotes.
+The report is one screen first (`render_summary`: every target, its figure and spread, the reference
+figure, met or not), then each workload's tables (`render`). Results go to `benchmarks/results/` by
+default, which git ignores: running the suite never changes a tracked file. `benchmarks/reference.json`
+is the committed copy of the run that docs/benchmarks.md quotes; the plots are drawn by `_plots`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ try:
 except ImportError as exc:  # pragma: no cover - the bench extra installs rich
     raise ImportError("the benchmark suite prints its tables with rich: pip install -e '.[bench]'") from exc
 
+from ._plots import save_plots
+from ._results import Run
+from ._summary import NO_VERDICTS, QUICK_NOTE, cell_text, figure, heading, reference_text, summarize
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -30,12 +36,26 @@ if TYPE_CHECKING:
 
     from ._measure import Stat
     from ._results import Target, WorkloadResult
+    from ._summary import Summary
 
-__all__ = ["NO_VERDICTS", "RESULTS_DIR", "Progress", "machine_info", "render", "save_plots", "write_results"]
+__all__ = [
+    "NO_VERDICTS",
+    "REFERENCE",
+    "RESULTS_DIR",
+    "Progress",
+    "machine_info",
+    "new_run",
+    "render",
+    "render_summary",
+    "save_plots",
+    "summarize",
+    "write_results",
+]
 
 # Where a run writes its JSON and plots unless told otherwise (`--output`); ignored by git.
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-NO_VERDICTS = "quick run: no verdicts, figures only"
+# The published figures the report sets each target against.
+REFERENCE = Path(__file__).resolve().parent / "reference.json"
 
 
 class Progress:
@@ -95,6 +115,72 @@ class Progress:
             self._status.update(escape(text))
 
 
+def _console(stream: TextIO | None) -> Console:
+    """Colours and the terminal's width on a terminal; plain text 160 columns wide elsewhere (CI logs)."""
+    stream = stream if stream is not None else sys.stdout
+    return Console(file=stream, width=None if stream.isatty() else 160, highlight=False)
+
+
+# The first screen ---------------------------------------------------------------------------------------
+
+
+def render_summary(
+    summary: Summary,
+    stream: TextIO | None = None,
+    *,
+    reference_path: str = "benchmarks/reference.json",
+    files: Sequence[str] = (),
+) -> None:
+    """Print the report's first screen: the run, then one line per target with its figure on each backend
+    (median and IQR), the reference figure and the verdict, then each workload's headline.
+
+    Args:
+        summary: What to show (`summarize`).
+        stream: Where to print (default: stdout).
+        reference_path: How to name the reference.
+        files: Lines saying where the run's files were written, printed last.
+    """
+    console = _console(stream)
+    run = summary.run
+    console.rule("[bold]Benchmark report")
+    console.print(f"run: {escape(heading(run))}")
+    if summary.reference is not None:
+        console.print(f"reference: {escape(reference_path)}, {escape(heading(summary.reference))}")
+    else:
+        console.print(f"reference: none ({escape(reference_path)} could not be read)")
+    if not run.verdicts:
+        console.print(escape(QUICK_NOTE))
+    if summary.lines:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        table.add_column("target")
+        table.add_column("goal", no_wrap=True)
+        for backend in summary.backends:
+            table.add_column(f"{backend}: median (IQR)" + ("" if not run.verdicts else ", verdict"), no_wrap=True)
+        table.add_column("reference", no_wrap=True)
+        for line in summary.lines:
+            cells = []
+            for backend in summary.backends:
+                text, style = cell_text(line.cells.get(backend))
+                cells.append(f"[{style}]{escape(text)}[/]" if style else escape(text))
+            label = escape(f"{line.workload}: {line.label}")
+            table.add_row(label, escape(line.goal), *cells, escape(reference_text(line, summary.backends)))
+        console.print(table)
+        if any(cell.other_sizes for line in summary.lines for cell in line.cells.values()):
+            console.print("* measured at this run's smaller sizes; the reference figure is the full run's.")
+    for name, headline in summary.headlines:
+        console.print(f"{escape(name)}: {escape(headline)}")
+    if run.verdicts:
+        counts = f"{summary.count('met')} met, {summary.count('not met')} not met"
+        if summary.count("missing"):
+            counts += f", {summary.count('missing')} missing from this run"
+        console.print(f"targets: {counts}.")
+    else:
+        console.print(f"targets: {summary.count('figure')} figures, no verdicts (quick run).")
+    for written in files:
+        console.print(escape(written))
+    console.print("The details follow, workload by workload.")
+
+
 # The table --------------------------------------------------------------------------------------------
 
 
@@ -119,9 +205,7 @@ def _range(stat: Stat) -> str:
     return f"{_number(stat.min)}-{_number(stat.max)}"
 
 
-def _verdict(target: Target, *, verdicts: bool) -> str:
-    if not verdicts:
-        return "figure only"
+def _verdict(target: Target) -> str:
     return "met" if target.met else "NOT MET"
 
 
@@ -148,11 +232,22 @@ def _tables(result: WorkloadResult, *, verdicts: bool) -> list[tuple[str, list[s
             ("ratios (median and min-max over paired repetitions)", ["case", "ratio", "median", "min-max", ""], rows)
         )
     if result.targets:
+        # The figure and the goal in columns of their own: "1.14" beside "<= 1.05" reads as a figure
+        # and a goal, where "1.14 <= 1.05" would read as a failed check in the quick run.
+        headers = ["target", "figure", "goal", *(["verdict"] if verdicts else []), ""]
         rows = [
-            [t.name, f"{_number(t.value)} {t.op} {_number(t.threshold)}", _verdict(t, verdicts=verdicts), t.detail]
+            [
+                t.name,
+                figure(t.value),
+                f"{t.op} {t.threshold:g}",
+                *([_verdict(t)] if verdicts else []),
+                t.detail,
+            ]
             for t in result.targets
         ]
-        tables.append(("targets", ["target", "check", "", ""], rows))
+        tables.append(
+            ("targets" if verdicts else "targets (figures only: no verdicts in the quick run)", headers, rows)
+        )
     return tables
 
 
@@ -164,12 +259,9 @@ def render(results: Sequence[WorkloadResult], stream: TextIO | None = None, *, v
         results: The workloads' results.
         stream: Where to print (default: stdout).
         verdicts: False prints the targets' figures without saying whether they are met (the quick run,
-            whose few repetitions on a loaded machine cannot support a verdict).
+            whose few repetitions on a loaded machine cannot support a verdict; the first screen says so).
     """
-    stream = stream if stream is not None else sys.stdout
-    console = Console(file=stream, width=None if stream.isatty() else 160)
-    if not verdicts:
-        console.print(NO_VERDICTS)
+    console = _console(stream)
     for result in results:
         console.rule(f"[bold]{escape(result.title)}")
         for title, headers, rows in _tables(result, verdicts=verdicts):
@@ -184,124 +276,29 @@ def render(results: Sequence[WorkloadResult], stream: TextIO | None = None, *, v
 # JSON -------------------------------------------------------------------------------------------------
 
 
-def write_results(
-    results: Sequence[WorkloadResult],
-    *,
-    command: str,
-    quick: bool,
-    elapsed: float,
-    directory: Path = RESULTS_DIR,
-) -> tuple[Path, Path]:
+def new_run(results: Sequence[WorkloadResult], *, command: str, quick: bool, elapsed: float) -> Run:
+    """A run just measured: its results, how it ran and the machine it ran on."""
+    return Run(
+        workloads=list(results),
+        command=command,
+        quick=quick,
+        verdicts=not quick,
+        elapsed_seconds=elapsed,
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        machine=machine_info(),
+    )
+
+
+def write_results(run: Run, directory: Path = RESULTS_DIR) -> tuple[Path, Path]:
     """Write `<timestamp>.json` and `latest.json` into `directory`; returns both paths.
 
     A quick run records no verdicts: every target's `met` is null, and `verdicts` is false.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.UTC)
-    workloads = {result.name: result.to_json() for result in results}
-    if quick:
-        for workload in workloads.values():
-            for target in workload["targets"]:
-                target["met"] = None
-    document = {
-        "created": now.isoformat(timespec="seconds"),
-        "command": command,
-        "quick": quick,
-        "verdicts": not quick,
-        "elapsed_seconds": round(elapsed, 1),
-        "machine": machine_info(),
-        "workloads": workloads,
-    }
-    text = json.dumps(document, indent=2, default=str) + "\n"
-    stamped = directory / f"{now.strftime('%Y%m%dT%H%M%SZ')}.json"
+    text = json.dumps(run.to_json(), indent=2, default=str) + "\n"
+    created = datetime.datetime.fromisoformat(run.created) if run.created else datetime.datetime.now(datetime.UTC)
+    stamped = directory / f"{created.strftime('%Y%m%dT%H%M%SZ')}.json"
     latest = directory / "latest.json"
     stamped.write_text(text)
     latest.write_text(text)
     return stamped, latest
-
-
-# Plots ------------------------------------------------------------------------------------------------
-
-
-def save_plots(results: Sequence[WorkloadResult], directory: Path = RESULTS_DIR) -> list[Path] | str:
-    """Draw the PNG plots; returns their paths, or why none were drawn (matplotlib is optional)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import matplotlib.ticker
-    except ImportError:
-        return "matplotlib is not installed (pip install -e '.[plot]'), so no plots were drawn"
-    directory.mkdir(parents=True, exist_ok=True)
-    by_name = {result.name: result for result in results}
-    paths: list[Path] = []
-    parallel = by_name.get("parallel")
-    if parallel is not None and parallel.series.get("makespan"):
-        points = parallel.series["makespan"]
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        labels = [str(point["limit"]) for point in points]
-        positions = list(range(len(points)))
-        for key, label, style in (
-            ("ideal_ms", "ideal: ceil(64/limit) x latency", "k--"),
-            ("reference_ms", "anyio tasks + CapacityLimiter", "s-"),
-            ("dispatcher_ms", "dispatcher", "o-"),
-        ):
-            ax.plot(positions, [point[key] for point in points], style, label=label)
-        ax.set_xticks(positions, labels)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-        ax.set_xlabel("max_concurrency")
-        ax.set_ylabel("makespan (ms, median)")
-        ax.set_title(f"64 read-only calls of {parallel.params.get('latency_ms', '?')} ms")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-        path = directory / "makespan_vs_concurrency.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
-    scale = by_name.get("scale")
-    if scale is not None and scale.series.get("time_per_call"):
-        points = scale.series["time_per_call"]
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        sizes = [point["calls"] for point in points]
-        ax.plot(sizes, [point["dispatcher_us"] for point in points], "o-", label="dispatcher")
-        ax.plot(sizes, [point["dispatcher_no_gc_us"] for point in points], "o:", label="dispatcher, gc disabled")
-        ax.plot(sizes, [point["reference_us"] for point in points], "s-", label="anyio task per call (same adapter)")
-        ax.plot(sizes, [point["reference_bare_us"] for point in points], "^-", label="anyio task per call (bare)")
-        ax.set_xscale("log")
-        ax.set_xlabel("calls in one batch")
-        ax.set_ylabel("time per call (us, median)")
-        ax.set_ylim(bottom=0)
-        ax.set_title("Zero-latency read-only calls: time per call against batch size")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-        path = directory / "time_per_call_vs_batch_size.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
-    online = by_name.get("adaptive")
-    if online is not None:
-        names = [name for name in ("changing", "bursty", "bucket") if online.series.get(f"limit {name}")]
-        if names:
-            fig, axes = plt.subplots(len(names), 1, figsize=(8, 2.6 * len(names)), sharex=False, squeeze=False)
-            for ax, name in zip(axes[:, 0], names, strict=True):
-                points = online.series[f"limit {name}"]
-                steps = online.series[f"steps {name}"]
-                ax.step([p["t"] for p in points], [p["limit"] for p in points], where="post", label="adaptive limit")
-                ax.step(
-                    [p["t"] for p in steps], [p["capacity"] for p in steps], "k--", where="post", label="true capacity"
-                )
-                ax.set_ylabel("calls in flight")
-                ax.set_title(f"{name}: the limit over time against the server's capacity (virtual clock)")
-                ax.grid(True, alpha=0.3)
-                ax.legend(loc="upper left")
-            axes[-1, 0].set_xlabel("seconds")
-            path = directory / "adaptive_limit.png"
-            fig.tight_layout()
-            fig.savefig(path, dpi=110)
-            plt.close(fig)
-            paths.append(path)
-    return paths

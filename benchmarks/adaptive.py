@@ -288,7 +288,7 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
     result = WorkloadResult(
         name="adaptive",
         title=(
-            f"9. The online limit (max_concurrency='auto') against tune's, 64 and an oracle, virtual clock: "
+            f"10. The online limit (max_concurrency='auto') against tune's, 64 and an oracle, virtual clock: "
             f"{config.latency * 1000:g} ms calls, capacities {'->'.join(map(str, config.capacities))} "
             f"every {config.phase:g} s, a {config.rate:g}/s token bucket, a server whose goodput collapses"
         ),

@@ -99,6 +99,7 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
                 threshold=1.0,
                 detail=f"same per-call tool work on both sides; {ratio.n} paired runs, "
                 f"min-max {ratio.min:.2f}-{ratio.max:.2f}",
+                spread=ratio,
             )
         )
     return result

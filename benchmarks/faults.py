@@ -112,6 +112,7 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
         },
     )
     ideal_ms = ideal_total(mixed) * 1000
+    found: dict[str, dict[str, tuple[float, float]]] = {RETRY: {}, NO_RETRY: {}}
     for rate in config.rates:
         samples, outcomes = anyio.run(_measure, config, rate, progress, backend=config.backend)
         case = f"fault rate {rate:.0%}"
@@ -121,6 +122,18 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
             result.row(case, name, "ms", ms[name], note=f"{median / ideal_ms:.3f}x fault-free ideal")
             result.row(case, name, "% calls OK", [100 * ok for ok, _ in outcomes[name]])
             result.row(case, name, "attempts/call", [attempts for _, attempts in outcomes[name]])
+            found[name][f"{rate:.0%}"] = (Stat.of([100 * ok for ok, _ in outcomes[name]]).median, median / ideal_ms)
         result.comparisons.append(Comparison.paired(case, (RETRY, ms[RETRY]), (NO_RETRY, ms[NO_RETRY]), better="lower"))
     result.row("fault-free", "ideal (ordered barriers)", "ms", [ideal_ms])
+
+    def ok(name: str) -> str:
+        return " / ".join(f"{share:.1f}%" for share, _ in found[name].values())
+
+    def makespan(name: str) -> str:
+        return " / ".join(f"{ratio:.2f}x" for _, ratio in found[name].values())
+
+    result.headline = (
+        f"calls OK at {' / '.join(found[RETRY])} faults: {ok(RETRY)} with retries ({ok(NO_RETRY)} without), "
+        f"in {makespan(RETRY)} the fault-free ideal makespan ({makespan(NO_RETRY)})"
+    )
     return result

@@ -173,6 +173,7 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
                 op="<=",
                 threshold=0.9,
                 detail=f"same per-call work done sequentially with the SDK's public API; {spread(floor)}",
+                spread=Stat.of(floor),
             )
         )
         unlimited = paired_ratios(per_call[UNLIMITED], per_call[DISPATCHER])
@@ -183,6 +184,7 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
                 op="<=",
                 threshold=1.1,
                 detail=spread(unlimited),
+                spread=Stat.of(unlimited),
             )
         )
         result.targets.append(

@@ -278,7 +278,7 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
     result = WorkloadResult(
         name="peers",
         title=(
-            f"8. Peers: {config.calls:,} zero-latency calls, and {config.sleep_calls} calls of "
+            f"9. Peers: {config.calls:,} zero-latency calls, and {config.sleep_calls} calls of "
             f"{config.sleep * 1000:g} ms, in one batch"
         ),
         params={
@@ -331,6 +331,16 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
                             better="lower" if name.startswith(DISPATCHER) else "higher",
                         )
                     )
+    zero_case = f"{config.backends[0]}: {config.calls:,} calls, zero latency"
+    slower = [
+        f"{c.numerator} {c.ratio.median:.1f}x"
+        for c in result.comparisons
+        if c.case == zero_case and c.numerator in (LANGGRAPH, PYDANTIC_AI, OPENAI_AGENTS)
+    ]
+    if slower:
+        result.headline = f"time per zero-latency call against the dispatcher's ({config.backends[0]}): " + ", ".join(
+            slower
+        )
     result.notes.append(
         "ratios are peer / dispatcher: above 1 the peer is slower. LangGraph, pydantic-ai and the OpenAI "
         "Agents SDK run on asyncio only; their figures include a per-run cost (two scripted model turns)."

@@ -15,15 +15,18 @@ queued is matched with the call whose end came last before its start (within a s
 events, which say whether each call ran alone (`ToolEntry.exclusive`) and which conflict keys it held,
 that end is named for what it was: the write before the call, the calls a write had to wait for, or a
 call that did not conflict and so freed a place under a concurrency limit. Results alone carry neither
-the class nor the keys, so the timeline says only which call's end the start followed. A call refused
-approval is marked so (its status says it). Neither events nor results record when an approval was asked
-and answered, or which limit (the dispatcher's or its server's) held a call back: a wait with no
-recorded end before it is shown as a wait the record does not explain.
+the class nor the keys, so the timeline says only which call's end the start followed. Events record when
+an approval was asked and answered: a call that started as its approval came waited for the approval, and
+any other wait says how much of it the person took. From results, a call refused approval is marked so
+(its status says it); an approved one is not told apart. Neither record says which limit (the
+dispatcher's or its server's) held a call back: a wait with no recorded end before it is shown as a wait
+the record does not explain.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -40,7 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Timeline", "TimelineRow", "Wait"]
 
-WaitKind = Literal["write", "writes_alone", "limit", "after", "approval", "unrecorded"]
+WaitKind = Literal["write", "writes_alone", "limit", "after", "approved", "approval", "unrecorded"]
 
 # A start this soon after submission, with nothing before it that it had to wait for, is the event loop's
 # ordinary delay in starting a task (milliseconds on a busy machine), not a wait.
@@ -90,22 +93,26 @@ class Wait:
             ``"writes_alone"`` (the call is a write: calls submitted before it had to end first),
             ``"limit"`` (a call it does not conflict with ended and freed a place under a concurrency
             limit), ``"after"`` (it started as `after` ended; the record holds no classes or keys to say
-            why: a timeline built from results), ``"approval"`` (it waited for a person, who refused or
-            did not answer: its status is DENIED) or ``"unrecorded"`` (it waited, and nothing the
-            record holds ended just before it started: an approval, a coordinator, or a call outside
-            this timeline).
+            why: a timeline built from results), ``"approved"`` (it started as its approval came, after
+            nothing else it waited for: from events), ``"approval"`` (it waited for a person, who
+            refused or did not answer: its status is DENIED) or ``"unrecorded"`` (it waited, and
+            nothing the record holds ended just before it started: an approval results cannot show, a
+            coordinator, or a call outside this timeline).
         seconds: How long it waited, from submission to its start (or its result, if it never ran).
         unexplained: Of that, the seconds between the last end it waited for and its start, which the
             record does not account for (the event loop's delay in starting it, or an approval); the
             whole wait for ``"unrecorded"``.
         after: The call whose end it waited for; for ``"limit"``, when its turn had come first at the end
             of a call it conflicts with, that call, then the one whose end freed its place.
+        approval: Of the wait, the seconds from the approval's request to its answer (from events; 0.0
+            when none was asked or the record does not say).
     """
 
     kind: WaitKind
     seconds: float
     after: tuple[str, ...] = ()
     unexplained: float = 0.0
+    approval: float = 0.0
 
     def describe(self) -> str:
         """The wait in words, for a row of the text timeline."""
@@ -126,8 +133,12 @@ class Wait:
             text = f"waited {ms}, until {named} ended"
         elif self.kind == "approval":
             return f"waited {ms} for an approval that was not given"
+        elif self.kind == "approved":
+            text = f"waited {ms} for its approval, which took {self.approval * 1000:.0f} ms to come"
         else:
             return f"waited {ms} for something this record does not show (an approval, a coordinator)"
+        if self.approval and self.kind != "approved":
+            text += f", {self.approval * 1000:.0f} ms of it for an approval"
         if self.unexplained > max(_FOLLOW_SECONDS, _FOLLOW_SHARE * self.seconds):
             text += f", then {self.unexplained * 1000:.0f} ms the record does not explain"
         return text
@@ -204,6 +215,8 @@ class _Record:
     error: str | None
     untrusted_content: bool
     effect: Effect | None = None
+    # When its approval was first asked and last answered (None: not answered), from events.
+    approval: tuple[float, float | None] | None = None
 
 
 class Timeline:
@@ -583,6 +596,8 @@ def _from_call_events(history: list[CallEvent], batch: int) -> _Record:
     result = finished.result if finished is not None else None
     entry = next((event.tool for event in reversed(history) if event.tool is not None), None)
     keys = next((event.keys for event in reversed(history) if event.keys), ())
+    asked = next((event.time for event in history if event.kind == "approval_asked"), None)
+    answered = next((event.time for event in reversed(history) if event.kind == "approval_answered"), None)
     return _Record(
         call=queued.call,
         batch=batch,
@@ -599,6 +614,7 @@ def _from_call_events(history: list[CallEvent], batch: int) -> _Record:
         error=result.error if result is not None else None,
         untrusted_content=result.untrusted_content if result is not None else False,
         effect=result.effect if result is not None else None,
+        approval=(asked, answered) if asked is not None else None,
     )
 
 
@@ -646,9 +662,39 @@ def _wait(record: _Record, position: int, ordered: Sequence[_Record], ends: Sequ
 
     `ordered` is every call in submission order, `ends` their (end, position) pairs sorted by end.
     """
-    if record.started_at is None:
+    started, approval = record.started_at, record.approval
+    if started is None:
         if record.status is CallStatus.DENIED and record.finished_at is not None:
-            return Wait(kind="approval", seconds=record.finished_at - record.queued_at)
+            took = 0.0
+            if approval is not None:
+                took = (approval[1] if approval[1] is not None else record.finished_at) - approval[0]
+            return Wait(kind="approval", seconds=record.finished_at - record.queued_at, approval=took)
+        return None
+    wait = _rule_wait(record, position, ordered, ends)
+    if approval is None or approval[1] is None or approval[1] > started:
+        return wait
+    asked, answered = approval[0], approval[1]
+    if wait is None and started - record.queued_at <= _WAITED_SECONDS:
+        return None  # approved at once (an approver that needs no person): the event loop's ordinary delay
+    # The approval came before the start: if nothing that ended as it came or after explains the start,
+    # the call started because it was approved; else the rule's wait stands (an end at the very time of
+    # the answer held it as much), and part of it was the approval's.
+    ended_since = range(bisect.bisect_left(ends, (answered, -1)), bisect.bisect_right(ends, (started, math.inf)))
+    if wait is None or wait.kind == "unrecorded" or not any(ends[i][1] != position for i in ended_since):
+        return Wait(
+            kind="approved",
+            seconds=started - record.queued_at,
+            unexplained=started - answered,
+            approval=answered - asked,
+        )
+    return dataclasses.replace(wait, approval=answered - asked)
+
+
+def _rule_wait(
+    record: _Record, position: int, ordered: Sequence[_Record], ends: Sequence[tuple[float, int]]
+) -> Wait | None:
+    """What the conflict rule and the limits made the call wait for (a call that started)."""
+    if record.started_at is None:
         return None
     waited = record.started_at - record.queued_at
     if waited <= 0:

@@ -14,7 +14,9 @@ import pytest
 
 from benchmarks import batches, executors, keys, mixed, overhead, parallel, peers, scale, through_mcp
 from benchmarks._cli import SKIPPED, WORKLOADS, chosen, main
-from benchmarks._report import NO_VERDICTS, RESULTS_DIR, Progress, render, save_plots, write_results
+from benchmarks._report import NO_VERDICTS, RESULTS_DIR, Progress, new_run, render, save_plots, write_results
+from benchmarks._results import Run
+from benchmarks._summary import QUICK_NOTE
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -140,6 +142,12 @@ def test_scale_reports_time_and_memory_per_call() -> None:
         "asyncio: 4. objects per finished call the cyclic collector must free",
         "asyncio: 3. longest event-loop stall while 1,500 calls dispatch (ms)",
     ]
+    # Found in the reference by the names they have in the full run.
+    assert [target.reference_key for target in result.targets] == [
+        "asyncio: 4. time per call at 100,000 / at 1,000",
+        "asyncio: 4. objects per finished call the cyclic collector must free",
+        "asyncio: 3. longest event-loop stall while 100,000 calls dispatch (ms)",
+    ]
 
 
 def test_executors_compares_with_the_workers_and_with_another_run(tmp_path: Path) -> None:
@@ -210,20 +218,23 @@ def test_peers_without_the_extra_says_how_to_install_it(monkeypatch: pytest.Monk
 
 
 def test_report_json_and_plots(tmp_path: Path) -> None:
-    """Results render as a table and are written as JSON with machine info; plots are drawn or skipped."""
+    """Results render as a table and are written as JSON with machine info, which reads back as the same run."""
     results = [batches.run(batches.Config(batches=5, repeat=1), QUIET)]
     out = io.StringIO()
     render(results, out)
     assert "Many small batches" in out.getvalue()
-    stamped, latest = write_results(results, command="test", quick=False, elapsed=1.0, directory=tmp_path)
+    run = new_run(results, command="test", quick=False, elapsed=1.0)
+    stamped, latest = write_results(run, tmp_path)
     document = json.loads(latest.read_text())
     assert stamped.read_text() == latest.read_text()
     assert document["verdicts"] is True
     assert document["machine"]["cpu_count"] >= 1
     assert document["machine"]["packages"]["anyio"]
     assert document["workloads"]["batches"]["rows"]
-    plots = save_plots(results, tmp_path)
-    assert isinstance(plots, str | list)
+    assert all(target["spread"]["n"] == 1 for target in document["workloads"]["batches"]["targets"])
+    assert Run.load(latest) == run
+    # The batches workload has no plot.
+    assert save_plots(results, tmp_path) == []
 
 
 def test_quick_run_gives_no_verdicts(tmp_path: Path) -> None:
@@ -247,9 +258,9 @@ def test_quick_run_gives_no_verdicts(tmp_path: Path) -> None:
     out = io.StringIO()
     render(results, out, verdicts=False)
     text = out.getvalue()
-    assert NO_VERDICTS in text and "figure only" in text
+    assert "figures only: no verdicts in the quick run" in text
     assert "NOT MET" not in text and " met " not in text
-    _, latest = write_results(results, command="test", quick=True, elapsed=1.0, directory=tmp_path)
+    _, latest = write_results(new_run(results, command="test", quick=True, elapsed=1.0), tmp_path)
     document = json.loads(latest.read_text())
     assert document["verdicts"] is False
     assert all(target["met"] is None for target in document["workloads"]["mcp"]["targets"])
@@ -284,10 +295,14 @@ def test_command_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Non
 
 
 def test_quick_command_line_gives_no_verdicts(capsys: pytest.CaptureFixture[str]) -> None:
-    """`--quick` says on stderr and in the table that it gives no verdicts."""
+    """`--quick` says on stderr and on the report's first screen that it gives no verdicts, and gives none."""
     main(["--quick", "--only", "batches", "--repeat", "1", "--no-save"])
     captured = capsys.readouterr()
-    assert NO_VERDICTS in captured.err and NO_VERDICTS in captured.out
+    assert NO_VERDICTS in captured.err
+    first_screen, _, details = captured.out.partition("The details follow")
+    assert " ".join(QUICK_NOTE.split()) in " ".join(first_screen.split())
+    assert "batches: 5. batches/s" in first_screen and details
+    assert re.search(r"\b(met|MET|missing)\b", captured.out) is None
 
 
 def test_the_quick_run_leaves_out_the_peers() -> None:

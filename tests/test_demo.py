@@ -41,7 +41,8 @@ async def test_demo_turns_run_reads_together_and_writes_alone() -> None:
 @pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
 @pytest.mark.anyio
 async def test_demo_timeline_on_a_virtual_clock() -> None:
-    """On a virtual clock the timeline is exact: approvals are asked at once while the first write runs."""
+    """On a virtual clock the timeline is exact: approvals are asked at once while the first write runs, and
+    each wait says how much of it the person took."""
     lines: list[str] = []
     await run(latency=0.1, out=lines.append)
     turn_2 = lines[lines.index("turn 2: 6 calls") + 1 :]
@@ -49,7 +50,7 @@ async def test_demo_timeline_on_a_virtual_clock() -> None:
     assert turn_2[2:8] == [
         "  toolu_05 append_note  |oooooooooo                              |      0 ->    100 ms  ok",
         "  toolu_06 set_note     |----------oooooooooo                    |    100 ->    200 ms  ok; "
-        "waited 100 ms for the write before it (toolu_05)",
+        "waited 100 ms for the write before it (toolu_05), 100 ms of it for an approval",
         "  toolu_07 read_note    |--------------------oooooooooo          |    200 ->    300 ms  ok; "
         "waited 200 ms for the write before it (toolu_06)",
         "  toolu_08 search_notes |--------------------oooooooooo          |    200 ->    300 ms  ok; "
@@ -57,7 +58,7 @@ async def test_demo_timeline_on_a_virtual_clock() -> None:
         "  toolu_09 read_note    |--------------------oooooooooo          |    200 ->    300 ms  ok; "
         "waited 200 ms for the write before it (toolu_06)",
         "  toolu_10 delete_note  |------------------------------oooooooooo|    300 ->    400 ms  ok; "
-        "waited 300 ms: runs alone, after the calls before it (the last: toolu_09)",
+        "waited 300 ms: runs alone, after the calls before it (the last: toolu_09), 100 ms of it for an approval",
     ]
     assert turn_2[13:17] == [
         "  approval for toolu_06 asked at 0 ms: approved",

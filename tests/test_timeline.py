@@ -144,8 +144,10 @@ async def test_text_separates_batches_of_a_session() -> None:
     assert lines[2] == "batch 1" and lines[5] == "batch 2"
 
 
-async def test_a_refused_approval_and_an_unrecorded_wait() -> None:
-    """A call refused approval waited for it; an approved call with nothing before it shows an unrecorded wait."""
+@BACKENDS
+async def test_approvals_are_waits_of_their_own(virtual_clock: bool) -> None:
+    """From events, a call that started when a person approved it waited for the approval (and how long the
+    person took); a refused one waited for an approval not given; results alone cannot tell the first apart."""
 
     async def person(request: Any) -> bool:
         await anyio.sleep(LATENCY)
@@ -155,14 +157,62 @@ async def test_a_refused_approval_and_an_unrecorded_wait() -> None:
         [ToolCall("ok", "delete_note", {"name": "a"}), ToolCall("no", "delete_note", {"name": "b"})],
         approve=person,
     )
+    assert [event.kind for event in events if event.call.id == "ok"] == [
+        "queued",
+        "approval_asked",
+        "approval_answered",
+        "started",
+        "finished",
+    ]
+    assert [event.kind for event in events if event.call.id == "no"] == [
+        "queued",
+        "approval_asked",
+        "approval_answered",
+        "finished",
+    ]
+    answers = [event for event in events if event.kind == "approval_answered"]
+    assert sorted((event.call.id, event.error is None) for event in answers) == [("no", False), ("ok", True)]
     rows = _by_id(Timeline.from_events(events))
-    assert rows["ok"].status is CallStatus.OK
-    # Events do not record approvals: the record says only that it waited with nothing ending before it.
-    assert rows["ok"].wait is not None and rows["ok"].wait.kind == "unrecorded"
-    assert "does not show (an approval" in rows["ok"].wait.describe()
-    assert rows["no"].status is CallStatus.DENIED
-    assert rows["no"].wait is not None and rows["no"].wait.kind == "approval"
-    assert Timeline.from_results(results).rows[1].wait == rows["no"].wait
+    ok, no = rows["ok"].wait, rows["no"].wait
+    assert rows["ok"].status is CallStatus.OK and ok is not None and ok.kind == "approved"
+    assert rows["no"].status is CallStatus.DENIED and no is not None and no.kind == "approval"
+    for wait in (ok, no):
+        assert wait.approval == pytest.approx(LATENCY) if virtual_clock else LATENCY * 0.9 <= wait.approval <= 1.0
+        assert wait.seconds >= wait.approval
+    assert re.fullmatch(r"waited \d+ ms for its approval, which took \d+ ms to come", ok.describe())
+    assert no.describe().endswith("for an approval that was not given")
+    # Results do not record the approval: the approved call's wait has no cause in them.
+    from_results = _by_id(Timeline.from_results(results))
+    assert from_results["ok"].wait is not None and from_results["ok"].wait.kind == "unrecorded"
+    assert "does not show (an approval" in from_results["ok"].wait.describe()
+    assert from_results["no"].wait is not None and from_results["no"].wait.kind == "approval"
+    trace = Timeline.from_events(events).chrome_trace()["traceEvents"]
+    waits = {event["name"] for event in trace if event.get("cat") == "wait"}
+    assert waits == {"waiting: approved", "waiting: approval"}
+
+
+@pytest.mark.parametrize(
+    "anyio_backend",
+    [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")],
+)
+async def test_an_approval_given_before_the_write_it_waits_for_ends() -> None:
+    """A call approved while the write before it still runs waited for that write; the approval's share is named."""
+
+    async def person(request: Any) -> bool:
+        if request.call.id == "d":
+            await anyio.sleep(LATENCY / 5)
+        return True
+
+    _, (events,) = await _run_turns(
+        [ToolCall("w", "set_note", {"name": "a", "text": "1"}), ToolCall("d", "delete_note", {"name": "a"})],
+        approve=person,
+    )
+    rows = _by_id(Timeline.from_events(events))
+    assert rows["w"].wait is None  # approved at once: no wait to speak of
+    wait = rows["d"].wait
+    assert wait is not None and (wait.kind, wait.after) == ("write", ("w",))
+    assert wait.seconds == pytest.approx(LATENCY) and wait.approval == pytest.approx(LATENCY / 5)
+    assert wait.describe() == "waited 50 ms for the write before it (w), 10 ms of it for an approval"
 
 
 @pytest.mark.parametrize(

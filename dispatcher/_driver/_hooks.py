@@ -83,6 +83,8 @@ class CallHooks:
 
     async def ask(self, request: ApprovalRequest, state: CallState) -> str | None:
         """Ask the approver; None if approved, else the denial for the call's result."""
+        if self.observer is not None:
+            self.observer.approval_asked(request, state)
         denial = await ask(self.approver, request, self.policy.timeout)
         if self.observer is not None:
             self.observer.approval(state, request, denial)

@@ -2,9 +2,10 @@
 
 Both are off unless configured, and cost nothing then: the scheduler checks one attribute per call.
 
-- The event hook is a plain callable that receives a `CallEvent` when a call is queued, starts, is
-  retried and finishes. It runs synchronously inside the scheduler, so it should be quick (append to a
-  list, put on a queue, log a line); an exception it raises is logged and otherwise ignored.
+- The event hook is a plain callable that receives a `CallEvent` when a call is queued, waits for an
+  approval and gets the answer, starts, is retried and finishes. It runs synchronously inside the
+  scheduler, so it should be quick (append to a list, put on a queue, log a line); an exception it
+  raises is logged and otherwise ignored.
 - Tracing uses only the ``opentelemetry-api`` package (``pip install mcp-dispatcher[otel]``), imported when
   a dispatcher opens. With no API installed, or no SDK configured (the global tracer provider is still
   the API's proxy or no-op provider), nothing is traced. Each call gets a span from its submission to
@@ -41,7 +42,7 @@ __all__ = ["CallEvent", "CallState", "EventKind", "Observer", "progress_reporter
 
 logger = logging.getLogger("dispatcher")
 
-EventKind = Literal["queued", "started", "retried", "progress", "finished"]
+EventKind = Literal["queued", "approval_asked", "approval_answered", "started", "retried", "progress", "finished"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,16 +50,20 @@ class CallEvent:
     """Something that happened to a call, for the `Dispatcher(on_event=...)` hook.
 
     Attributes:
-        kind: ``"queued"`` (submitted), ``"started"`` (its first attempt began), ``"retried"`` (another
-            attempt began after a transient failure), ``"progress"`` (the server reported progress on
-            it, an MCP progress notification) or ``"finished"`` (it has its result).
+        kind: ``"queued"`` (submitted), ``"approval_asked"`` (the approver was asked about it: it waits
+            for the answer), ``"approval_answered"`` (the answer came: `error` is the denial, None when
+            approved), ``"started"`` (its first attempt began), ``"retried"`` (another attempt began
+            after a transient failure), ``"progress"`` (the server reported progress on it, an MCP
+            progress notification) or ``"finished"`` (it has its result). A call whose tool changed
+            while its approval was asked is asked again: a second pair of approval events.
         call: The call.
         time: When it happened, on the event loop's clock (`anyio.current_time()`), like the times of
             `ToolResult`.
         tool: The catalogue entry the call resolved to, or None if it resolved to nothing.
         attempt: The attempt that started (``started``: 1, ``retried``: 2 or more); for ``finished``, the
             number of attempts made; 0 for ``queued``.
-        error: For ``retried``, why the previous attempt failed; for ``finished``, the result's error.
+        error: For ``retried``, why the previous attempt failed; for ``finished``, the result's error;
+            for ``approval_answered``, why the call was refused (None: approved).
         result: For ``finished``, the result; else None.
         keys: The call's conflict keys (see docs/conflicts.md; ``("",)`` is the root key, which
             conflicts with every call); empty for ``queued`` and for a call that never got keys.
@@ -182,7 +187,21 @@ class Observer:
             )
         self._emit(CallEvent("queued", call, time, tool=entry))
 
+    def approval_asked(self, request: ApprovalRequest, state: CallState) -> None:
+        """The approver is being asked about a call (its answer comes as `approval`)."""
+        self._emit(CallEvent("approval_asked", request.call, anyio.current_time(), tool=state.entry, keys=state.keys))
+
     def approval(self, state: CallState, request: ApprovalRequest, denial: str | None) -> None:
+        self._emit(
+            CallEvent(
+                "approval_answered",
+                request.call,
+                anyio.current_time(),
+                tool=state.entry,
+                keys=state.keys,
+                error=denial,
+            )
+        )
         span = state.span
         if span is not None:
             if denial is None:
