@@ -266,8 +266,10 @@ class Workspace:
         name: str = "workspace",
         fence: str | None = None,
         idempotency_key: str | None = None,
+        uncancellable: bool = False,
     ) -> None:
         _check_latency("latency", latency)
+        self._uncancellable = uncancellable
         if fence is not None and (not isinstance(fence, str) or not fence):
             raise ValueError(f"fence must be the name of a _meta entry, got {fence!r}; use None for no fencing")
         self._fence_meta = fence
@@ -581,7 +583,8 @@ class Workspace:
         outcome: Outcome = "tool_error"
         try:
             # Sleep even for zero latency: the checkpoint lets concurrent calls start and overlap.
-            await anyio.sleep(delay)
+            with anyio.CancelScope(shield=self._uncancellable):
+                await anyio.sleep(delay)
             key = _KEY.get()
             with self._lock:
                 if self.fenced is not None and self._writes(tool):

@@ -75,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             name=args.name,
             fence=args.fence,
             idempotency_key=args.idempotency_key,
+            uncancellable=args.uncancellable,
         )
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
@@ -181,6 +182,9 @@ def _parser() -> argparse.ArgumentParser:
     faults.add_argument("--exit-after", type=int, metavar="N", help="exit abruptly on the N-th tool call (a crash)")
     parser.add_argument(
         "--fence", metavar="META", help="fenced mode: refuse writes whose fencing token (this _meta entry) is stale"
+    )
+    parser.add_argument(
+        "--uncancellable", action="store_true", help="calls run to their end even when cancelled or their client is gone"
     )
     faults.add_argument("--ledger", type=pathlib.Path, metavar="PATH", help="append a JSON line per tool call to PATH")
     transport = parser.add_mutually_exclusive_group()
