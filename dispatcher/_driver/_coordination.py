@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import anyio
 
 from .._core._errors import ConfigurationError, DispatcherError
-from .._core._lifecycle import Ending
+from .._core._lifecycle import Ending, Moment
 from ._retry import Budget
 
 if TYPE_CHECKING:
@@ -264,8 +264,10 @@ def admitted_runner(
     ) -> None:
 
         def lost(reason: str) -> None:
-            # Settling interrupts the call where it is; the lease's own scope ends the block.
-            work.settle(Ending.HOLD_LOST, anyio.current_time(), reason)
+            # Settling interrupts the call where it is; the lease's own scope ends the block. A call whose
+            # request may have left is abandoned with an unknown outcome, one whose request never left failed.
+            ending = Ending.HOLD_LOST_IN_FLIGHT if work.moment is Moment.SENT else Ending.HOLD_LOST
+            work.settle(ending, anyio.current_time(), reason)
             scope.cancel()
 
         # While it waits, cancelling the call (or closing the dispatcher) interrupts the wait.

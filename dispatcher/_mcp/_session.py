@@ -536,11 +536,6 @@ class MCPTool:
         self, prepared: dict[str, Any], progress: ProgressFnT | None, lease: Lease | None
     ) -> CallToolResult:
         client = self.client
-        if not getattr(client, "marks_sent", False):
-            # Past this point the SDK may write the request: the call's effect is unknown until it answers.
-            # (A connection the dispatcher owns marks it itself, once it has a client to send on.)
-            mark_sent()
-        meta = request_meta()  # an idempotency key, for a server that takes it in `_meta`
         try:
             keyed = request_meta()  # an idempotency key, for a server that takes it in `_meta`
             if lease is None:
@@ -557,7 +552,8 @@ class MCPTool:
             prepared, fenced = lease.stamp(prepared)
             meta = {**(keyed or {}), **(fenced or {})} or None
             try:
-                if isinstance(client, Client):
+                if not getattr(client, "marks_sent", False):
+                    # Marked sent only once the lease is confirmed: a call given up here never left.
                     lease.confirm()  # the fleet hold still holds: nothing awaits between this and the send
                     mark_sent()
                     return await client.call_tool(
