@@ -74,7 +74,17 @@ class Lease:
         fence_meta: The request's `_meta` entry that carries `token`, if the server reads it there.
     """
 
-    __slots__ = ("_on_lost", "fence_argument", "fence_meta", "margin", "reason", "server", "token", "valid_until")
+    __slots__ = (
+        "_on_lost",
+        "fence_argument",
+        "fence_meta",
+        "margin",
+        "reason",
+        "sent",
+        "server",
+        "token",
+        "valid_until",
+    )
 
     def __init__(
         self,
@@ -96,6 +106,8 @@ class Lease:
         self.margin = margin
         self.fence_argument = fence_argument
         self.fence_meta = fence_meta
+        self.sent = False
+        """Whether a request the hold covers was confirmed (and so sent): it may run on the server."""
 
     def confirm(self) -> None:
         """Check, right before a request the hold covers is sent, that the hold cannot have ended.
@@ -111,6 +123,7 @@ class Lease:
             self.lose("its lease could have ended before the request was sent (the process was late, or frozen)")
         if self.reason is not None:
             raise CoordinationError(self.reason)
+        self.sent = True
 
     def stamp(self, arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """The arguments and the `_meta` to send: the fencing token added where the server reads it."""

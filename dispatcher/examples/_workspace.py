@@ -239,6 +239,9 @@ class Workspace:
             idempotency key (declare it to the dispatcher with ``IdempotencyKeys(argument=...)``):
             the workspace remembers each key with the first outcome of its call and answers a
             repeated key with that outcome, applying nothing again. None (the default): no keys.
+        uncancellable: Whether every call runs to its end even when its client cancels it or goes away
+            (as a database transaction or a build would), for tests of writes that outlive their caller:
+            the ledger then shows how long an abandoned write went on.
 
     Raises:
         ValueError: A knob is out of range or names a tool the workspace does not have.

@@ -184,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
         "--fence", metavar="META", help="fenced mode: refuse writes whose fencing token (this _meta entry) is stale"
     )
     parser.add_argument(
-        "--uncancellable", action="store_true", help="calls run to their end even when cancelled or their client is gone"
+        "--uncancellable", action="store_true", help="calls run to their end, even cancelled or with their client gone"
     )
     faults.add_argument("--ledger", type=pathlib.Path, metavar="PATH", help="append a JSON line per tool call to PATH")
     transport = parser.add_mutually_exclusive_group()

@@ -17,16 +17,18 @@ which is the bound on noticing a lease that expired with nobody left to release 
 
 Holds are leases: each process renews all its holds every `lease_ttl / 3` in one script call per
 server. A process that stops renewing (killed, frozen, cut off) loses its holds `lease_ttl` after its
-last renewal; they are then free for the others within `lease_ttl + recheck`. A process that cannot
-renew gives the calls up itself `recheck` seconds before their leases end (they end FAILED, abandoned like
-a timed-out call, since the server may still be running them). Each lease end is measured from before the
-request that granted or renewed it was sent, and each request a hold covers is confirmed against it right
-before it is sent (`Lease.confirm`, synchronous): no request leaves after its lease could have ended, and a
-grant whose reply came too late is given back. A request already on its way when the lease ends (delayed
-in the client, the network or the server) can still run beside the next holder's; only the server can
-refuse it, by the hold's fencing token (`FleetServer.fence_argument` / `fence_meta`; see `_lua`).
-A call that cannot get its hold because Redis cannot be reached ends FAILED with the reason, and never
-runs unguarded.
+last renewal, a write's hold on a `shared_state` server `max_write_time` later still (`FleetServer`);
+they are then free for the others within `recheck` more. A process that cannot renew gives the calls up
+itself `recheck` seconds before their leases end: a call whose request had not left ends FAILED (never
+ran), one whose request had left ends TIMEOUT with an unknown effect (the server may still be running
+it), and that write's turn is kept in Redis for `max_write_time` from then. Each lease end is measured
+from before the request that granted or renewed it was sent, and each request a hold covers is confirmed
+against it right before it is sent (`Lease.confirm`, synchronous): no request leaves after its lease
+could have ended, and a grant whose reply came too late is given back. A request already on its way
+when the lease ends (delayed in the client, the network or the server) can still run beside the next
+holder's once `max_write_time` has passed too; only the server can refuse it, by the hold's fencing token
+(`FleetServer.fence_argument` / `fence_meta`; see `_lua`). A call that cannot get its hold because Redis
+cannot be reached ends FAILED with the reason, and never runs unguarded.
 
 redis-py's asyncio client runs only on asyncio. Under trio the coordinator uses redis-py's blocking
 client in worker threads (its own `CapacityLimiter`, so it never starves `anyio.to_thread` users);
@@ -69,6 +71,11 @@ _SCRIPTS = {
 }
 
 
+DEFAULT_MAX_WRITE_TIME = 60.0
+"""`FleetServer.max_write_time` of a shared-state server without a fencing token: the dispatcher's
+default `call_timeout`."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FleetServer:
     """What the fleet shares about one server. Every process must configure it the same way.
@@ -87,6 +94,14 @@ class FleetServer:
             `dispatcher.testing.FencedResource`). The argument is added to the call's arguments as sent.
         fence_meta: The `_meta` entry of the request in which the token is sent instead (a name such as
             ``"example.com/fence"``), for a server that reads it there. At most one of the two.
+        max_write_time: Seconds a write of this server may still run on the server after its request
+            was sent, whatever becomes of its client (at least your `call_timeout`, plus the time the
+            server takes to stop a cancelled write). A write whose holder stops (killed, frozen, cut off
+            from Redis) or gives it up keeps its turn for this long beyond its lease, so the next write
+            does not start beside it; a namespace whose state was lost waits `lease_ttl` plus this long
+            before granting. None (the default): 0 on a server that declares a fencing token (the server
+            refuses the late write itself), else 60 s (the dispatcher's default `call_timeout`). Only
+            for a `shared_state` server.
 
     Raises:
         ConfigurationError: A value is out of range.
@@ -97,6 +112,7 @@ class FleetServer:
     share_retry_budget: bool = True
     fence_argument: str | None = None
     fence_meta: str | None = None
+    max_write_time: float | None = None
 
     def __post_init__(self) -> None:
         limit = self.limit
@@ -111,15 +127,39 @@ class FleetServer:
                 raise ConfigurationError(f"{name} must be a non-empty name without surrounding spaces, got {value!r}")
         if self.fence_argument is not None and self.fence_meta is not None:
             raise ConfigurationError("declare the fencing token in fence_argument or in fence_meta, not both")
-        if (self.fence_argument is not None or self.fence_meta is not None) and not self.holds:
+        if (self.fence_argument is not None or self.fence_meta is not None) and not self.shared_state:
+            # Holds that only share a limit run together, their tokens in no order a server could check:
+            # a fenced server would refuse writes the fleet let run.
             raise ConfigurationError(
-                "a fencing token comes with a hold: set limit or shared_state=True on a server that declares one"
+                "a fencing token orders writes that exclude each other: declare it on a shared_state=True server"
             )
+        bound = self.max_write_time
+        if bound is not None:
+            if not isinstance(bound, int | float) or isinstance(bound, bool) or not 0 <= bound < math.inf:
+                raise ConfigurationError(
+                    f"max_write_time must be a number of seconds >= 0, got {bound!r}; use None for the default"
+                )
+            if not self.shared_state:
+                raise ConfigurationError("max_write_time keeps a write's turn: set it on a shared_state=True server")
 
     @property
     def holds(self) -> bool:
         """Whether calls to this server take a hold at all."""
         return self.limit is not None or self.shared_state
+
+    @property
+    def fenced(self) -> bool:
+        """Whether the server's requests carry a fencing token."""
+        return self.fence_argument is not None or self.fence_meta is not None
+
+    @property
+    def write_bound(self) -> float:
+        """Seconds a write's turn is kept beyond its lease (`max_write_time` with its default applied)."""
+        if not self.shared_state:
+            return 0.0
+        if self.max_write_time is not None:
+            return float(self.max_write_time)
+        return 0.0 if self.fenced else DEFAULT_MAX_WRITE_TIME
 
 
 class _Lease(Lease):
@@ -254,8 +294,13 @@ class RedisCoordinator:
         return [prefix + name for name in names]
 
     def _args(self, server: str) -> list[Any]:
-        limit = self.servers[server].limit
-        return [round(self.lease_ttl * 1000), limit or 0, f"{self.namespace}:wake:"]
+        config = self.servers[server]
+        return [
+            round(self.lease_ttl * 1000),
+            config.limit or 0,
+            f"{self.namespace}:wake:",
+            round(config.write_bound * 1000),
+        ]
 
     async def __aenter__(self) -> Self:
         if self._tg is not None:
@@ -408,7 +453,9 @@ class RedisCoordinator:
         # Best effort: a hold that cannot be given back expires after lease_ttl.
         with anyio.move_on_after(2 * self.timeout):
             try:
-                await link.run("release", self._keys(lease.server), [*self._args(lease.server), lease.id])
+                # A write given up after it was sent keeps its turn in Redis for the server's max write time.
+                abandoned = "1" if lease.lost and lease.sent else "0"
+                await link.run("release", self._keys(lease.server), [*self._args(lease.server), lease.id, abandoned])
             except CoordinationError:
                 pass
 

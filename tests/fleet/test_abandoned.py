@@ -1,7 +1,9 @@
 """Abandoned writes and lost state, against a real Redis: what a call is told, and how long its turn is kept.
 
 Issue 24, point 4: a call whose fleet hold is lost before its request left failed and never ran; one whose
-hold is lost after its request left may have run (TIMEOUT, effect unknown).
+hold is lost after its request left may have run (TIMEOUT, effect unknown). A write whose holder gives it up
+after sending, or stops renewing, keeps its turn for the server's `max_write_time`. Point 3: a namespace
+that lost any one of its keys (a DEL, an eviction) is noticed like one that lost them all.
 
 Several coordinators in one process stand for several processes (each has its own connections and
 identity). Each test runs on asyncio and trio.
@@ -9,16 +11,18 @@ identity). Each test runs on asyncio and trio.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
+import redis
 from mcp import Client
 
-from dispatcher import CallStatus, Dispatcher, Effect, ToolCall
+from dispatcher import CallStatus, ConfigurationError, Dispatcher, Effect, ToolCall
 from dispatcher.examples import Workspace
 from dispatcher.fleet import FleetServer, RedisCoordinator
-from tests.fleet.test_fencing import FENCED, TTL, Frozen, flushall
+from tests.fleet.test_fencing import FENCED, TTL, Frozen, flushall, never_lost
 
 if TYPE_CHECKING:
     from benchmarks._redis import RedisServer
@@ -28,6 +32,7 @@ pytestmark = pytest.mark.anyio
 
 def fleet(server: RedisServer, namespace: str, **config: Any) -> RedisCoordinator:
     """A coordinator of one shared-state server without fencing, `config` its FleetServer settings."""
+    config.setdefault("max_write_time", 0)
     servers = {"ws": FleetServer(shared_state=True, **config)}
     return RedisCoordinator(server.url, namespace=namespace, servers=servers, lease_ttl=TTL, recheck=0.1)
 
@@ -72,3 +77,106 @@ async def test_a_write_whose_hold_is_lost_on_the_wire_ends_timeout_with_an_unkno
     assert (result.status, result.effect, result.mutating) == (CallStatus.TIMEOUT, Effect.UNKNOWN, True), result
     assert result.error is not None and "lost its fleet hold on server 'ws'" in result.error
     assert "after its request was sent: it may have run, or still be running on the server" in result.error
+
+
+@pytest.mark.parametrize("bound", [1.5, 0.0])
+async def test_a_write_given_up_on_the_wire_keeps_its_turn_for_max_write_time(
+    redis_server: RedisServer, namespace: str, bound: float
+) -> None:
+    """A write abandoned mid-run on a server that finishes it: the next write waits max_write_time.
+
+    The write's coordinator closes under it (its hold given up after the send). With max_write_time=0 (the
+    oracle) the next write starts beside the abandoned one, which the ledger shows.
+    """
+    workspace = Workspace(latency=1.0, uncancellable=True)
+    first, second = (fleet(redis_server, namespace, max_write_time=bound) for _ in range(2))
+    async with Dispatcher(coordinator=first, call_timeout=None) as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+        async with first:
+            pending = dispatcher.batch().submit(ToolCall("1", "set_note", {"name": "a", "text": "first"}))
+            with anyio.fail_after(20):
+                while workspace.in_flight == 0:  # noqa: ASYNC110  # the workspace offers no event to wait on
+                    await anyio.sleep(0.01)
+        # The first coordinator is closed: its write is given up, while the server goes on with it.
+        abandoned = await pending.wait()
+        given_up = time.monotonic()
+        async with second:
+            with anyio.fail_after(20):
+                async with second.hold(server="ws", exclusive=True, on_lost=never_lost):
+                    granted = time.monotonic()
+                    async with Client(workspace.server) as client:
+                        await client.call_tool("set_note", {"name": "a", "text": "second"})
+    assert (abandoned.status, abandoned.effect) == (CallStatus.TIMEOUT, Effect.UNKNOWN), abandoned
+    first_run, second_run = workspace.ledger
+    if bound:
+        assert granted - given_up >= bound * 0.9, f"the turn was handed on {granted - given_up:.2f}s after"
+        assert not first_run.overlaps(second_run), "the next write ran beside the abandoned one"
+    else:
+        assert first_run.overlaps(second_run), "the oracle: without max_write_time the writes overlap"
+
+
+def test_max_write_time_defaults_to_the_call_timeout_unless_the_server_is_fenced() -> None:
+    """A write's turn: kept 60 s by default, 0 s when fenced, what the user sets, never on a limit-only server."""
+    assert FleetServer(shared_state=True).write_bound == 60.0
+    assert FleetServer(shared_state=True, fence_meta="f").write_bound == 0.0
+    assert FleetServer(shared_state=True, fence_argument="f", max_write_time=5).write_bound == 5.0
+    assert FleetServer(shared_state=True, max_write_time=0).write_bound == 0.0
+    assert FleetServer(limit=3).write_bound == 0.0
+    for bad in (-1, float("inf"), "5", True):
+        with pytest.raises(ConfigurationError, match="max_write_time must be a number of seconds >= 0"):
+            FleetServer(shared_state=True, max_write_time=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="shared_state=True"):
+        FleetServer(limit=3, max_write_time=5)
+
+
+# The namespace's keys (see `_lua`); deleting any one of them alone must be noticed as lost state.
+SAFETY_KEYS = ("holders", "holders_exp", "tokens", "meta")
+
+
+async def test_a_del_of_any_one_key_under_a_hold_is_noticed_as_lost_state(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """DEL of one of the namespace's keys under a write: the holder loses its hold before anyone else gets one."""
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        for key in SAFETY_KEYS:
+            holder, other = fleet(redis_server, namespace), fleet(redis_server, namespace)
+            lost_at: list[float] = []
+
+            def lost(reason: str, lost_at: list[float] = lost_at) -> None:
+                lost_at.append(time.monotonic())
+
+            async with holder, other:
+                with anyio.fail_after(20):
+                    async with holder.hold(server="ws", exclusive=True, on_lost=lost):
+                        await anyio.to_thread.run_sync(client.delete, f"{namespace}:server:ws:{key}")
+                        deleted = time.monotonic()
+                        async with other.hold(server="ws", exclusive=True, on_lost=never_lost):
+                            granted = time.monotonic()
+            assert lost_at and lost_at[0] < granted, f"DEL {key}: granted to another while the first still held"
+            assert granted - deleted >= TTL * 0.9, f"DEL {key}: granted {granted - deleted:.2f}s after, before one ttl"
+    finally:
+        client.close()
+
+
+async def test_a_waiter_whose_queue_entry_vanished_is_still_granted(redis_server: RedisServer, namespace: str) -> None:
+    """DEL of the queue while a write waits behind another: the waiter is granted once the holder gives back."""
+    client = redis.Redis.from_url(redis_server.url)
+    holder, waiter = fleet(redis_server, namespace), fleet(redis_server, namespace)
+    granted = anyio.Event()
+
+    async def wait_for_it() -> None:
+        async with waiter.hold(server="ws", exclusive=True, on_lost=never_lost):
+            granted.set()
+
+    try:
+        async with holder, waiter, anyio.create_task_group() as tg:
+            with anyio.fail_after(20):
+                async with holder.hold(server="ws", exclusive=True, on_lost=print):
+                    tg.start_soon(wait_for_it)
+                    while not await anyio.to_thread.run_sync(client.zcard, f"{namespace}:server:ws:queue"):  # noqa: ASYNC110  # the state is in Redis
+                        await anyio.sleep(0.01)
+                    await anyio.to_thread.run_sync(client.delete, f"{namespace}:server:ws:queue")
+                await granted.wait()
+    finally:
+        client.close()

@@ -156,7 +156,7 @@ async def test_the_token_replaces_a_model_supplied_argument_of_the_declared_name
         seen.append(fence_token)
         return "ok"
 
-    servers = {"ws": FleetServer(limit=2, fence_argument="fence_token")}
+    servers = {"ws": FleetServer(limit=2, shared_state=True, fence_argument="fence_token")}
     coordinator = fleet(redis_server, namespace, servers=servers)
     async with coordinator, Dispatcher(coordinator=coordinator) as dispatcher:
         await dispatcher.connect("ws", server, trusted=True)
@@ -283,11 +283,13 @@ async def test_after_a_flushall_the_namespace_waits_a_ttl_and_the_holder_loses_i
 
 
 def test_fleet_server_validates_where_the_token_goes() -> None:
-    """fence_argument / fence_meta: a non-empty name, not both, and only on a server with holds."""
+    """fence_argument / fence_meta: a non-empty name, not both, and only on a shared-state server."""
     with pytest.raises(ConfigurationError, match="not both"):
         FleetServer(shared_state=True, fence_argument="a", fence_meta="b")
-    with pytest.raises(ConfigurationError, match="comes with a hold"):
-        FleetServer(fence_meta="b")
+    for limit in (None, 4):
+        # Holds that share only a limit run together: their tokens order nothing a server could check.
+        with pytest.raises(ConfigurationError, match="shared_state=True"):
+            FleetServer(limit=limit, fence_meta="b")
     with pytest.raises(ConfigurationError, match="non-empty"):
         FleetServer(limit=1, fence_argument="")
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.anyio
 
 TTL = 0.5
-SERVERS = {"ws": FleetServer(limit=2, shared_state=True)}
+SERVERS = {"ws": FleetServer(limit=2, shared_state=True, max_write_time=0)}
 
 
 def fleet(server: RedisServer | str, namespace: str, **options: Any) -> RedisCoordinator:
@@ -419,9 +419,9 @@ async def test_a_fresh_namespace_waits_one_lease_ttl_before_its_first_grant(
             # Older than the ttl: the quiet period is not a Redis that just started.
             while (await anyio.to_thread.run_sync(client.info, "server"))["uptime_in_seconds"] < 1:  # noqa: ASYNC110  # Redis' own uptime
                 await anyio.sleep(0.1)
-        coordinator = fleet(redis_server, namespace, servers={"ws": FleetServer(shared_state=True)})
+        coordinator = fleet(redis_server, namespace, servers={"ws": FleetServer(shared_state=True, max_write_time=0)})
         keys = coordinator._keys("ws")
-        args: list[str | int] = [1000, 0, f"{namespace}:wake:", "t:1", '["",3]']
+        args: list[str | int] = [1000, 0, f"{namespace}:wake:", 0, "t:1", '["",3]']
         script = client.register_script(_fleet_lua.ACQUIRE)
         started = time.monotonic()
         first = await anyio.to_thread.run_sync(lambda: script(keys=keys, args=args))
