@@ -71,11 +71,6 @@ _SCRIPTS = {
 }
 
 
-DEFAULT_MAX_WRITE_TIME = 60.0
-"""`FleetServer.max_write_time` of a shared-state server without a fencing token: the dispatcher's
-default `call_timeout`."""
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FleetServer:
     """What the fleet shares about one server. Every process must configure it the same way.
@@ -95,13 +90,13 @@ class FleetServer:
         fence_meta: The `_meta` entry of the request in which the token is sent instead (a name such as
             ``"example.com/fence"``), for a server that reads it there. At most one of the two.
         max_write_time: Seconds a write of this server may still run on the server after its request
-            was sent, whatever becomes of its client (at least your `call_timeout`, plus the time the
-            server takes to stop a cancelled write). A write whose holder stops (killed, frozen, cut off
-            from Redis) or gives it up keeps its turn for this long beyond its lease, so the next write
-            does not start beside it; a namespace whose state was lost waits `lease_ttl` plus this long
-            before granting. None (the default): 0 on a server that declares a fencing token (the server
-            refuses the late write itself), else 60 s (the dispatcher's default `call_timeout`). Only
-            for a `shared_state` server.
+            was sent, whatever becomes of its client (at least your `call_timeout` if the server goes on
+            with a write its client cancelled or lost, about 0 if it stops it): a write whose holder
+            stops (killed, frozen, cut off from Redis) or gives it up keeps its turn for this long beyond
+            its lease, so the next write does not start beside it (as Chubby's lock-delay). A namespace
+            whose state was lost, or is new, waits `lease_ttl` plus this long before granting. Required
+            on a `shared_state` server that declares no fencing token (there the server refuses the late
+            write itself, and None means 0); only for a `shared_state` server.
 
     Raises:
         ConfigurationError: A value is out of range.
@@ -141,6 +136,12 @@ class FleetServer:
                 )
             if not self.shared_state:
                 raise ConfigurationError("max_write_time keeps a write's turn: set it on a shared_state=True server")
+        elif self.shared_state and not self.fenced:
+            raise ConfigurationError(
+                "a shared_state server needs max_write_time=seconds (how long a write may go on on the server "
+                "once its client stopped or gave it up; 0 if the server stops a write its client cancels or "
+                "loses) or a fencing token (fence_meta= or fence_argument=) that the server checks"
+            )
 
     @property
     def holds(self) -> bool:
@@ -154,12 +155,8 @@ class FleetServer:
 
     @property
     def write_bound(self) -> float:
-        """Seconds a write's turn is kept beyond its lease (`max_write_time` with its default applied)."""
-        if not self.shared_state:
-            return 0.0
-        if self.max_write_time is not None:
-            return float(self.max_write_time)
-        return 0.0 if self.fenced else DEFAULT_MAX_WRITE_TIME
+        """Seconds a write's turn is kept beyond its lease: `max_write_time`, 0 when not set."""
+        return float(self.max_write_time or 0.0)
 
 
 class _Lease(Lease):
@@ -201,7 +198,10 @@ class RedisCoordinator:
         fleet = RedisCoordinator(
             "redis://redis.internal:6379/0",
             namespace="agents-prod",
-            servers={"repo": FleetServer(limit=8, shared_state=True), "search": FleetServer(limit=32)},
+            servers={
+                "repo": FleetServer(limit=8, shared_state=True, max_write_time=30.0),
+                "search": FleetServer(limit=32),
+            },
         )
         async with fleet, Dispatcher(coordinator=fleet) as dispatcher:
             await dispatcher.connect("repo", url, trusted=True)

@@ -115,9 +115,43 @@ async def test_a_write_given_up_on_the_wire_keeps_its_turn_for_max_write_time(
         assert first_run.overlaps(second_run), "the oracle: without max_write_time the writes overlap"
 
 
-def test_max_write_time_defaults_to_the_call_timeout_unless_the_server_is_fenced() -> None:
-    """A write's turn: kept 60 s by default, 0 s when fenced, what the user sets, never on a limit-only server."""
-    assert FleetServer(shared_state=True).write_bound == 60.0
+@pytest.mark.parametrize(("fault", "bound"), [("flushall", 1.5), ("restart", 1.5), ("flushall", 0.0), ("restart", 0.0)])
+async def test_a_write_on_the_server_when_redis_loses_its_state_never_runs_beside_the_next_one(
+    redis_server: RedisServer, namespace: str, fault: str, bound: float
+) -> None:
+    """FLUSHALL, or Redis restarted empty, under a write the server finishes anyway: no write starts beside it.
+
+    The quiet period is lease_ttl + max_write_time. With max_write_time=0 (the oracle) the next write starts
+    beside the one still running, which the ledger shows.
+    """
+    workspace = Workspace(latency=1.2, uncancellable=True)
+    holder, other = (fleet(redis_server, namespace, max_write_time=bound) for _ in range(2))
+    async with holder, other, Dispatcher(coordinator=holder, call_timeout=None) as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+        pending = dispatcher.batch().submit(ToolCall("1", "set_note", {"name": "a", "text": "first"}))
+        with anyio.fail_after(30):
+            while workspace.in_flight == 0:  # noqa: ASYNC110  # the workspace offers no event to wait on
+                await anyio.sleep(0.01)
+            if fault == "flushall":
+                await flushall(redis_server)
+            else:
+                await anyio.to_thread.run_sync(redis_server.restart)
+            async with other.hold(server="ws", exclusive=True, on_lost=never_lost):
+                async with Client(workspace.server) as client:
+                    await client.call_tool("set_note", {"name": "a", "text": "second"})
+            abandoned = await pending.wait()
+    assert (abandoned.status, abandoned.effect) == (CallStatus.TIMEOUT, Effect.UNKNOWN), abandoned
+    first_run, second_run = workspace.ledger
+    if bound:
+        assert not first_run.overlaps(second_run), f"after {fault}, the next write ran beside the one on the server"
+    else:
+        assert first_run.overlaps(second_run), "the oracle: without max_write_time the writes overlap"
+
+
+def test_a_shared_state_server_declares_max_write_time_or_a_fence() -> None:
+    """A shared-state server keeps a write's turn max_write_time, or is fenced (0 s); a limit-only one keeps none."""
+    with pytest.raises(ConfigurationError, match="needs max_write_time=seconds"):
+        FleetServer(shared_state=True)
     assert FleetServer(shared_state=True, fence_meta="f").write_bound == 0.0
     assert FleetServer(shared_state=True, fence_argument="f", max_write_time=5).write_bound == 5.0
     assert FleetServer(shared_state=True, max_write_time=0).write_bound == 0.0

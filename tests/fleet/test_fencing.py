@@ -331,3 +331,66 @@ async def test_a_write_still_running_when_a_newer_holder_writes_is_refused_where
     assert outcomes["new"] == "ok"
     assert "stale fencing token 5" in outcomes["old"], outcomes
     assert workspace.notes == {"a": "new"}
+
+
+def interleavings(writers: list[list[tuple[int, str]]]) -> list[list[tuple[int, str]]]:
+    """Every merge of the writers' event lists that keeps each writer's own order."""
+    if all(not events for events in writers):
+        return [[]]
+    merged: list[list[tuple[int, str]]] = []
+    for index, events in enumerate(writers):
+        if events:
+            rest = [*writers[:index], events[1:], *writers[index + 1 :]]
+            merged.extend([events[0], *tail] for tail in interleavings(rest))
+    return merged
+
+
+class ArrivalOnly(FencedResource):
+    """The oracle: a resource that checks a write's token as it arrives and never again where it takes effect."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived: set[int] = set()
+
+    def admit(self, token: object, resource: str = "") -> None:
+        if token in self.arrived:
+            return  # the write's effect: not checked again
+        super().admit(token, resource)
+        assert isinstance(token, int)
+        self.arrived.add(token)
+
+
+def stale_effects(resource: type[FencedResource], writers: list[list[tuple[int, str]]]) -> list[str]:
+    """The interleavings in which the resource let a write take effect after a newer holder's write had arrived,
+    or refused one that no newer holder's write preceded."""
+    wrong: list[str] = []
+    for order in interleavings(writers):
+        fence = resource()
+        refused: set[int] = set()
+        for step, (token, event) in enumerate(order):
+            if token in refused:
+                continue  # a refused write stops there: its effect never comes
+            try:
+                fence.admit(token)
+            except MCPError:
+                refused.add(token)
+            if event != "effect":
+                continue
+            # Right when nothing of a newer holder came before this effect (tokens grow with the grants).
+            newer_first = any(other > token for other, _ in order[:step])
+            if newer_first != (token in refused):
+                wrong.append(" ".join(f"{e}{t}" for t, e in order[: step + 1]))
+    return wrong
+
+
+def test_a_fenced_resource_refuses_the_stale_writer_in_every_interleaving() -> None:
+    """Three holders' writes (one retried) in every order: a write takes effect iff no newer one came first."""
+    writers = [
+        [(1, "arrive"), (1, "effect"), (1, "arrive"), (1, "effect")],  # a retried attempt keeps its hold's token
+        [(2, "arrive"), (2, "effect")],
+        [(3, "arrive"), (3, "effect")],
+    ]
+    assert len(interleavings(writers)) == 420
+    assert stale_effects(FencedResource, writers) == []
+    # The oracle: checked only on arrival, a write still running when a newer one arrives takes effect after it.
+    assert "arrive1 arrive2 effect1" in stale_effects(ArrivalOnly, writers)
