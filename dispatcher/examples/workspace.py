@@ -25,6 +25,7 @@ import os
 import pathlib
 import signal
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -116,8 +117,9 @@ class _ExitAfter:
 class _LedgerFile:
     """Middleware that appends a JSON line to a file as each tool call starts and as it ends.
 
-    Lines are ``{"event": "start", "pid", "seq", "tool", "arguments"}`` and ``{"event": "end", "pid",
-    "seq", "outcome"}``, where outcome is ``ok``, ``tool_error``, ``error``, ``cancelled`` or ``fenced`` (a
+    Lines are ``{"event": "start", "pid", "at", "seq", "tool", "arguments"}`` and ``{"event": "end", "pid",
+    "at", "seq", "outcome"}`` (``at``: `time.monotonic()`, one clock for every process of the machine on
+    Linux), where outcome is ``ok``, ``tool_error``, ``error``, ``cancelled`` or ``fenced`` (a
     write the fenced mode refused as it took effect). Each is one
     unbuffered append, so a killed process leaves every line it wrote, and restarts may share a file.
     """
@@ -127,7 +129,7 @@ class _LedgerFile:
         self._seq = 0
 
     def _write(self, record: dict[str, Any]) -> None:
-        os.write(self._fd, (json.dumps({**record, "pid": os.getpid()}) + "\n").encode())
+        os.write(self._fd, (json.dumps({**record, "pid": os.getpid(), "at": time.monotonic()}) + "\n").encode())
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         params = ctx.params

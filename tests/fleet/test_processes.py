@@ -423,7 +423,7 @@ def cut_off_write(
             config.update(
                 mode="writes",
                 agents=1,
-                rounds=(1, 3)[index],
+                rounds=(1, 2)[index],
                 backend=(backend, "trio" if backend == "asyncio" else "asyncio")[index],
                 ttl=0.5,
                 recheck=0.1,
@@ -484,7 +484,7 @@ def test_a_write_cut_off_mid_run_never_runs_beside_the_next_one(
         if result["id"].startswith("p0-"):
             # Given up or not, the cut-off write may have run: never FAILED.
             assert result["status"] == "ok" or (result["status"], result["effect"]) == ("timeout", "unknown"), result
-        elif not fenced:
+        else:
             assert result["status"] == "ok", result
 
 
