@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import anyio
 
+from .._core._calls import Effect
 from .._core._errors import ConfigurationError, DispatcherError
 from .._core._lifecycle import Ending, Moment
 from ._retry import Budget
@@ -76,6 +77,7 @@ class Lease:
 
     __slots__ = (
         "_on_lost",
+        "abandoned",
         "fence_argument",
         "fence_meta",
         "margin",
@@ -108,6 +110,9 @@ class Lease:
         self.fence_meta = fence_meta
         self.sent = False
         """Whether a request the hold covers was confirmed (and so sent): it may run on the server."""
+        self.abandoned = False
+        """Whether the call it covered ended after its request was sent and before its answer (effect
+        unknown): the server may still be running it when the hold is given back."""
 
     def confirm(self) -> None:
         """Check, right before a request the hold covers is sent, that the hold cannot have ended.
@@ -297,6 +302,10 @@ def admitted_runner(
                     await run(work)
                 finally:
                     work.lease = None
+                    outcome = work.outcome
+                    if lease is not None and outcome is not None and outcome.effect is Effect.UNKNOWN:
+                        # Timed out, cancelled or cut off after its request left: it may still run there.
+                        lease.abandoned = True
         except CoordinationError as exc:
             work.waiting(None)
             work.settle(Ending.NO_HOLD, anyio.current_time(), exc)

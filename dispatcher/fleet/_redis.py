@@ -453,8 +453,9 @@ class RedisCoordinator:
         # Best effort: a hold that cannot be given back expires after lease_ttl.
         with anyio.move_on_after(2 * self.timeout):
             try:
-                # A write given up after it was sent keeps its turn in Redis for the server's max write time.
-                abandoned = "1" if lease.lost and lease.sent else "0"
+                # A write given up after it was sent (its hold lost, or its call ended of unknown effect: timed
+                # out, cancelled) keeps its turn in Redis for the server's max write time.
+                abandoned = "1" if lease.abandoned or (lease.lost and lease.sent) else "0"
                 await link.run("release", self._keys(lease.server), [*self._args(lease.server), lease.id, abandoned])
             except CoordinationError:
                 pass

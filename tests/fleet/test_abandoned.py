@@ -80,24 +80,32 @@ async def test_a_write_whose_hold_is_lost_on_the_wire_ends_timeout_with_an_unkno
 
 
 @pytest.mark.parametrize("bound", [1.5, 0.0])
+@pytest.mark.parametrize("how", ["closed", "timed out"])
 async def test_a_write_given_up_on_the_wire_keeps_its_turn_for_max_write_time(
-    redis_server: RedisServer, namespace: str, bound: float
+    redis_server: RedisServer, namespace: str, how: str, bound: float
 ) -> None:
-    """A write abandoned mid-run on a server that finishes it: the next write waits max_write_time.
+    """A write given up mid-run on a server that finishes it: the next write waits max_write_time.
 
-    The write's coordinator closes under it (its hold given up after the send). With max_write_time=0 (the
-    oracle) the next write starts beside the abandoned one, which the ledger shows.
+    The write's coordinator closes under it (its hold given up after the send), or the write reaches its
+    call_timeout (there the in-process server stops it, and only the handover is checked). With
+    max_write_time=0 (the oracle) the next write starts beside the abandoned one, which the ledger shows.
     """
-    workspace = Workspace(latency=1.0, uncancellable=True)
+    workspace = Workspace(latency=1.0, uncancellable=how == "closed")
     first, second = (fleet(redis_server, namespace, max_write_time=bound) for _ in range(2))
-    async with Dispatcher(coordinator=first, call_timeout=None) as dispatcher:
+    call_timeout = 0.3 if how == "timed out" else None
+    async with Dispatcher(coordinator=first, call_timeout=call_timeout) as dispatcher:
         await dispatcher.connect("ws", workspace.server, trusted=True)
         async with first:
-            pending = dispatcher.batch().submit(ToolCall("1", "set_note", {"name": "a", "text": "first"}))
+            with anyio.fail_after(20):
+                async with first.hold(server="ws", exclusive=False, on_lost=never_lost):
+                    pass  # past the new namespace's quiet period, which call_timeout would not wait out
+            pending = dispatcher.batch().submit(ToolCall("1", "append_note", {"name": "a", "text": "first"}))
             with anyio.fail_after(20):
                 while workspace.in_flight == 0:  # noqa: ASYNC110  # the workspace offers no event to wait on
                     await anyio.sleep(0.01)
-        # The first coordinator is closed: its write is given up, while the server goes on with it.
+                if how == "timed out":
+                    await pending.wait()
+        # The write is given up (its coordinator closed, or its time ran out), while the server goes on.
         abandoned = await pending.wait()
         given_up = time.monotonic()
         async with second:
@@ -109,10 +117,12 @@ async def test_a_write_given_up_on_the_wire_keeps_its_turn_for_max_write_time(
     assert (abandoned.status, abandoned.effect) == (CallStatus.TIMEOUT, Effect.UNKNOWN), abandoned
     first_run, second_run = workspace.ledger
     if bound:
-        assert granted - given_up >= bound * 0.9, f"the turn was handed on {granted - given_up:.2f}s after"
+        assert granted - given_up >= bound * 0.8, f"the turn was handed on {granted - given_up:.2f}s after"
         assert not first_run.overlaps(second_run), "the next write ran beside the abandoned one"
-    else:
+    elif how == "closed":
         assert first_run.overlaps(second_run), "the oracle: without max_write_time the writes overlap"
+    else:
+        assert granted - given_up < 1.0, "the oracle: without max_write_time the turn is handed on at once"
 
 
 @pytest.mark.parametrize(("fault", "bound"), [("flushall", 1.5), ("restart", 1.5), ("flushall", 0.0), ("restart", 0.0)])
