@@ -16,14 +16,17 @@ A coordinator reports failure in two ways, both values for the call rather than 
 
 - `hold` raises `CoordinationError` when it cannot grant the hold (the coordination service is
   unreachable, or the wait was too long): the call settles FAILED with that reason and never runs;
-- `on_lost(reason)` is called when a hold is lost while the call runs (its lease expired): the call
-  settles FAILED with the reason and is abandoned like a timed-out call (cancelled here, possibly still
+- `on_lost(reason)` is called when a hold is lost while the call runs (its lease expired): the call is
+  interrupted and settles with the reason, FAILED if its request had not left (`Ending.HOLD_LOST`, never
+  ran), else TIMEOUT of unknown effect (`Ending.HOLD_LOST_IN_FLIGHT`: cancelled here, possibly still
   running on the server).
 
 The hold hands the call a `Lease` (or None): `admitted_runner` puts it on the call record for the hold's
 length, and the MCP invocation calls `Lease.confirm()` right before each request leaves (no await
 between the check and the send) and sends the hold's fencing token where the server reads it
-(`Lease.stamp`). A confirm that fails loses the hold there (the call settles HOLD_LOST, not sent).
+(`Lease.stamp`). A confirm that fails loses the hold there (the call settles HOLD_LOST, not sent). When
+the call has settled, `Lease.abandoned` says whether it ended of unknown effect (sent, no answer), so the
+coordinator can keep a write's turn while the server may still run it.
 
 The retry budget is shared the same way: `retry_budget(server, capacity, refill)` returns the budget the
 call's retries spend from, or None for the dispatcher's own local one.

@@ -21,7 +21,8 @@ last renewal, a write's hold on a `shared_state` server `max_write_time` later s
 they are then free for the others within `recheck` more. A process that cannot renew gives the calls up
 itself `recheck` seconds before their leases end: a call whose request had not left ends FAILED (never
 ran), one whose request had left ends TIMEOUT with an unknown effect (the server may still be running
-it), and that write's turn is kept in Redis for `max_write_time` from then. Each lease end is measured
+it), and that write's turn is kept in Redis for `max_write_time` from then (as is the turn of any write
+that ends of unknown effect: timed out, cancelled in flight). Each lease end is measured
 from before the request that granted or renewed it was sent, and each request a hold covers is confirmed
 against it right before it is sent (`Lease.confirm`, synchronous): no request leaves after its lease
 could have ended, and a grant whose reply came too late is given back. A request already on its way
