@@ -628,9 +628,11 @@ class _AsyncioLink(_Link):
     async def run(self, script: str, keys: list[str], args: list[Any]) -> Any:
         from redis.exceptions import RedisError
 
+        # ValueError too: redis-py reading a socket closed under it (the coordinator closing while a
+        # worker's release is on its way), which must fail that request, not the dispatcher's task group.
         try:
             return await self._scripts[script](keys=keys, args=args)
-        except (RedisError, OSError) as exc:
+        except (RedisError, OSError, ValueError) as exc:
             raise self._failure(exc) from exc
 
     async def listen(self, channel: str, deliver: Callable[[str], None]) -> None:
@@ -678,11 +680,13 @@ class _ThreadLink(_Link):
     async def run(self, script: str, keys: list[str], args: list[Any]) -> Any:
         from redis.exceptions import RedisError
 
+        # ValueError too: redis-py reading a socket closed under it (the coordinator closing while a
+        # worker's release is on its way), which must fail that request, not the dispatcher's task group.
         try:
             return await anyio.to_thread.run_sync(
                 partial(self._scripts[script], keys=keys, args=args), limiter=self._limiter
             )
-        except (RedisError, OSError) as exc:
+        except (RedisError, OSError, ValueError) as exc:
             raise self._failure(exc) from exc
 
     async def listen(self, channel: str, deliver: Callable[[str], None]) -> None:

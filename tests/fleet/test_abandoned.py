@@ -21,7 +21,7 @@ from mcp import Client
 
 from dispatcher import CallStatus, ConfigurationError, Dispatcher, Effect, ToolCall
 from dispatcher.examples import Workspace
-from dispatcher.fleet import FleetServer, RedisCoordinator
+from dispatcher.fleet import CoordinationError, FleetServer, RedisCoordinator
 from tests.fleet.test_fencing import FENCED, TTL, Frozen, flushall, never_lost
 
 if TYPE_CHECKING:
@@ -224,3 +224,23 @@ async def test_a_waiter_whose_queue_entry_vanished_is_still_granted(redis_server
                 await granted.wait()
     finally:
         client.close()
+
+
+async def test_a_script_call_broken_off_by_a_closed_socket_fails_that_request_only(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """redis-py's ValueError for a socket closed under a read (a close racing a release) is a CoordinationError."""
+    coordinator = fleet(redis_server, namespace)
+    async with coordinator:
+        link = coordinator._link
+        assert link is not None
+        scripts = link._scripts  # type: ignore[attr-defined]  # each link keeps its registered scripts
+
+        def closed(**_: Any) -> Any:
+            raise ValueError("I/O operation on closed file.")
+
+        with anyio.fail_after(20):
+            async with coordinator.hold(server="ws", exclusive=True, on_lost=never_lost):
+                scripts["release"] = closed  # the release below meets the closed socket
+        with pytest.raises(CoordinationError, match="ValueError: I/O operation on closed file"):
+            await link.run("release", coordinator._keys("ws"), [*coordinator._args("ws"), "x:0", "0"])

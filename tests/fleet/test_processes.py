@@ -199,9 +199,10 @@ def test_redis_restarted_mid_run_loses_no_result_and_runs_nothing_unguarded(
     results = results_of(configs)
     assert sorted(result["id"] for result in results) == expected_ids(configs), "a call lost its result"
     for result in results:
-        assert result["status"] in ("ok", "failed"), result
-        if result["status"] == "failed":
-            assert "Redis" in result["error"] or "fleet hold" in result["error"], result
+        # A call whose hold was lost after its request left is a TIMEOUT of unknown effect, never FAILED.
+        assert result["status"] in ("ok", "failed", "timeout"), result
+        if result["status"] != "ok":
+            assert "fleet hold" in result["error"] or "Redis" in result["error"], result
     seen = read_ledger(ledger)
     assert seen.peak <= LIMIT, f"{seen.peak} calls ran at once on the server; the fleet limit is {LIMIT}"
     assert seen.write_overlaps == 0, f"a write overlapped another call {seen.write_overlaps} times"
@@ -384,8 +385,9 @@ def test_repeated_flushalls_never_let_two_writes_overlap(
     results = results_of(configs)
     assert sorted(result["id"] for result in results) == expected_ids(configs), "a call lost its result"
     for result in results:
-        assert result["status"] in ("ok", "failed"), result
-        if result["status"] == "failed":
+        # A call whose hold was lost after its request left is a TIMEOUT of unknown effect, never FAILED.
+        assert result["status"] in ("ok", "failed", "timeout"), result
+        if result["status"] != "ok":
             assert "fleet hold" in result["error"] or "Redis" in result["error"], result
     seen = read_ledger(ledger)
     assert seen.peak <= LIMIT, f"{seen.peak} calls ran at once on the server; the fleet limit is {LIMIT}"
