@@ -48,9 +48,9 @@ node-servers:
 	.ci/node-servers
 
 # The long form of the chaos suite (tests/chaos): more seeds, batches and examples, and the tests marked
-# `stress`, and tune's real-clock stability sweeps (tests/test_tune.py). It writes its figures to tests/chaos/results/stress.json (see RELIABILITY.md).
+# `stress`, tune's real-clock stability sweeps (tests/test_tune.py) and the fleet's real-clock race oracle. It writes its figures to tests/chaos/results/stress.json (see RELIABILITY.md).
 stress: $(STAMP)
-	DISPATCHER_STRESS=1 $(BIN)/python -m pytest -q tests/chaos tests/test_tune.py
+	DISPATCHER_STRESS=1 $(BIN)/python -m pytest -q tests/chaos tests/test_tune.py tests/fleet/test_processes.py
 
 # Build the wheel and sdist, install the wheel into a clean venv (no source tree on its path) and run a
 # batch with it (.ci/smoke.py); then install one integration extra from the wheel and import it.

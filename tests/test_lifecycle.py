@@ -51,6 +51,7 @@ SPEC: dict[Ending, dict[Phase, CallStatus]] = {
     Ending.SELF_CANCELLED: {D: CANCELLED, R: CANCELLED},
     Ending.NO_HOLD: {D: CallStatus.FAILED},
     Ending.HOLD_LOST: {D: CallStatus.FAILED, R: CallStatus.FAILED},
+    Ending.HOLD_LOST_IN_FLIGHT: {R: CallStatus.TIMEOUT},
     Ending.SKIPPED: {Q: CallStatus.FAILED, A: CallStatus.FAILED},
 }
 

@@ -127,7 +127,9 @@ class Ending(enum.Enum):
     NO_HOLD = "no hold"
     """A fleet-wide hold could not be granted in time; it never ran."""
     HOLD_LOST = "hold lost"
-    """Its fleet-wide hold was lost while it ran."""
+    """Its fleet-wide hold was lost before its request was sent: it never ran."""
+    HOLD_LOST_IN_FLIGHT = "hold lost in flight"
+    """Its fleet-wide hold was lost after its request was sent: it may have run (its effect is unknown)."""
     SKIPPED = "skipped"
     """Fail-fast: an earlier call of its batch that it conflicts with, and that may mutate, failed (`FailFast`)."""
 
@@ -195,12 +197,11 @@ def _table() -> dict[tuple[Ending, Phase], tuple[CallStatus, str]]:
     # A task is cancelled by itself only by code running in it: the tool, or an approver asked at the start.
     for phase in (Phase.ADMITTED, Phase.RUNNING):
         table[Ending.SELF_CANCELLED, phase] = (cancelled, "the tool's task was cancelled by itself")
-    # Lost before the call started, its request was never sent; lost while it ran, it was sent unless
-    # the hold failed its check right before the send (`settle` reads the moment for that).
-    table[Ending.HOLD_LOST, Phase.ADMITTED] = (CallStatus.FAILED, "{}; the call was not sent")
-    table[Ending.HOLD_LOST, Phase.RUNNING] = (
-        CallStatus.FAILED,
-        "{}; the call was abandoned (like a timed-out call, it may still be running on the server)",
+        table[Ending.HOLD_LOST, phase] = (CallStatus.FAILED, "{}; the call was not sent")
+    # Like a timeout, not a failure: the lease ran out while the request was on its way or on the server.
+    table[Ending.HOLD_LOST_IN_FLIGHT, Phase.RUNNING] = (
+        CallStatus.TIMEOUT,
+        "{}; the call was abandoned after its request was sent: it may have run, or still be running on the server",
     )
     table[Ending.NO_HOLD, Phase.ADMITTED] = (CallStatus.FAILED, "{}")
     # Only a call that waits can be skipped: one that conflicts with a failed write waits behind it.

@@ -16,14 +16,17 @@ A coordinator reports failure in two ways, both values for the call rather than 
 
 - `hold` raises `CoordinationError` when it cannot grant the hold (the coordination service is
   unreachable, or the wait was too long): the call settles FAILED with that reason and never runs;
-- `on_lost(reason)` is called when a hold is lost while the call runs (its lease expired): the call
-  settles FAILED with the reason and is abandoned like a timed-out call (cancelled here, possibly still
+- `on_lost(reason)` is called when a hold is lost while the call runs (its lease expired): the call is
+  interrupted and settles with the reason, FAILED if its request had not left (`Ending.HOLD_LOST`, never
+  ran), else TIMEOUT of unknown effect (`Ending.HOLD_LOST_IN_FLIGHT`: cancelled here, possibly still
   running on the server).
 
 The hold hands the call a `Lease` (or None): `admitted_runner` puts it on the call record for the hold's
 length, and the MCP invocation calls `Lease.confirm()` right before each request leaves (no await
 between the check and the send) and sends the hold's fencing token where the server reads it
-(`Lease.stamp`). A confirm that fails loses the hold there (the call settles HOLD_LOST, not sent).
+(`Lease.stamp`). A confirm that fails loses the hold there (the call settles HOLD_LOST, not sent). When
+the call has settled, `Lease.abandoned` says whether it ended of unknown effect (sent, no answer), so the
+coordinator can keep a write's turn while the server may still run it.
 
 The retry budget is shared the same way: `retry_budget(server, capacity, refill)` returns the budget the
 call's retries spend from, or None for the dispatcher's own local one.
@@ -37,8 +40,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import anyio
 
+from .._core._calls import Effect
 from .._core._errors import ConfigurationError, CoordinationError
-from .._core._lifecycle import Ending
+from .._core._lifecycle import Ending, Moment
 from ._retry import Budget
 
 if TYPE_CHECKING:
@@ -70,7 +74,18 @@ class Lease:
         fence_meta: The request's `_meta` entry that carries `token`, if the server reads it there.
     """
 
-    __slots__ = ("_on_lost", "fence_argument", "fence_meta", "margin", "reason", "server", "token", "valid_until")
+    __slots__ = (
+        "_on_lost",
+        "abandoned",
+        "fence_argument",
+        "fence_meta",
+        "margin",
+        "reason",
+        "sent",
+        "server",
+        "token",
+        "valid_until",
+    )
 
     def __init__(
         self,
@@ -92,6 +107,11 @@ class Lease:
         self.margin = margin
         self.fence_argument = fence_argument
         self.fence_meta = fence_meta
+        self.sent = False
+        """Whether a request the hold covers was confirmed (and so sent): it may run on the server."""
+        self.abandoned = False
+        """Whether the call it covered ended after its request was sent and before its answer (effect
+        unknown): the server may still be running it when the hold is given back."""
 
     def confirm(self) -> None:
         """Check, right before a request the hold covers is sent, that the hold cannot have ended.
@@ -107,6 +127,7 @@ class Lease:
             self.lose("its lease could have ended before the request was sent (the process was late, or frozen)")
         if self.reason is not None:
             raise CoordinationError(self.reason)
+        self.sent = True
 
     def stamp(self, arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """The arguments and the `_meta` to send: the fencing token added where the server reads it."""
@@ -260,8 +281,10 @@ def admitted_runner(
     ) -> None:
 
         def lost(reason: str) -> None:
-            # Settling interrupts the call where it is; the lease's own scope ends the block.
-            work.settle(Ending.HOLD_LOST, anyio.current_time(), reason)
+            # Settling interrupts the call where it is; the lease's own scope ends the block. A call whose
+            # request may have left is abandoned with an unknown outcome, one whose request never left failed.
+            ending = Ending.HOLD_LOST_IN_FLIGHT if work.moment is Moment.SENT else Ending.HOLD_LOST
+            work.settle(ending, anyio.current_time(), reason)
             scope.cancel()
 
         # While it waits, cancelling the call (or closing the dispatcher) interrupts the wait.
@@ -278,6 +301,10 @@ def admitted_runner(
                     await run(work)
                 finally:
                     work.lease = None
+                    outcome = work.outcome
+                    if lease is not None and outcome is not None and outcome.effect is Effect.UNKNOWN:
+                        # Timed out, cancelled or cut off after its request left: it may still run there.
+                        lease.abandoned = True
         except CoordinationError as exc:
             work.waiting(None)
             work.settle(Ending.NO_HOLD, anyio.current_time(), exc)

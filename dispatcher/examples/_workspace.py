@@ -256,6 +256,9 @@ class Workspace:
             idempotency key (declare it to the dispatcher with ``IdempotencyKeys(argument=...)``):
             the workspace remembers each key with the first outcome of its call and answers a
             repeated key with that outcome, applying nothing again. None (the default): no keys.
+        uncancellable: Whether every call runs to its end even when its client cancels it or goes away
+            (as a database transaction or a build would), for tests of writes that outlive their caller:
+            the ledger then shows how long an abandoned write went on.
 
     Raises:
         ValueError: A knob is out of range or names a tool the workspace does not have.
@@ -286,6 +289,7 @@ class Workspace:
         collapse: float = 0.0,
         rate_limit: float | None = None,
         rate_burst: int = 1,
+        uncancellable: bool = False,
     ) -> None:
         _check_latency("latency", latency)
         if not (math.isfinite(collapse) and collapse >= 0):
@@ -294,6 +298,7 @@ class Workspace:
             raise ValueError(f"rate_limit must be a positive number of calls per second, got {rate_limit!r}")
         if not isinstance(rate_burst, int) or rate_burst < 1:
             raise ValueError(f"rate_burst must be an int >= 1, got {rate_burst!r}")
+        self._uncancellable = uncancellable
         if fence is not None and (not isinstance(fence, str) or not fence):
             raise ValueError(f"fence must be the name of a _meta entry, got {fence!r}; use None for no fencing")
         self._fence_meta = fence
@@ -644,7 +649,8 @@ class Workspace:
         outcome: Outcome = "tool_error"
         try:
             # Sleep even for zero latency: the checkpoint lets concurrent calls start and overlap.
-            await anyio.sleep(delay)
+            with anyio.CancelScope(shield=self._uncancellable):
+                await anyio.sleep(delay)
             key = _KEY.get()
             with self._lock:
                 if self.fenced is not None and self._writes(tool):

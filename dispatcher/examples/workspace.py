@@ -25,6 +25,7 @@ import os
 import pathlib
 import signal
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -75,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             name=args.name,
             fence=args.fence,
             idempotency_key=args.idempotency_key,
+            uncancellable=args.uncancellable,
         )
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
@@ -115,8 +117,9 @@ class _ExitAfter:
 class _LedgerFile:
     """Middleware that appends a JSON line to a file as each tool call starts and as it ends.
 
-    Lines are ``{"event": "start", "pid", "seq", "tool", "arguments"}`` and ``{"event": "end", "pid",
-    "seq", "outcome"}``, where outcome is ``ok``, ``tool_error``, ``error``, ``cancelled`` or ``fenced`` (a
+    Lines are ``{"event": "start", "pid", "at", "seq", "tool", "arguments"}`` and ``{"event": "end", "pid",
+    "at", "seq", "outcome"}`` (``at``: `time.monotonic()`, one clock for every process of the machine on
+    Linux), where outcome is ``ok``, ``tool_error``, ``error``, ``cancelled`` or ``fenced`` (a
     write the fenced mode refused as it took effect). Each is one
     unbuffered append, so a killed process leaves every line it wrote, and restarts may share a file.
     """
@@ -126,7 +129,7 @@ class _LedgerFile:
         self._seq = 0
 
     def _write(self, record: dict[str, Any]) -> None:
-        os.write(self._fd, (json.dumps({**record, "pid": os.getpid()}) + "\n").encode())
+        os.write(self._fd, (json.dumps({**record, "pid": os.getpid(), "at": time.monotonic()}) + "\n").encode())
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         params = ctx.params
@@ -181,6 +184,9 @@ def _parser() -> argparse.ArgumentParser:
     faults.add_argument("--exit-after", type=int, metavar="N", help="exit abruptly on the N-th tool call (a crash)")
     parser.add_argument(
         "--fence", metavar="META", help="fenced mode: refuse writes whose fencing token (this _meta entry) is stale"
+    )
+    parser.add_argument(
+        "--uncancellable", action="store_true", help="calls run to their end, even cancelled or with their client gone"
     )
     faults.add_argument("--ledger", type=pathlib.Path, metavar="PATH", help="append a JSON line per tool call to PATH")
     transport = parser.add_mutually_exclusive_group()

@@ -8,11 +8,12 @@ Every script works on one server's keys (all declared in KEYS, so each runs as o
     KEYS[4] holders      HASH  lease id -> locks            (granted holds)
     KEYS[5] holders_exp  ZSET  lease id -> expiry (ms)      (a holder that stops renewing is dropped)
     KEYS[6] seq          STRING  the arrival counter
-    KEYS[7] meta         HASH  run_id, quiet_until (ms), epoch: see below
+    KEYS[7] meta         HASH  run_id, quiet_until (ms), epoch, held, waiting: see below
     KEYS[8] tokens       HASH  lease id -> fencing token    (of the granted holds)
     KEYS[9] fence        STRING  the last fencing token granted
 
-    ARGV[1] lease ttl (ms), ARGV[2] the server's limit (0: none), ARGV[3] the wake-up channel prefix.
+    ARGV[1] lease ttl (ms), ARGV[2] the server's limit (0: none), ARGV[3] the wake-up channel prefix,
+    ARGV[4] the server's max write time (ms; 0: none).
 
 A hold's *locks* are those of `_gate` (multi-granularity locking over the call's conflict keys), as a JSON
 list ``[path, mode, path, mode, ...]`` with the modes 0 IS, 1 IX, 2 S, 3 X: a read takes S on each key
@@ -29,6 +30,12 @@ when the limit is reached, when a waiting write on the root key blocks everythin
 `WALK` waiters. Each grant is PUBLISHed on the owner's channel (prefix .. the part of the lease id
 before ":") to wake its waiting task.
 
+A write's turn. A hold with an X lock (a write) is kept in Redis for the max write time beyond its lease
+(`holders_exp` is its renewal plus ttl plus that time), and a write whose holder gives it up after its
+request was sent (its lease lost) is released by keeping it that long from then (RELEASE's ARGV[6]):
+a holder killed, frozen or cut off in the middle of a write does not hand its turn on while the write
+it sent may still run on the server. The holder itself counts its lease as ttl only.
+
 Fencing tokens. Every grant takes the next number of the server's `fence` counter: the larger of the last
 token plus one and Redis' clock in microseconds (TIME). The counter never goes back while its key lives,
 and when the key is gone (a FLUSHALL, an eviction, a Redis restarted empty) the next token is still larger
@@ -38,15 +45,19 @@ after the other, so a resource that refuses a token lower than the highest it ha
 requests of a holder whose turn was handed on.
 
 The quiet period. A Redis that lost the holders (a restart, a failover to a replica that lacked recent
-writes, a FLUSHALL, an eviction or a DEL of the namespace's keys) must not grant while holds still running
-elsewhere are missing from it: a holder that could not renew, or that found its hold gone, gives its call
-up within one ttl of its last renewal. So `meta` remembers the run_id of the Redis instance that wrote it
-and the namespace's *epoch* (Redis' clock when the state was created). When `meta` is missing (a fresh
-namespace, a Redis that came back empty, state that vanished on a live Redis) or names another instance,
-nothing is granted for one ttl from then, and a new epoch begins. A holder renews with the epoch of its
-grant: a hold missing from Redis under another epoch is lost (never re-registered), while under the same
-epoch (a replica that had the namespace but not this hold) it is re-registered during the quiet period.
-A fresh namespace therefore waits one ttl before its first grant: Redis cannot tell it from one whose
+writes, a FLUSHALL, an eviction or a DEL of any of the namespace's keys) must not grant while holds still
+running elsewhere are missing from it: a holder that could not renew, or that found its hold gone, gives
+its call up within one ttl of its last renewal, and a write it had sent may run for the max write time
+more. So `meta` remembers the run_id of the Redis instance that wrote it, the server's *epoch* (Redis'
+clock when its state was created) and how many holds and waiters the state had when the last script
+ended. When `meta` is missing or incomplete, or the other keys do not hold that many entries (`holders`,
+`holders_exp` and `tokens` the holds, `queue`, `waiting` and `waiting_exp` the waiters: a key deleted
+or evicted on its own), the state is lost: what is left of it is dropped, a new epoch begins, and nothing
+is granted for ttl plus the max write time. When `meta` names another instance (a restart from a
+snapshot, a failover), the same quiet period follows but the epoch stays. A holder renews with the epoch
+of its grant: a hold missing from Redis under another epoch is lost (never re-registered), while under
+the same epoch (a replica that had the namespace but not this hold) it is re-registered. A fresh
+namespace therefore waits one quiet period before its first grant: Redis cannot tell it from one whose
 state vanished.
 """
 
@@ -63,6 +74,7 @@ local TOK, FENCE = KEYS[8], KEYS[9]
 local ttl = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local prefix = ARGV[3]
+local extra = tonumber(ARGV[4])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Microseconds since the epoch (about 1.8e15) are exact in Lua's doubles (up to 9e15).
@@ -70,26 +82,57 @@ local micros = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- BLOCKERS[m]: the modes held on a path that a lock of mode m cannot share it with (as in _gate).
 local BLOCKERS = {[0] = {3}, [1] = {2, 3}, [2] = {1, 3}, [3] = {0, 1, 2, 3}}
 
-local function quiet()
+-- Whether the state is whole: meta complete, and each key holding as many entries as meta says.
+local function whole(seen)
+  if not seen[2] or not seen[3] then return false end
+  local held, waiting = tonumber(seen[4] or '0'), tonumber(seen[5] or '0')
+  return redis.call('HLEN', H) == held and redis.call('ZCARD', HE) == held and redis.call('HLEN', TOK) == held
+    and redis.call('ZCARD', Q) == waiting and redis.call('HLEN', W) == waiting
+    and redis.call('ZCARD', WE) == waiting
+end
+
+-- Run first by every script: notices a state that was lost, in part or whole, or written by another
+-- instance, and starts the quiet period (module docstring). Returns whether it is on.
+local function check()
   -- A Redis that refuses INFO (renamed away on some managed services) is taken for one instance, so a
   -- failover there goes unnoticed; a loss of state is noticed all the same.
   local info = redis.pcall('INFO', 'server')
   if type(info) ~= 'string' then info = '' end
   local run_id = string.match(info, 'run_id:(%w+)') or 'unknown'
-  local seen = redis.call('HMGET', META, 'run_id', 'quiet_until', 'epoch')
+  local seen = redis.call('HMGET', META, 'run_id', 'quiet_until', 'epoch', 'held', 'waiting')
   local untl = seen[2]
-  if seen[1] ~= run_id or not seen[3] then
-    -- State missing or written by another instance: holds running elsewhere may be missing here.
-    untl = now + ttl
-    local epoch = seen[3]
-    if not epoch then epoch = string.format('%.0f', micros) end
-    redis.call('HSET', META, 'run_id', run_id, 'quiet_until', untl, 'epoch', epoch)
+  if not whole(seen) then
+    -- Lost: holds running elsewhere may be missing here. What is left is dropped, so that the state
+    -- is whole again under a new epoch (its holders lose their holds at their next renewal).
+    redis.call('DEL', Q, W, WE, H, HE, TOK)
+    untl = now + ttl + extra
+    redis.call('HSET', META, 'run_id', run_id, 'quiet_until', untl, 'epoch', string.format('%.0f', micros),
+      'held', 0, 'waiting', 0)
+  elseif seen[1] ~= run_id then
+    -- Written by another instance (a snapshot, a replica): it may lack recent holds; the epoch stays.
+    untl = now + ttl + extra
+    redis.call('HSET', META, 'run_id', run_id, 'quiet_until', untl)
   end
   return now < tonumber(untl)
 end
 
+-- Run last by every script that changes the state: how many holds and waiters it has now.
+local function seal()
+  redis.call('HSET', META, 'held', redis.call('HLEN', H), 'waiting', redis.call('ZCARD', Q))
+end
+
 local function epoch()
   return redis.call('HGET', META, 'epoch')
+end
+
+-- When a hold with these locks ends if not renewed: a write's turn is kept `extra` beyond its lease.
+local function expiry(locks)
+  if extra > 0 then
+    for i = 2, #locks, 2 do
+      if locks[i] == 3 then return now + ttl + extra end
+    end
+  end
+  return now + ttl
 end
 
 local function purge()
@@ -145,17 +188,17 @@ local function room(count)
   return limit == 0 or count < limit
 end
 
-local function hold(id, spec)
+local function hold(id, spec, locks)
   redis.call('HSET', H, id, spec)
-  redis.call('ZADD', HE, now + ttl, id)
+  redis.call('ZADD', HE, expiry(locks), id)
   local last = tonumber(redis.call('GET', FENCE) or '0') or 0
   local token = string.format('%.0f', math.max(last + 1, micros))
   redis.call('SET', FENCE, token)
   redis.call('HSET', TOK, id, token)
 end
 
-local function grant()
-  if quiet() then return end
+local function grant(quiet_now)
+  if quiet_now then return end
   local taken, count = state()
   local ahead = {}  -- the locks of older waiters that were not granted
   local start = 0
@@ -184,7 +227,7 @@ local function grant()
           redis.call('HDEL', W, id)
           redis.call('ZREM', WE, id)
           start = start - 1
-          hold(id, spec)
+          hold(id, spec, locks)
           take(taken, locks)
           count = count + 1
           local owner = string.match(id, '^([^:]+):')
@@ -199,15 +242,17 @@ end
 ACQUIRE = (
     _PRELUDE
     + """
--- ARGV[4] lease id, ARGV[5] its locks. Returns {1, fencing token, epoch} when the hold is granted, {0}
+-- ARGV[5] lease id, ARGV[6] its locks. Returns {1, fencing token, epoch} when the hold is granted, {0}
 -- while it waits.
-local id, spec = ARGV[4], ARGV[5]
+local id, spec = ARGV[5], ARGV[6]
+local quiet_now = check()
 purge()
 local function granted()
   return {1, redis.call('HGET', TOK, id) or '0', epoch() or '0'}
 end
 if redis.call('HEXISTS', H, id) == 1 then
-  redis.call('ZADD', HE, now + ttl, id)
+  redis.call('ZADD', HE, expiry(cjson.decode(spec)), id)
+  seal()
   return granted()
 end
 if redis.call('HEXISTS', W, id) == 0 then
@@ -215,7 +260,8 @@ if redis.call('HEXISTS', W, id) == 0 then
   redis.call('HSET', W, id, spec)
 end
 redis.call('ZADD', WE, now + ttl, id)
-grant()
+grant(quiet_now)
+seal()
 if redis.call('HEXISTS', H, id) == 1 then return granted() end
 return {0}
 """
@@ -224,16 +270,31 @@ return {0}
 RELEASE = (
     _PRELUDE
     + """
--- ARGV[4] lease id: gives a hold back, or leaves the queue. Returns 1.
-local id = ARGV[4]
-redis.call('HDEL', H, id)
-redis.call('HDEL', TOK, id)
-redis.call('ZREM', HE, id)
+-- ARGV[5] lease id: gives a hold back, or leaves the queue. With ARGV[6] '1' (a write given up after its
+-- request was sent), a write's turn is kept for the max write time from now instead. Returns 1.
+local id = ARGV[5]
+local quiet_now = check()
+local spec = redis.call('HGET', H, id)
+local kept = false
+if ARGV[6] == '1' and spec then
+  local ends = expiry(cjson.decode(spec)) - ttl
+  if ends > now then
+    -- GT: never earlier than its lease already ends.
+    redis.call('ZADD', HE, 'GT', ends, id)
+    kept = true
+  end
+end
+if not kept then
+  redis.call('HDEL', H, id)
+  redis.call('HDEL', TOK, id)
+  redis.call('ZREM', HE, id)
+end
 redis.call('ZREM', Q, id)
 redis.call('HDEL', W, id)
 redis.call('ZREM', WE, id)
 purge()
-grant()
+grant(quiet_now)
+seal()
 return 1
 """
 )
@@ -241,37 +302,36 @@ return 1
 RENEW = (
     _PRELUDE
     + """
--- ARGV[4], ARGV[5], ARGV[6], ...: lease id, locks, epoch of the grant, for each hold in force. Returns one
+-- ARGV[5], ARGV[6], ARGV[7], ...: lease id, locks, epoch of the grant, for each hold in force. Returns one
 -- flag per hold: 1 renewed, 0 lost (it had expired here and its place was taken meanwhile, or the
--- namespace's state vanished since its grant).
+-- server's state was lost since its grant).
+local quiet_now = check()
 purge()
-local quiet_now = quiet()
 local current = epoch()
 local taken, count = state()
 local out = {}
-for i = 4, #ARGV, 3 do
+for i = 5, #ARGV, 3 do
   local id, spec, since = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local locks = cjson.decode(spec)
   if redis.call('HEXISTS', H, id) == 1 then
-    redis.call('ZADD', HE, now + ttl, id)
+    redis.call('ZADD', HE, expiry(locks), id)
     out[#out + 1] = 1
   elseif since ~= current then
     -- The state it was granted in is gone: whatever Redis grants now knows nothing of this hold.
     out[#out + 1] = 0
+  elseif quiet_now or (room(count) and not blocked(taken, locks)) then
+    -- Re-registered: after a failover to a replica that lacked it (quiet period), or after a late
+    -- renewal while it still fits.
+    hold(id, spec, locks)
+    take(taken, locks)
+    count = count + 1
+    out[#out + 1] = 1
   else
-    local locks = cjson.decode(spec)
-    if quiet_now or (room(count) and not blocked(taken, locks)) then
-      -- Re-registered: after a failover to a replica that lacked it (quiet period), or after a late
-      -- renewal while it still fits.
-      hold(id, spec)
-      take(taken, locks)
-      count = count + 1
-      out[#out + 1] = 1
-    else
-      out[#out + 1] = 0
-    end
+    out[#out + 1] = 0
   end
 end
-grant()
+grant(quiet_now)
+seal()
 return out
 """
 )

@@ -17,16 +17,19 @@ which is the bound on noticing a lease that expired with nobody left to release 
 
 Holds are leases: each process renews all its holds every `lease_ttl / 3` in one script call per
 server. A process that stops renewing (killed, frozen, cut off) loses its holds `lease_ttl` after its
-last renewal; they are then free for the others within `lease_ttl + recheck`. A process that cannot
-renew gives the calls up itself `recheck` seconds before their leases end (they end FAILED, abandoned like
-a timed-out call, since the server may still be running them). Each lease end is measured from before the
-request that granted or renewed it was sent, and each request a hold covers is confirmed against it right
-before it is sent (`Lease.confirm`, synchronous): no request leaves after its lease could have ended, and a
-grant whose reply came too late is given back. A request already on its way when the lease ends (delayed
-in the client, the network or the server) can still run beside the next holder's; only the server can
-refuse it, by the hold's fencing token (`FleetServer.fence_argument` / `fence_meta`; see `_lua`).
-A call that cannot get its hold because Redis cannot be reached ends FAILED with the reason, and never
-runs unguarded.
+last renewal, a write's hold on a `shared_state` server `max_write_time` later still (`FleetServer`);
+they are then free for the others within `recheck` more. A process that cannot renew gives the calls up
+itself `recheck` seconds before their leases end: a call whose request had not left ends FAILED (never
+ran), one whose request had left ends TIMEOUT with an unknown effect (the server may still be running
+it), and that write's turn is kept in Redis for `max_write_time` from then (as is the turn of any write
+that ends of unknown effect: timed out, cancelled in flight). Each lease end is measured
+from before the request that granted or renewed it was sent, and each request a hold covers is confirmed
+against it right before it is sent (`Lease.confirm`, synchronous): no request leaves after its lease
+could have ended, and a grant whose reply came too late is given back. A request already on its way
+when the lease ends (delayed in the client, the network or the server) can still run beside the next
+holder's once `max_write_time` has passed too; only the server can refuse it, by the hold's fencing token
+(`FleetServer.fence_argument` / `fence_meta`; see `_lua`). A call that cannot get its hold because Redis
+cannot be reached ends FAILED with the reason, and never runs unguarded.
 
 redis-py's asyncio client runs only on asyncio. Under trio the coordinator uses redis-py's blocking
 client in worker threads (its own `CapacityLimiter`, so it never starves `anyio.to_thread` users);
@@ -88,6 +91,14 @@ class FleetServer:
             `dispatcher.testing.FencedResource`). The argument is added to the call's arguments as sent.
         fence_meta: The `_meta` entry of the request in which the token is sent instead (a name such as
             ``"example.com/fence"``), for a server that reads it there. At most one of the two.
+        max_write_time: Seconds a write of this server may still run on the server after its request
+            was sent, whatever becomes of its client (at least your `call_timeout` if the server goes on
+            with a write its client cancelled or lost, about 0 if it stops it): a write whose holder
+            stops (killed, frozen, cut off from Redis) or gives it up keeps its turn for this long beyond
+            its lease, so the next write does not start beside it (as Chubby's lock-delay). A namespace
+            whose state was lost, or is new, waits `lease_ttl` plus this long before granting. Required
+            on a `shared_state` server that declares no fencing token (there the server refuses the late
+            write itself, and None means 0); only for a `shared_state` server.
 
     Raises:
         ConfigurationError: A value is out of range.
@@ -98,6 +109,7 @@ class FleetServer:
     share_retry_budget: bool = True
     fence_argument: str | None = None
     fence_meta: str | None = None
+    max_write_time: float | None = None
 
     def __post_init__(self) -> None:
         limit = self.limit
@@ -110,15 +122,41 @@ class FleetServer:
                 raise ConfigurationError(f"{name} must be a non-empty name without surrounding spaces, got {value!r}")
         if self.fence_argument is not None and self.fence_meta is not None:
             raise ConfigurationError("declare the fencing token in fence_argument or in fence_meta, not both")
-        if (self.fence_argument is not None or self.fence_meta is not None) and not self.holds:
+        if (self.fence_argument is not None or self.fence_meta is not None) and not self.shared_state:
+            # Holds that only share a limit run together, their tokens in no order a server could check:
+            # a fenced server would refuse writes the fleet let run.
             raise ConfigurationError(
-                "a fencing token comes with a hold: set limit or shared_state=True on a server that declares one"
+                "a fencing token orders writes that exclude each other: declare it on a shared_state=True server"
+            )
+        bound = self.max_write_time
+        if bound is not None:
+            if not isinstance(bound, int | float) or isinstance(bound, bool) or not 0 <= bound < math.inf:
+                raise ConfigurationError(
+                    f"max_write_time must be a number of seconds >= 0, got {bound!r}; use None for the default"
+                )
+            if not self.shared_state:
+                raise ConfigurationError("max_write_time keeps a write's turn: set it on a shared_state=True server")
+        elif self.shared_state and not self.fenced:
+            raise ConfigurationError(
+                "a shared_state server needs max_write_time=seconds (how long a write may go on on the server "
+                "once its client stopped or gave it up; 0 if the server stops a write its client cancels or "
+                "loses) or a fencing token (fence_meta= or fence_argument=) that the server checks"
             )
 
     @property
     def holds(self) -> bool:
         """Whether calls to this server take a hold at all."""
         return self.limit is not None or self.shared_state
+
+    @property
+    def fenced(self) -> bool:
+        """Whether the server's requests carry a fencing token."""
+        return self.fence_argument is not None or self.fence_meta is not None
+
+    @property
+    def write_bound(self) -> float:
+        """Seconds a write's turn is kept beyond its lease: `max_write_time`, 0 when not set."""
+        return float(self.max_write_time or 0.0)
 
 
 class _Lease(Lease):
@@ -160,7 +198,10 @@ class RedisCoordinator:
         fleet = RedisCoordinator(
             "redis://redis.internal:6379/0",
             namespace="agents-prod",
-            servers={"repo": FleetServer(limit=8, shared_state=True), "search": FleetServer(limit=32)},
+            servers={
+                "repo": FleetServer(limit=8, shared_state=True, max_write_time=30.0),
+                "search": FleetServer(limit=32),
+            },
         )
         async with fleet, Dispatcher(coordinator=fleet) as dispatcher:
             await dispatcher.connect("repo", url, trusted=True)
@@ -253,8 +294,13 @@ class RedisCoordinator:
         return [prefix + name for name in names]
 
     def _args(self, server: str) -> list[Any]:
-        limit = self.servers[server].limit
-        return [round(self.lease_ttl * 1000), limit or 0, f"{self.namespace}:wake:"]
+        config = self.servers[server]
+        return [
+            round(self.lease_ttl * 1000),
+            config.limit or 0,
+            f"{self.namespace}:wake:",
+            round(config.write_bound * 1000),
+        ]
 
     async def __aenter__(self) -> Self:
         if self._tg is not None:
@@ -407,7 +453,10 @@ class RedisCoordinator:
         # Best effort: a hold that cannot be given back expires after lease_ttl.
         with anyio.move_on_after(2 * self.timeout):
             try:
-                await link.run("release", self._keys(lease.server), [*self._args(lease.server), lease.id])
+                # A write given up after it was sent (its hold lost, or its call ended of unknown effect: timed
+                # out, cancelled) keeps its turn in Redis for the server's max write time.
+                abandoned = "1" if lease.abandoned or (lease.lost and lease.sent) else "0"
+                await link.run("release", self._keys(lease.server), [*self._args(lease.server), lease.id, abandoned])
             except CoordinationError:
                 pass
 
@@ -578,9 +627,11 @@ class _AsyncioLink(_Link):
     async def run(self, script: str, keys: list[str], args: list[Any]) -> Any:
         from redis.exceptions import RedisError
 
+        # ValueError too: redis-py reading a socket closed under it (the coordinator closing while a
+        # worker's release is on its way), which must fail that request, not the dispatcher's task group.
         try:
             return await self._scripts[script](keys=keys, args=args)
-        except (RedisError, OSError) as exc:
+        except (RedisError, OSError, ValueError) as exc:
             raise self._failure(exc) from exc
 
     async def listen(self, channel: str, deliver: Callable[[str], None]) -> None:
@@ -628,11 +679,13 @@ class _ThreadLink(_Link):
     async def run(self, script: str, keys: list[str], args: list[Any]) -> Any:
         from redis.exceptions import RedisError
 
+        # ValueError too: redis-py reading a socket closed under it (the coordinator closing while a
+        # worker's release is on its way), which must fail that request, not the dispatcher's task group.
         try:
             return await anyio.to_thread.run_sync(
                 partial(self._scripts[script], keys=keys, args=args), limiter=self._limiter
             )
-        except (RedisError, OSError) as exc:
+        except (RedisError, OSError, ValueError) as exc:
             raise self._failure(exc) from exc
 
     async def listen(self, channel: str, deliver: Callable[[str], None]) -> None:

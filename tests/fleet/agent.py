@@ -4,7 +4,8 @@ In "calls" mode it runs `agents` concurrent agents, each dispatching `rounds` ba
 read to one MCP server over streamable HTTP, through a dispatcher coordinated by Redis (or not, when
 ``redis`` is null), and writes every result to ``out`` as JSON. In "hold" mode it takes one exclusive fleet
 hold, prints ``HELD`` and waits to be killed. In "keyed" mode each agent writes its note (``k0`` or ``k1``,
-by the parity of its number) `rounds` times, on a server whose writes are keyed by the note's name.
+by the parity of its number) `rounds` times, on a server whose writes are keyed by the note's name. In
+"writes" mode each agent dispatches `rounds` writes, one at a time, and nothing else.
 
 With ``fence`` the server's requests carry their fencing token in that `_meta` entry. With
 ``freeze_after`` N the process stops itself (SIGSTOP) right after its N-th grant of a write, once, having printed
@@ -63,8 +64,13 @@ class _Faulty(RedisCoordinator):
 def _coordinator(config: dict[str, Any]) -> RedisCoordinator | None:
     if config.get("redis") is None:
         return None
+    shared = config.get("shared_state", False)
     server = FleetServer(
-        limit=config.get("limit"), shared_state=config.get("shared_state", False), fence_meta=config.get("fence")
+        limit=config.get("limit"),
+        shared_state=shared,
+        fence_meta=config.get("fence"),
+        # No write of these tests' outlives its lease unless a test says so: no turn kept beyond it.
+        max_write_time=config.get("max_write_time", 0.0) if shared else None,
     )
     return _Faulty(
         config["redis"],
@@ -98,6 +104,17 @@ async def _keyed(dispatcher: Dispatcher, config: dict[str, Any], agent: int, out
         out.extend({"id": result.call_id, "status": result.status.value, "error": result.error} for result in results)
 
 
+async def _writes(dispatcher: Dispatcher, config: dict[str, Any], agent: int, out: list[dict[str, Any]]) -> None:
+    tag = f"{config['name']}-{agent}"
+    for round_ in range(config["rounds"]):
+        call = ToolCall(f"{tag}-{round_}-w", "set_note", {"name": f"{tag}-{round_}", "text": tag})
+        results = await dispatcher.dispatch([call])
+        out.extend(
+            {"id": result.call_id, "status": result.status.value, "error": result.error, "effect": result.effect.value}
+            for result in results
+        )
+
+
 async def _calls(config: dict[str, Any]) -> None:
     coordinator = _coordinator(config)
     results: list[dict[str, Any]] = []
@@ -117,9 +134,10 @@ async def _calls(config: dict[str, Any]) -> None:
             keys={"set_note": lambda arguments: arguments["name"]} if keyed else None,
         )
         print("READY", flush=True)
+        agent_of = {"keyed": _keyed, "writes": _writes}.get(config.get("mode", ""), _agent)
         async with anyio.create_task_group() as tg:
             for agent in range(config["agents"]):
-                tg.start_soon(_keyed if keyed else _agent, dispatcher, config, agent, results)
+                tg.start_soon(agent_of, dispatcher, config, agent, results)
     await anyio.Path(config["out"]).write_text(json.dumps(results))
 
 

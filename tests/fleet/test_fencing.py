@@ -156,7 +156,7 @@ async def test_the_token_replaces_a_model_supplied_argument_of_the_declared_name
         seen.append(fence_token)
         return "ok"
 
-    servers = {"ws": FleetServer(limit=2, fence_argument="fence_token")}
+    servers = {"ws": FleetServer(limit=2, shared_state=True, fence_argument="fence_token")}
     coordinator = fleet(redis_server, namespace, servers=servers)
     async with coordinator, Dispatcher(coordinator=coordinator) as dispatcher:
         await dispatcher.connect("ws", server, trusted=True)
@@ -283,11 +283,13 @@ async def test_after_a_flushall_the_namespace_waits_a_ttl_and_the_holder_loses_i
 
 
 def test_fleet_server_validates_where_the_token_goes() -> None:
-    """fence_argument / fence_meta: a non-empty name, not both, and only on a server with holds."""
+    """fence_argument / fence_meta: a non-empty name, not both, and only on a shared-state server."""
     with pytest.raises(ConfigurationError, match="not both"):
         FleetServer(shared_state=True, fence_argument="a", fence_meta="b")
-    with pytest.raises(ConfigurationError, match="comes with a hold"):
-        FleetServer(fence_meta="b")
+    for limit in (None, 4):
+        # Holds that share only a limit run together: their tokens order nothing a server could check.
+        with pytest.raises(ConfigurationError, match="shared_state=True"):
+            FleetServer(limit=limit, fence_meta="b")
     with pytest.raises(ConfigurationError, match="non-empty"):
         FleetServer(limit=1, fence_argument="")
 
@@ -329,3 +331,66 @@ async def test_a_write_still_running_when_a_newer_holder_writes_is_refused_where
     assert outcomes["new"] == "ok"
     assert "stale fencing token 5" in outcomes["old"], outcomes
     assert workspace.notes == {"a": "new"}
+
+
+def interleavings(writers: list[list[tuple[int, str]]]) -> list[list[tuple[int, str]]]:
+    """Every merge of the writers' event lists that keeps each writer's own order."""
+    if all(not events for events in writers):
+        return [[]]
+    merged: list[list[tuple[int, str]]] = []
+    for index, events in enumerate(writers):
+        if events:
+            rest = [*writers[:index], events[1:], *writers[index + 1 :]]
+            merged.extend([events[0], *tail] for tail in interleavings(rest))
+    return merged
+
+
+class ArrivalOnly(FencedResource):
+    """The oracle: a resource that checks a write's token as it arrives and never again where it takes effect."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived: set[int] = set()
+
+    def admit(self, token: object, resource: str = "") -> None:
+        if token in self.arrived:
+            return  # the write's effect: not checked again
+        super().admit(token, resource)
+        assert isinstance(token, int)
+        self.arrived.add(token)
+
+
+def stale_effects(resource: type[FencedResource], writers: list[list[tuple[int, str]]]) -> list[str]:
+    """The interleavings in which the resource let a write take effect after a newer holder's write had arrived,
+    or refused one that no newer holder's write preceded."""
+    wrong: list[str] = []
+    for order in interleavings(writers):
+        fence = resource()
+        refused: set[int] = set()
+        for step, (token, event) in enumerate(order):
+            if token in refused:
+                continue  # a refused write stops there: its effect never comes
+            try:
+                fence.admit(token)
+            except MCPError:
+                refused.add(token)
+            if event != "effect":
+                continue
+            # Right when nothing of a newer holder came before this effect (tokens grow with the grants).
+            newer_first = any(other > token for other, _ in order[:step])
+            if newer_first != (token in refused):
+                wrong.append(" ".join(f"{e}{t}" for t, e in order[: step + 1]))
+    return wrong
+
+
+def test_a_fenced_resource_refuses_the_stale_writer_in_every_interleaving() -> None:
+    """Three holders' writes (one retried) in every order: a write takes effect iff no newer one came first."""
+    writers = [
+        [(1, "arrive"), (1, "effect"), (1, "arrive"), (1, "effect")],  # a retried attempt keeps its hold's token
+        [(2, "arrive"), (2, "effect")],
+        [(3, "arrive"), (3, "effect")],
+    ]
+    assert len(interleavings(writers)) == 420
+    assert stale_effects(FencedResource, writers) == []
+    # The oracle: checked only on arrival, a write still running when a newer one arrives takes effect after it.
+    assert "arrive1 arrive2 effect1" in stale_effects(ArrivalOnly, writers)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from benchmarks._redis import RedisServer
 
 KEYS = ("", "d", "d/a", "d/b", "d/a/x", "e")
-SHARED = FleetServer(shared_state=True)
+SHARED = FleetServer(shared_state=True, max_write_time=0)
 
 step = st.one_of(
     st.tuples(st.just("submit"), st.lists(st.sampled_from(KEYS), min_size=1, max_size=2), st.booleans()),
@@ -56,7 +56,7 @@ def test_redis_grants_exactly_what_the_gate_starts(
         # No quiet period: this Redis instance is the one that has always held this namespace's state.
         run_id = client.info("server")["run_id"]
         client.hset(keys[6], mapping={"run_id": run_id, "quiet_until": 0, "epoch": 1})
-        args: list[str | int] = [60_000, limit, f"{namespace}:wake:"]
+        args: list[str | int] = [60_000, limit, f"{namespace}:wake:", 0]
         gate: Gate[str] = Gate(limit or None)
         tickets: list[Ticket[str]] = []
         for number, action in enumerate(steps):
@@ -74,7 +74,7 @@ def test_redis_grants_exactly_what_the_gate_starts(
                     gate.finish(ticket)
                 else:
                     gate.withdraw(ticket)
-                release(keys=keys, args=[*args, ticket.item])
+                release(keys=keys, args=[*args, ticket.item, "0"])
             while gate.take() is not None:
                 pass
             running = {t.item for t in tickets if t.state is TicketState.RUNNING}
@@ -90,7 +90,7 @@ def test_the_model_check_can_tell_a_whole_server_hold_from_a_keyed_one(redis_ser
         acquire = client.register_script(ACQUIRE)
         keys = redis_keys("oracle")
         client.hset(keys[6], mapping={"run_id": client.info("server")["run_id"], "quiet_until": 0, "epoch": 1})
-        args: list[str | int] = [60_000, 0, "oracle:wake:"]
+        args: list[str | int] = [60_000, 0, "oracle:wake:", 0]
         for lease in ("t:0", "t:1"):
             acquire(keys=keys, args=[*args, lease, _locks(SHARED, True, ())])
         assert client.hkeys(keys[3]) == ["t:0"], "two whole-server writes must not both hold"
