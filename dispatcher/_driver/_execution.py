@@ -654,8 +654,11 @@ class Executor:
             hooks.attempt_finished(state, outcome.status, outcome.error)
         if outcome.error is not None:
             work.failed_attempt(outcome.error)
-        if scoped:
+        if scoped and outcome.transient:
             # Another attempt may follow, after a wait: not where the tool's own cancellation may land.
+            # A final outcome (an answer in hand) goes straight to its settling, with no checkpoint
+            # where a cancellation could replace the answer by "cancelled while running" (UNKNOWN);
+            # the call's task absorbs a stray cancellation once the call has settled (`_run`).
             await _absorb_stray()
         return outcome
 
