@@ -15,15 +15,19 @@ from typing import Any
 
 import pytest
 from mcp import Client
+from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
 
 from dispatcher import CallStatus, Dispatcher, Effect, IdempotencyKeys, RetryPolicy, ToolCall
 from dispatcher.examples import Workspace
+from dispatcher.testing import inject_faults
 
 pytestmark = pytest.mark.anyio
 
 KEYED = IdempotencyKeys(argument="idempotency_key")
 RETRY = RetryPolicy(attempts=3, wait_initial=0.001, wait_max=0.002, jitter=False)
 PAY = ToolCall("w", "append_note", {"name": "log", "text": "paid"})
+WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
 
 
 # Cancellation after the answer -------------------------------------------------------------------
@@ -56,3 +60,52 @@ async def test_a_cancellation_that_lands_after_the_answer_keeps_the_answer(keyed
     assert workspace.notes == {"log": "paid"}
     assert result.status is CallStatus.OK and result.effect is Effect.RAN, (result.status, result.error)
     assert result.result is not None and result.attempts == 1
+
+
+# A server that requires its key --------------------------------------------------------------------
+
+
+def _requires_key() -> tuple[MCPServer[Any], list[str], list[object]]:
+    """A server whose write requires the key argument (no default), deduplicating by it; what it applied
+    and every key it was sent."""
+    server: MCPServer[Any] = MCPServer("strict")
+    applied: list[str] = []
+    keys: list[object] = []
+    first: dict[str, str] = {}
+
+    @server.tool(name="append", annotations=WRITE)
+    async def append(text: str, idempotency_key: str) -> str:
+        keys.append(idempotency_key)
+        if idempotency_key not in first:
+            applied.append(text)
+            first[idempotency_key] = f"appended {text}"
+        return first[idempotency_key]
+
+    return server, applied, keys
+
+
+async def test_a_tool_that_requires_the_key_argument_takes_calls_without_it() -> None:
+    """A write whose schema requires the key argument: a call without it runs with the dispatcher's key,
+    its lost answer is retried with that key, and the write is applied once.
+
+    The model cannot know the key (it is the dispatcher's), so it leaves the argument out, or puts
+    anything there, which is dropped. Before the fix the arguments were checked for required names
+    before the key was put in: every call the model made without the argument was rejected ("missing
+    required 'idempotency_key'"), and one with it passed only for its value to be replaced.
+    """
+    server, applied, keys = _requires_key()
+    faults = inject_faults(server, rate=0.0)
+    faults.fail_next("append", "drop", strike="after")
+    async with Dispatcher(retry=RETRY) as d:
+        await d.connect("s", server, trusted=True, idempotency=KEYED)
+        results = await d.dispatch(
+            [
+                ToolCall("a", "append", {"text": "x"}),
+                ToolCall("b", "append", {"text": "y", "idempotency_key": ["not", "a", "key"]}),
+            ]
+        )
+    assert [r.status for r in results] == [CallStatus.OK, CallStatus.OK], [r.error for r in results]
+    assert [r.attempts for r in results] == [2, 1]
+    assert applied == ["x", "y"]
+    assert len(keys) == 3 and keys[0] == keys[1] != keys[2]
+    assert all(isinstance(key, str) and len(key) == 32 for key in keys)

@@ -316,11 +316,9 @@ class CallRecord:
         self._expect(Phase.QUEUED, what="prepare")
         self.prepared = prepared
 
-    def carry_key(self, *, prepared: Any = None, meta: dict[str, Any] | None = None) -> None:
-        """The call carries its idempotency key: in its prepared arguments (given whole), or in `meta`."""
+    def carry_key(self, *, meta: dict[str, Any] | None = None) -> None:
+        """The call carries its idempotency key: in `meta`, or (None) in the arguments it is prepared with."""
         self._expect(Phase.QUEUED, what="carry a key")
-        if prepared is not None:
-            self.prepared = prepared
         if meta is not None:
             self.meta = meta
         self.keyed = True
