@@ -109,3 +109,50 @@ async def test_a_tool_that_requires_the_key_argument_takes_calls_without_it() ->
     assert applied == ["x", "y"]
     assert len(keys) == 3 and keys[0] == keys[1] != keys[2]
     assert all(isinstance(key, str) and len(key) == 32 for key in keys)
+
+
+# Fail-fast: what a rejected write conflicts with ---------------------------------------------------
+
+
+def _bank_and_mail(d: Dispatcher, ran: list[str]) -> None:
+    """A write keyed per account in domain "bank" (its key function needs a known account), and a write
+    in domain "mail"."""
+
+    async def pay(account: str) -> str:
+        ran.append(f"pay {account}")
+        return "paid"
+
+    async def mail(to: str) -> str:
+        ran.append(f"mail {to}")
+        return "sent"
+
+    accounts = {"alice": "alice", "bob": "bob"}
+    d.add_function(pay, annotations=WRITE, domain="bank", keys=lambda arguments: accounts[arguments["account"]])
+    d.add_function(mail, annotations=WRITE, domain="mail")
+
+
+@pytest.mark.parametrize("why", ["arguments", "key function"])
+async def test_a_write_rejected_before_it_had_keys_stops_only_its_domain(why: str) -> None:
+    """A write rejected for its arguments or its key function stops the later calls of its domain, not
+    an independent write in another domain.
+
+    Before the fix such a call kept the root key (it never reached the gate, which gives a call its
+    keys), so it conflicted with everything: the mail was skipped, its `depends_on` naming a payment it
+    does not conflict with.
+    """
+    ran: list[str] = []
+    first = {"acct": "alice"} if why == "arguments" else {"account": "mallory"}
+    async with Dispatcher(fail_fast=True) as d:
+        _bank_and_mail(d, ran)
+        results = await d.dispatch(
+            [
+                ToolCall("p", "pay", first),
+                ToolCall("m", "mail", {"to": "bob"}),
+                ToolCall("q", "pay", {"account": "bob"}),
+            ]
+        )
+    pay, mail, later = results
+    assert pay.status is CallStatus.FAILED and pay.effect is Effect.NEVER_RAN
+    assert mail.ok and mail.depends_on is None, mail.error
+    assert later.depends_on == "p" and later.effect is Effect.NEVER_RAN  # same domain: it may depend on it
+    assert ran == ["mail bob"]

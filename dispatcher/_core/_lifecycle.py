@@ -308,6 +308,11 @@ class CallRecord:
         """Take the catalogue entry (and tool) the call resolved to, or follow its entry's new definition."""
         self._expect(Phase.QUEUED, Phase.AWAITING_APPROVAL, what="resolve")
         self.entry = entry
+        # Until its own keys are known (its ticket's), a call's keys are its tool's whole domain: a
+        # write rejected for its arguments or its key function conflicts with what its domain holds,
+        # not with everything (`FailFast`). A tool with no domain has the root key.
+        domain = entry.domain
+        self.keys = (domain,) if domain is not None else ROOT_KEYS
         if impl is not None:
             self.impl = impl
 
