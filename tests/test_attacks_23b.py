@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
@@ -156,3 +157,51 @@ async def test_a_write_rejected_before_it_had_keys_stops_only_its_domain(why: st
     assert mail.ok and mail.depends_on is None, mail.error
     assert later.depends_on == "p" and later.effect is Effect.NEVER_RAN  # same domain: it may depend on it
     assert ran == ["mail bob"]
+
+
+# A retry racing a reconnect ------------------------------------------------------------------------
+
+
+async def test_a_keyed_retry_is_not_sent_to_a_reconnected_tool_that_dropped_the_key() -> None:
+    """A keyed write whose connection is lost after the server applied it, where the reconnect brings a
+    definition without the key argument (accepted by the user): the repeat is not sent; UNKNOWN, applied once.
+
+    The retry's eligibility was read before the attempt, and the reconnect (inside the attempt) came
+    after it. Before the fix the repeat went out with the key to a tool that no longer declares it; the
+    SDK's server dropped the key, and the write was applied twice.
+    """
+    applied: list[str] = []
+    seen: set[str] = set()
+    before: MCPServer[Any] = MCPServer("s")
+    after: MCPServer[Any] = MCPServer("s")
+
+    @before.tool(name="append", annotations=WRITE)
+    async def append_keyed(text: str, idempotency_key: str | None = None) -> str:
+        if idempotency_key not in seen:
+            seen.add(str(idempotency_key))
+            applied.append(text)
+        return "appended"
+
+    @after.tool(name="append", annotations=WRITE)
+    async def append(text: str) -> str:
+        applied.append(text)
+        return "appended"
+
+    class LostAfterTheWork(Client):
+        async def call_tool(self, *args: Any, **kwargs: Any) -> Any:
+            await super().call_tool(*args, **kwargs)
+            raise anyio.BrokenResourceError  # the transport fails once the server has done the work
+
+    clients: list[Client] = []
+
+    def connect() -> Client:
+        clients.append(LostAfterTheWork(before) if not clients else Client(after))
+        return clients[-1]
+
+    async with Dispatcher(retry=RETRY) as d:
+        await d.connect("s", connect, trusted=True, idempotency=KEYED, on_definition_change=lambda change: True)
+        [result] = await d.dispatch([ToolCall("w", "append", {"text": "x"})])
+    assert len(clients) == 2, "the retry reconnected"
+    assert applied == ["x"], "the write was applied twice"
+    assert result.status is CallStatus.FAILED and result.effect is Effect.UNKNOWN
+    assert result.error is not None and "no longer takes the idempotency key" in result.error

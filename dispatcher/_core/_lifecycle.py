@@ -57,10 +57,12 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ._calls import CallStatus, Effect, ToolResult
-from ._errors import LifecycleError
+from ._errors import LifecycleError, ToolUnavailableError
 from ._gate import ROOT_KEYS, conflicts
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from mcp.types import CallToolResult
 
     from .._driver._hooks import CallHooks
@@ -260,6 +262,7 @@ class CallRecord:
         "position",
         "prepared",
         "queued_at",
+        "repeat_check",
         "started_at",
         "state",
         "ticket",
@@ -287,6 +290,8 @@ class CallRecord:
         self.meta: dict[str, Any] | None = None
         # Whether its request carries an idempotency key (in its arguments or `meta`).
         self.keyed = False
+        # Asked as a repeated attempt is about to be sent: why it may no longer be repeated, or None.
+        self.repeat_check: Callable[[], str | None] | None = None
         self.interrupt: Interrupt | None = None
         # The id of the call of its batch whose failure it depended on, once fail-fast skips it.
         self.depends_on: str | None = None
@@ -405,8 +410,21 @@ class CallRecord:
         self.attempts += 1
 
     def sent(self) -> None:
-        """The running attempt's request may reach the tool from now on (`mark_sent`)."""
+        """The running attempt's request may reach the tool from now on (`mark_sent`).
+
+        A repeated attempt is sent only if the call may still be repeated (`repeat_check`), read once
+        nothing can change before the send: a reconnect on the way to it may have brought a new
+        definition of its tool (one that no longer takes the key, or is no longer idempotent).
+
+        Raises:
+            ToolUnavailableError: The attempt is a repeat the call may no longer make; nothing was sent.
+        """
         if self.phase is Phase.RUNNING:
+            check = self.repeat_check
+            if check is not None and self.attempts > 1:
+                why = check()
+                if why is not None:
+                    raise ToolUnavailableError(f"not repeated: {why}, so repeating it could apply it twice")
             self.moment = Moment.SENT
 
     def failed_attempt(self, error: str) -> None:
@@ -510,6 +528,7 @@ class CallRecord:
             interrupt.cancel()
         # Drop what running needed; the owner last, after telling it (a settled call holds no cycle).
         self.prepared = None
+        self.repeat_check = None
         ticket = self.ticket
         if ticket is not None:
             self.keys = ticket.keys

@@ -607,13 +607,10 @@ class Executor:
                     clock.bound(scope)
                 last = await self._attempt(work, False, started, math.inf)
             else:
-                retrier = Retrier(
-                    retry,
-                    self._budget(retry, entry.server),
-                    self._rng,
-                    entry.server,
-                    recheck=functools.partial(self._still_eligible, retry, entry, keyed),
-                )
+                recheck = functools.partial(self._still_eligible, retry, entry, keyed)
+                # Read again as each repeat is sent, after any reconnect on its way (see `sent`).
+                work.repeat_check = recheck
+                retrier = Retrier(retry, self._budget(retry, entry.server), self._rng, entry.server, recheck=recheck)
                 last = await retrier.run(functools.partial(self._attempt, work, True), started)
             work.waiting(None)
             work.ended(last.status, last.error, anyio.current_time(), result=last.result, untrusted=last.untrusted)
@@ -637,6 +634,8 @@ class Executor:
             return None
         if entry.trusted and not current.trusted:
             return f"server {entry.server!r} is no longer trusted"
+        if keyed and not self._keyed(current):
+            return f"tool {entry.name!r} no longer takes the idempotency key (its definition changed)"
         return f"tool {entry.name!r} is no longer declared idempotent (its effective idempotentHint was withdrawn)"
 
     def _budget(self, policy: RetryPolicy, server: str | None) -> RetryBudget | None:
