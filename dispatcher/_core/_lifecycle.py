@@ -57,10 +57,12 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ._calls import CallStatus, Effect, ToolResult
-from ._errors import LifecycleError
+from ._errors import LifecycleError, ToolUnavailableError
 from ._gate import ROOT_KEYS, conflicts
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from mcp.types import CallToolResult
 
     from .._driver._hooks import CallHooks
@@ -261,6 +263,7 @@ class CallRecord:
         "position",
         "prepared",
         "queued_at",
+        "repeat_check",
         "started_at",
         "state",
         "ticket",
@@ -288,6 +291,8 @@ class CallRecord:
         self.meta: dict[str, Any] | None = None
         # Whether its request carries an idempotency key (in its arguments or `meta`).
         self.keyed = False
+        # Asked as a repeated attempt is about to be sent: why it may no longer be repeated, or None.
+        self.repeat_check: Callable[[], str | None] | None = None
         self.interrupt: Interrupt | None = None
         # The id of the call of its batch whose failure it depended on, once fail-fast skips it.
         self.depends_on: str | None = None
@@ -309,6 +314,11 @@ class CallRecord:
         """Take the catalogue entry (and tool) the call resolved to, or follow its entry's new definition."""
         self._expect(Phase.QUEUED, Phase.AWAITING_APPROVAL, what="resolve")
         self.entry = entry
+        # Until its own keys are known (its ticket's), a call's keys are its tool's whole domain: a
+        # write rejected for its arguments or its key function conflicts with what its domain holds,
+        # not with everything (`FailFast`). A tool with no domain has the root key.
+        domain = entry.domain
+        self.keys = (domain,) if domain is not None else ROOT_KEYS
         if impl is not None:
             self.impl = impl
 
@@ -317,11 +327,9 @@ class CallRecord:
         self._expect(Phase.QUEUED, what="prepare")
         self.prepared = prepared
 
-    def carry_key(self, *, prepared: Any = None, meta: dict[str, Any] | None = None) -> None:
-        """The call carries its idempotency key: in its prepared arguments (given whole), or in `meta`."""
+    def carry_key(self, *, meta: dict[str, Any] | None = None) -> None:
+        """The call carries its idempotency key: in `meta`, or (None) in the arguments it is prepared with."""
         self._expect(Phase.QUEUED, what="carry a key")
-        if prepared is not None:
-            self.prepared = prepared
         if meta is not None:
             self.meta = meta
         self.keyed = True
@@ -403,8 +411,21 @@ class CallRecord:
         self.attempts += 1
 
     def sent(self) -> None:
-        """The running attempt's request may reach the tool from now on (`mark_sent`)."""
+        """The running attempt's request may reach the tool from now on (`mark_sent`).
+
+        A repeated attempt is sent only if the call may still be repeated (`repeat_check`), read once
+        nothing can change before the send: a reconnect on the way to it may have brought a new
+        definition of its tool (one that no longer takes the key, or is no longer idempotent).
+
+        Raises:
+            ToolUnavailableError: The attempt is a repeat the call may no longer make; nothing was sent.
+        """
         if self.phase is Phase.RUNNING:
+            check = self.repeat_check
+            if check is not None and self.attempts > 1:
+                why = check()
+                if why is not None:
+                    raise ToolUnavailableError(f"not repeated: {why}, so repeating it could apply it twice")
             self.moment = Moment.SENT
 
     def failed_attempt(self, error: str) -> None:
@@ -508,6 +529,7 @@ class CallRecord:
             interrupt.cancel()
         # Drop what running needed; the owner last, after telling it (a settled call holds no cycle).
         self.prepared = None
+        self.repeat_check = None
         ticket = self.ticket
         if ticket is not None:
             self.keys = ticket.keys

@@ -31,7 +31,7 @@ import math
 import random
 import secrets
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -227,7 +227,10 @@ class Executor:
         # Checking arguments against an untrusted server's schema can quote it (a required argument's
         # name is whatever the server wrote): every result of an untrusted server's tool is marked.
         try:
-            work.prepare(resolution.impl.prepare(arguments))
+            sent = arguments
+            if self._idempotency and entry.server in self._idempotency:
+                sent = self._give_key(work, batch.number, entry, arguments)
+            work.prepare(resolution.impl.prepare(sent))
         except ArgumentError as exc:
             work.settle(Ending.REJECTED, now, exc, untrusted=not entry.trusted)
             return work
@@ -235,8 +238,6 @@ class Executor:
             error = f"invalid arguments: {type(exc).__name__}: {exc}"
             work.settle(Ending.REJECTED, now, error, untrusted=not entry.trusted)
             return work
-        if self._idempotency and entry.server in self._idempotency:
-            self._give_key(work, batch.number, entry)
         try:
             keys = call_keys(entry, arguments)
         except KeyRuleError as exc:
@@ -426,27 +427,34 @@ class Executor:
         how = self._idempotency.get(entry.server) if entry.server is not None else None
         return how is not None and not entry.annotations.read_only_hint and takes_key(how, entry.input_schema)
 
-    def _give_key(self, work: PendingCall, batch: int, entry: ToolEntry) -> None:
+    def _give_key(
+        self, work: PendingCall, batch: int, entry: ToolEntry, arguments: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
         """Give a call of a server that takes idempotency keys its key, if its tool takes one.
 
         One key per logical call, the same on every attempt. On a server that takes the key in an
-        argument, that argument is the dispatcher's on every call: what the model put there is dropped.
+        argument, that argument is the dispatcher's on every call: what the model put there is dropped,
+        and the call's key put in its place before the arguments are checked, so that a tool whose
+        schema requires the argument takes a call the model could not give it to.
+
+        Returns:
+            The arguments to check and send.
         """
         server = entry.server
         assert server is not None
         how = self._idempotency[server]
-        prepared = work.prepared
         argument = how.argument
-        if argument is not None and isinstance(prepared, dict) and argument in prepared:
-            prepared = {name: value for name, value in prepared.items() if name != argument}
-            work.prepare(prepared)
+        if argument is not None and argument in arguments:
+            arguments = {name: value for name, value in arguments.items() if name != argument}
         if not self._keyed(entry):
-            return
+            return arguments
         key = call_key(self._key_secret, batch, work.position, work.call.id, server, entry.tool)
         if how.meta is not None:
             work.carry_key(meta={how.meta: key})
-        elif argument is not None and isinstance(prepared, dict):
-            work.carry_key(prepared={**prepared, argument: key})
+            return arguments
+        assert argument is not None
+        work.carry_key()
+        return {**arguments, argument: key}
 
     def skip_dependents(self, batch: Batch, failed: PendingCall) -> None:
         """Settle as SKIPPED the waiting calls of `batch` after `failed` that depend on a failure (`FailFast`).
@@ -599,13 +607,10 @@ class Executor:
                     clock.bound(scope)
                 last = await self._attempt(work, False, started, math.inf)
             else:
-                retrier = Retrier(
-                    retry,
-                    self._budget(retry, entry.server),
-                    self._rng,
-                    entry.server,
-                    recheck=functools.partial(self._still_eligible, retry, entry, keyed),
-                )
+                recheck = functools.partial(self._still_eligible, retry, entry, keyed)
+                # Read again as each repeat is sent, after any reconnect on its way (see `sent`).
+                work.repeat_check = recheck
+                retrier = Retrier(retry, self._budget(retry, entry.server), self._rng, entry.server, recheck=recheck)
                 last = await retrier.run(functools.partial(self._attempt, work, True), started)
             work.waiting(None)
             work.ended(last.status, last.error, anyio.current_time(), result=last.result, untrusted=last.untrusted)
@@ -629,6 +634,8 @@ class Executor:
             return None
         if entry.trusted and not current.trusted:
             return f"server {entry.server!r} is no longer trusted"
+        if keyed and not self._keyed(current):
+            return f"tool {entry.name!r} no longer takes the idempotency key (its definition changed)"
         return f"tool {entry.name!r} is no longer declared idempotent (its effective idempotentHint was withdrawn)"
 
     def _budget(self, policy: RetryPolicy, server: str | None) -> RetryBudget | None:
@@ -654,8 +661,11 @@ class Executor:
             hooks.attempt_finished(state, outcome.status, outcome.error)
         if outcome.error is not None:
             work.failed_attempt(outcome.error)
-        if scoped:
+        if scoped and outcome.transient:
             # Another attempt may follow, after a wait: not where the tool's own cancellation may land.
+            # A final outcome (an answer in hand) goes straight to its settling, with no checkpoint
+            # where a cancellation could replace the answer by "cancelled while running" (UNKNOWN);
+            # the call's task absorbs a stray cancellation once the call has settled (`_run`).
             await _absorb_stray()
         return outcome
 
