@@ -180,8 +180,11 @@ class DispatcherMiddleware(AgentMiddleware[Any, Any, Any]):
         self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]]
     ) -> ModelResponse[Any]:
         """Bind the catalogue as it is now: tools added since the agent was built included."""
-        current = self._refresh()
         others = [tool for tool in request.tools if not isinstance(tool, _DispatcherTool) or tool.owner is not self]
+        # A tool of the agent's own wins over a catalogue entry of the same name, as in the agent's ToolNode:
+        # a server cannot take a name away from the user's tool, or change how its calls are scheduled.
+        taken = {tool.name for tool in others if isinstance(tool, BaseTool)}
+        current = [tool for tool in self._refresh() if tool.name not in taken]
         return await handler(request.override(tools=[*current, *others]))
 
     async def aafter_model(self, state: Any, runtime: Runtime[Any]) -> dict[str, Any] | None:
@@ -281,12 +284,24 @@ class DispatcherMiddleware(AgentMiddleware[Any, Any, Any]):
         return _Place(self, call_id, turn, position, lambda: self._forget(key, turn))
 
     def _number(self, message: AIMessage, answered: set[str], request: ToolCallRequest) -> _Round:
-        """Number the calls LangGraph sends to the tool node for this message, in the message's order."""
-        routed = {tool.name for tool in getattr(request.runtime, "tools", None) or ()} | set(self._by_name)
-        calls = [call for call in message.tool_calls if call["id"] not in answered and call["name"] in routed]
+        """Number the calls LangGraph sends to the tool node for this message, in the message's order.
+
+        A call is the dispatcher's when the tool node runs one of these tools for it (or holds no tool of
+        its name, and the catalogue does); any other tool's call runs alone.
+        """
+        node = {tool.name: tool for tool in getattr(request.runtime, "tools", None) or ()}
+        calls = [call for call in message.tool_calls if call["id"] not in answered]
+        calls = [call for call in calls if call["name"] in node or call["name"] in self._by_name]
         counts = Counter(call["id"] for call in calls)
         placed = [(call_id, call["name"]) for call in calls if (call_id := call["id"]) and counts[call_id] == 1]
-        return _Round([call_id for call_id, _ in placed], [name in self._by_name for _, name in placed], self._batch)
+        ours = [self._runs(node.get(name), name) for _, name in placed]
+        return _Round([call_id for call_id, _ in placed], ours, self._batch)
+
+    def _runs(self, tool: object, name: str) -> bool:
+        """Whether a call of `name` reaches one of these tools, given the tool node's tool of that name."""
+        if tool is None:
+            return name in self._by_name
+        return isinstance(tool, _DispatcherTool) and tool.owner is self
 
     def _forget(self, key: tuple[str | None, str], turn: _Round) -> None:
         if self._rounds.get(key) is turn:
