@@ -53,7 +53,13 @@ stress: $(STAMP)
 	DISPATCHER_STRESS=1 $(BIN)/python -m pytest -q tests/chaos tests/test_tune.py tests/fleet/test_processes.py
 
 # Build the wheel and sdist, install the wheel into a clean venv (no source tree on its path) and run a
-# batch with it (.ci/smoke.py); then install one integration extra from the wheel and import it.
+# batch with it (.ci/smoke.py); then add each framework integration's extra from the wheel, one at a time,
+# and run a model turn through that framework's runner (.ci/smoke_integrations.py) before adding the next.
+# The order puts each extra before any that brings what it needs (langgraph before langchain, which
+# depends on it), so a module that imports a package its extra does not declare fails its smoke test.
+# pip's cache from the dev install makes these installs quick. The adk extra is `make adk`'s.
+SMOKE_EXTRAS := claude-agent-sdk pydantic-ai openai-agents langgraph langchain
+
 package-check: $(STAMP)
 	rm -rf dist .venv-smoke
 	$(BIN)/python -m build --quiet --outdir dist .
@@ -61,8 +67,10 @@ package-check: $(STAMP)
 	.venv-smoke/bin/python -m pip install --quiet dist/*.whl
 	cd /tmp && $(CURDIR)/.venv-smoke/bin/python $(CURDIR)/.ci/smoke.py
 	.venv-smoke/bin/dispatcher --version
-	.venv-smoke/bin/python -m pip install --quiet "$$(ls dist/*.whl)[langgraph]"
-	cd /tmp && $(CURDIR)/.venv-smoke/bin/python -c "from dispatcher.integrations.langgraph import DispatcherToolNode"
+	set -e; for extra in $(SMOKE_EXTRAS); do \
+		.venv-smoke/bin/python -m pip install --quiet "$$(ls dist/*.whl)[$$extra]"; \
+		(cd /tmp && $(CURDIR)/.venv-smoke/bin/python $(CURDIR)/.ci/smoke_integrations.py $$extra); \
+	done
 
 # The Google ADK adapter's tests (and its docs/integrations.md examples), in a venv of their own: google-adk
 # would downgrade opentelemetry, tenacity and websockets in .venv (see the `adk` extra in pyproject.toml).

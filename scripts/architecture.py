@@ -147,6 +147,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "dispatcher.integrations._common",
             "dispatcher.integrations.claude_agent_sdk",
             "dispatcher.integrations.google_adk",
+            "dispatcher.integrations.langchain",
             "dispatcher.integrations.langgraph",
             "dispatcher.integrations.openai_agents",
             "dispatcher.integrations.pydantic_ai",

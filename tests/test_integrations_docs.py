@@ -25,6 +25,7 @@ DOC = ROOT / "docs" / "integrations.md"
 # section heading -> (the module it needs, the extra that installs it, the backends it runs on)
 FRAMEWORKS = {
     "LangGraph": ("langgraph", "langgraph", ("asyncio",)),
+    "LangChain": ("langchain.agents", "langchain", ("asyncio",)),
     "OpenAI Agents SDK": ("agents", "openai-agents", ("asyncio",)),
     "pydantic-ai": ("pydantic_ai", "pydantic-ai", ("asyncio",)),
     "Claude Agent SDK": ("claude_agent_sdk", "claude-agent-sdk", ("asyncio", "trio")),
@@ -108,7 +109,7 @@ NATIVE_CHECKS = [
     "the untrusted tool ran alone: False",
     "delete_note ran: True",
 ]
-NATIVES = ["LangGraph", "OpenAI Agents SDK", "pydantic-ai", "Google ADK"]
+NATIVES = ["LangGraph", "LangChain", "OpenAI Agents SDK", "pydantic-ai", "Google ADK"]
 
 
 def _native() -> dict[str, str]:
@@ -117,7 +118,7 @@ def _native() -> dict[str, str]:
 
 
 def test_every_adapter_framework_has_a_native_measurement() -> None:
-    """The native section measures LangGraph, the OpenAI Agents SDK, pydantic-ai and Google ADK."""
+    """The native section measures LangGraph, LangChain, the OpenAI Agents SDK, pydantic-ai and Google ADK."""
     assert set(_native()) == set(NATIVES)
 
 
@@ -153,7 +154,7 @@ def test_the_versions_table_matches_the_installed_packages() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["_common", "claude_agent_sdk", "google_adk", "langgraph", "openai_agents", "pydantic_ai"]
+    "module", ["_common", "claude_agent_sdk", "google_adk", "langchain", "langgraph", "openai_agents", "pydantic_ai"]
 )
 def test_adapters_import_only_public_names_of_dispatcher(module: str) -> None:
     """The adapters use the dispatcher as users do: no import of a private `dispatcher._x` module."""

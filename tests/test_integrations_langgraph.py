@@ -5,7 +5,7 @@
 batch. An approver may pause the graph with ``interrupt()``; checkpoints hold plain data; LangChain
 tools share the node. LangGraph is driven on asyncio here (its graphs run on asyncio); each run is
 bounded by `anyio.fail_after`, so a wait that never ends fails the test. langchain's own
-``create_agent`` is not tested: the ``langchain`` package is not installed (only ``langchain-core``).
+``create_agent`` takes the dispatcher as a middleware instead (tests/test_integrations_langchain.py).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from dispatcher.integrations.langgraph import DispatcherToolNode
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.parametrize("anyio_backend", ["asyncio"]),
-    # LangGraph 1.x deprecates create_react_agent in favour of langchain's create_agent, which is not installed.
+    # LangGraph 1.x deprecates create_react_agent in favour of langchain's create_agent (DispatcherMiddleware).
     pytest.mark.filterwarnings("ignore:create_react_agent has been moved"),
 ]
 

@@ -3,6 +3,8 @@
 - `dispatcher.integrations.langgraph` (extra ``langgraph``): `DispatcherToolNode`, a LangGraph
   ``ToolNode`` (for ``create_react_agent`` or your own graph) that runs an ``AIMessage``'s tool calls
   as one batch.
+- `dispatcher.integrations.langchain` (extra ``langchain``): `DispatcherMiddleware`, an agent middleware
+  for langchain's ``create_agent`` that keeps each call of a message at its place.
 - `dispatcher.integrations.openai_agents` (extra ``openai-agents``): the catalogue as OpenAI Agents SDK
   ``FunctionTool``s whose calls keep the model's order although the SDK starts them all at once.
 - `dispatcher.integrations.pydantic_ai` (extra ``pydantic-ai``): `DispatcherToolset`, a pydantic-ai

@@ -53,7 +53,7 @@ from langgraph.prebuilt.tool_node import ToolRuntime
 from dispatcher import ApprovalPolicy, ApprovalRequest, ConfigurationError, ToolCall, ToolEntry
 from dispatcher.formats import openai_chat_tools, tool_description, tool_schema
 
-from ._common import model_text
+from ._common import model_text, plain_result
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -265,7 +265,7 @@ class DispatcherToolNode(ToolNode):
                 tool_call_id=call.get("id") or "",
                 name=call.get("name") or "",
                 status="success" if result is not None and result.ok else "error",
-                artifact={"status": "denied"} if result is None else _plain(result),
+                artifact={"status": "denied"} if result is None else plain_result(result),
             )
             for call, result in zip(calls, results, strict=True)
         ]
@@ -300,14 +300,3 @@ def _unanswered(messages: Sequence[Any]) -> list[Any]:
     answered = {message.tool_call_id for message in messages if isinstance(message, ToolMessage)}
     last = next((message for message in reversed(messages) if isinstance(message, AIMessage)), None)
     return [call for call in last.tool_calls if call["id"] not in answered] if last is not None else []
-
-
-def _plain(result: ToolResult) -> dict[str, Any]:
-    """What a checkpoint may keep of a result: plain data, no dispatcher class."""
-    return {
-        "status": result.status.value,
-        "tool": result.tool,
-        "server": result.server,
-        "attempts": result.attempts,
-        "untrusted_content": result.untrusted_content,
-    }
