@@ -492,7 +492,9 @@ def test_a_write_cut_off_mid_run_never_runs_beside_the_next_one(
             # Given up or not, the cut-off write may have run: never FAILED.
             assert result["status"] == "ok" or (result["status"], result["effect"]) == ("timeout", "unknown"), result
         else:
-            assert result["status"] == "ok", result
+            # A loaded machine may answer a grant too late to trust its lease: that call never ran.
+            late = result["status"] == "failed" and "too late to trust" in (result["error"] or "")
+            assert result["status"] == "ok" or (late and result["effect"] == "never_ran"), result
 
 
 @pytest.mark.parametrize("fault", ["kill", "freeze", "pause"])
