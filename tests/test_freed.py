@@ -208,7 +208,7 @@ async def test_results_dropped_while_the_dispatcher_stays_open_are_freed_at_once
             assert _alive(answers) == 0
 
 
-@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+@pytest.mark.virtual_time
 @pytest.mark.parametrize("calls", [20, 100, 1000])
 async def test_a_runner_letting_the_loop_run_holds_no_finished_call(anyio_backend: Any, calls: int) -> None:
     """Calls that compute (a jump of the virtual clock) span several time slices, so runners let the loop
@@ -231,7 +231,7 @@ async def test_a_runner_letting_the_loop_run_holds_no_finished_call(anyio_backen
                 assert _alive(answers) == 0
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.backends("asyncio")
 async def test_a_runner_withdrawing_a_tools_own_cancellation_holds_no_finished_call() -> None:
     """A tool cancels its own task and returns: the runner withdraws that after letting go of the call, so
     the result is freed as soon as the caller drops it."""

@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import Client, StdioServerParameters
 from mcp.types import ToolAnnotations
-from trio.testing import MockClock
 
 from benchmarks import keys as bench
 from benchmarks.reference import KeyedCall, ideal_keyed_makespan
@@ -301,9 +300,7 @@ async def test_a_retried_write_holds_its_own_keys_only() -> None:
     assert second.finished_at is not None and read_a.started_at >= second.finished_at
 
 
-@pytest.mark.parametrize(
-    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")]
-)
+@pytest.mark.virtual_time
 async def test_the_keyed_benchmark_workload_takes_exactly_the_ideal_keyed_time() -> None:
     """On a virtual clock, each turn of the multi-server benchmark takes exactly its ideal keyed makespan."""
     config = bench.FULL

@@ -9,7 +9,6 @@ from typing import Any, Literal
 import anyio
 import anyio.lowlevel
 import pytest
-from trio.testing import MockClock
 
 from dispatcher import CallStatus, Dispatcher, ToolCall
 from dispatcher._core import _catalog
@@ -35,14 +34,6 @@ HTTP_MODES = pytest.mark.parametrize(
 )
 
 
-def all_clocks() -> pytest.MarkDecorator:
-    """Run a test on asyncio, trio, and trio under a virtual clock."""
-    clock = MockClock(autojump_threshold=0)
-    return pytest.mark.parametrize(
-        "anyio_backend", ["asyncio", "trio", pytest.param(("trio", {"clock": clock}), id="trio-mock")]
-    )
-
-
 def listing_bound(elapsed: float) -> int:
     """The most listings a storm lasting `elapsed` seconds may cost: a burst, one per interval, and one after."""
     return LISTING_BURST + 1 + math.ceil(elapsed / LISTING_INTERVAL)
@@ -60,7 +51,7 @@ async def quiet(d: Dispatcher, server: str) -> int:
 # 11b: tools/list_changed storms --------------------------------------------------------------------
 
 
-@all_clocks()
+@pytest.mark.all_clocks
 @MODES
 async def test_a_storm_costs_one_listing_per_interval_in_process(mode: Mode) -> None:
     """5,000 announcements spread over time cost at most one listing per interval, one at a time."""
@@ -76,7 +67,7 @@ async def test_a_storm_costs_one_listing_per_interval_in_process(mode: Mode) -> 
     assert 2 <= listings <= 1 + listing_bound(elapsed), (listings, elapsed)
 
 
-@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+@pytest.mark.virtual_time
 @MODES
 async def test_slow_listings_take_a_bounded_share_of_the_time(mode: Mode) -> None:
     """A server whose listing takes 0.5 s, announcing for 10 s, is listed with a rest after each listing."""

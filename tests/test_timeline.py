@@ -11,7 +11,6 @@ import anyio
 import pytest
 from mcp import Client
 from mcp.types import ToolAnnotations
-from trio.testing import MockClock
 
 from dispatcher import CallEvent, CallStatus, Dispatcher, RetryPolicy, ToolCall, ToolResult
 from dispatcher.examples import Workspace
@@ -31,10 +30,7 @@ COLOURS = {
 }
 # The real backends, and trio's virtual clock where every time is exact (a busy machine can delay a start
 # on a real clock by more than the 20 ms the timeline takes for the event loop's ordinary delay).
-BACKENDS = pytest.mark.parametrize(
-    "anyio_backend",
-    ["asyncio", "trio", pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")],
-)
+BACKENDS = pytest.mark.all_clocks
 
 LATENCY = 0.05
 # One turn: a write, three reads that must see it (the server lets two run at once), a write after them,
@@ -165,10 +161,7 @@ async def test_a_refused_approval_and_an_unrecorded_wait() -> None:
     assert Timeline.from_results(results).rows[1].wait == rows["no"].wait
 
 
-@pytest.mark.parametrize(
-    "anyio_backend",
-    [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")],
-)
+@pytest.mark.virtual_time
 async def test_retries_are_drawn_where_they_began() -> None:
     """From events, each retry's start is kept and marked in the text; the trace has an instant per retry."""
     events: list[CallEvent] = []

@@ -45,12 +45,6 @@ PYTHONPATH = os.pathsep.join(p for p in (SOURCE_ROOT, os.environ.get("PYTHONPATH
 WORKSPACE = f"{shlex.quote(sys.executable)} -m dispatcher.examples.workspace"
 
 
-def virtual_time() -> pytest.MarkDecorator:
-    """Run a test on trio only, under a virtual clock that jumps whenever every task waits."""
-    clock = MockClock(autojump_threshold=0)
-    return pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": clock}), id="trio-mock")])
-
-
 def setting(limit: int, throughput: float, p95: float = 0.05, *, calls: int = 100) -> SettingResult:
     """A measurement with the figures `recommend` reads."""
     return SettingResult(
@@ -227,7 +221,7 @@ def test_doubling() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.virtual_time
 async def test_recommendation_lands_at_the_saturation_knee() -> None:
     """A server that saturates at 8 in flight: throughput stops at 8 / latency, and 8 is recommended."""
     workspace = Workspace(latency=0.05, saturation=8)
@@ -251,7 +245,7 @@ async def test_recommendation_lands_at_the_saturation_knee() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.virtual_time
 async def test_per_server_limit_and_time_budget() -> None:
     """--per-server sweeps add_mcp_server's limit; a duration bounds each setting's measurement."""
     workspace = Workspace(latency=0.05, saturation=8)
@@ -264,7 +258,7 @@ async def test_per_server_limit_and_time_budget() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.virtual_time
 async def test_an_untrusted_server_makes_every_setting_alike() -> None:
     """Untrusted, every call runs alone: every setting measures the same, and a note says why."""
     report = await tune(Workspace(latency=0.05).server, "reads", (1, 4), calls=20)
@@ -273,7 +267,7 @@ async def test_an_untrusted_server_makes_every_setting_alike() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.virtual_time
 async def test_no_recommendation_when_no_limit_can_matter() -> None:
     """When every call runs alone, differences between settings are noise: nothing is recommended from them."""
     server = MCPServer("warming")
@@ -296,7 +290,7 @@ async def test_no_recommendation_when_no_limit_can_matter() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.virtual_time
 async def test_a_workload_of_calls_with_failures() -> None:
     """A workload's calls repeat in order; calls that fail count as errors, not as throughput."""
     workload = load_workload(['{"name": "search_notes", "arguments": {"query": "a"}}', '{"name": "search_notes"}'])
@@ -595,7 +589,7 @@ async def test_a_synthetic_workload_whose_calls_all_fail_is_not_measured() -> No
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.virtual_time
 async def test_calls_that_fail_are_errors_not_throughput() -> None:
     """Tool errors count in the errors column, not as throughput; all-failing settings recommend nothing."""
     failing = load_workload(['{"name": "read_note", "arguments": {"name": "missing"}}'])
@@ -760,7 +754,7 @@ def slow_server(seconds: float) -> MCPServer:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.virtual_time
 async def test_a_duration_window_closes_on_time_and_times_the_calls_it_cut_off() -> None:
     """Calls slower than the window: it closes on time, and the calls running then are timed, as cut off."""
     workload = [ToolCall("1", "crawl", {"key": "k"})]
@@ -774,7 +768,7 @@ async def test_a_duration_window_closes_on_time_and_times_the_calls_it_cut_off()
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.virtual_time
 async def test_the_warm_up_of_a_timed_window_ends_on_time_too() -> None:
     """With a duration, a warm-up of slow calls lasts at most that long: a setting takes 2 windows, not 2 calls."""
     workload = [ToolCall("1", "crawl", {"key": "k"})]
@@ -788,7 +782,7 @@ async def test_the_warm_up_of_a_timed_window_ends_on_time_too() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.virtual_time
 async def test_repeats_run_in_rounds_and_the_progress_says_what_happens() -> None:
     """Every setting once per round; progress says probing, then warming up and measuring, setting and repeat."""
     progress: list[TuneProgress] = []
@@ -822,7 +816,7 @@ async def test_repeats_run_in_rounds_and_the_progress_says_what_happens() -> Non
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.virtual_time
 async def test_a_time_budget_reports_the_settings_measured_so_far() -> None:
     """max_time ends the sweep with the settings done so far, says so, and asks for no wider range."""
     # At 50 ms a call: the setting 1 takes 22 calls (1.1 s), 2 takes 0.6 s, 4 would end at 2.1 s.
@@ -839,7 +833,7 @@ async def test_a_time_budget_reports_the_settings_measured_so_far() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.virtual_time
 async def test_setting_stop_ends_the_sweep_with_what_it_measured() -> None:
     """The stop event (Ctrl-C on the command line) keeps the settings finished before it was set."""
     stop = anyio.Event()
@@ -957,7 +951,7 @@ def test_synthetic_arguments_skip_defaults_that_make_calls_slow() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.virtual_time
 async def test_a_synthetic_workload_does_not_inherit_a_slow_default_and_says_so() -> None:
     """A tool whose optional duration defaults to 10 s is measured at its fastest, with a note saying so."""
     server = MCPServer("operations")
@@ -975,7 +969,7 @@ async def test_a_synthetic_workload_does_not_inherit_a_slow_default_and_says_so(
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.virtual_time
 async def test_a_synthetic_write_that_did_nothing_is_reported() -> None:
     """A mixed workload's write that succeeds saying it changed nothing gets a note; one that acts does not."""
     server = MCPServer("tags")
@@ -1004,7 +998,7 @@ async def test_a_synthetic_write_that_did_nothing_is_reported() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.virtual_time
 async def test_an_override_is_measured_before_it_is_written_into_code() -> None:
     """An untrusted server with no hints: overriding search_notes as read-only makes concurrency count."""
     workspace = Workspace(latency=0.05, saturation=4)
@@ -1068,7 +1062,7 @@ _LONG_FORM = pytest.mark.skipif(
 @_LONG_FORM
 @pytest.mark.reference_servers
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.backends("asyncio")
 async def test_three_runs_against_the_time_server_agree() -> None:
     """mcp-server-time over stdio, three sweeps: the advice agrees within one setting (it jumped 64/64/16)."""
     server = reference("mcp_server_time")
@@ -1097,7 +1091,7 @@ def repository(tmp_path: pathlib.Path) -> pathlib.Path:
 @_LONG_FORM
 @pytest.mark.reference_servers
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["trio"])
+@pytest.mark.backends("trio")
 async def test_three_runs_against_the_git_server_agree_and_never_ask_for_a_wider_range(
     repository: pathlib.Path,
 ) -> None:
