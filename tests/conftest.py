@@ -11,6 +11,7 @@ Every async test runs on asyncio and on trio. A marker changes that set:
 The marker nearest the test wins (a test's own over its module's ``pytestmark``). The ids are
 ``asyncio``, ``trio`` and ``trio-mockclock``.
 
+The markers of costly tests (``subprocess``, ``redis``, ``slow``) are tests/markers.py's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
+# The markers of costly tests (the subprocess marker enforced), and the chaos figures summed over workers.
+pytest_plugins = ["tests.markers", "tests.chaos.session"]
 
 ASYNCIO, TRIO, TRIO_MOCKCLOCK = "asyncio", "trio", "trio-mockclock"
 DEFAULT_BACKENDS = (ASYNCIO, TRIO)

@@ -200,6 +200,7 @@ def test_peers_without_the_extra_says_how_to_install_it(monkeypatch: pytest.Monk
         peers.run(peers.Config(calls=1, sleep_calls=1, repeat=1), QUIET)
 
 
+@pytest.mark.subprocess
 def test_report_json_and_plots(tmp_path: Path) -> None:
     """Results render as a table and are written as JSON with machine info; plots are drawn or skipped."""
     results = [batches.run(batches.Config(batches=5, repeat=1), QUIET)]
@@ -217,6 +218,7 @@ def test_report_json_and_plots(tmp_path: Path) -> None:
     assert isinstance(plots, str | list)
 
 
+@pytest.mark.subprocess
 def test_quick_run_gives_no_verdicts(tmp_path: Path) -> None:
     """A quick run prints and saves the targets' figures but says neither met nor NOT MET."""
     results = [
@@ -246,6 +248,7 @@ def test_quick_run_gives_no_verdicts(tmp_path: Path) -> None:
     assert all(target["met"] is None for target in document["workloads"]["mcp"]["targets"])
 
 
+@pytest.mark.subprocess
 def test_results_never_land_in_tracked_files() -> None:
     """The default results directory is ignored by git, so `make bench` leaves the checkout unchanged."""
     git = shutil.which("git")
@@ -265,6 +268,7 @@ def test_results_never_land_in_tracked_files() -> None:
     assert tracked.stdout == "", tracked.stdout
 
 
+@pytest.mark.subprocess
 def test_command_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """`python -m benchmarks --only overhead --repeat 1 --output DIR` prints the table and writes DIR only."""
     main(["--only", "overhead", "--repeat", "1", "--output", str(tmp_path / "out")])

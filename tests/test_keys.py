@@ -320,7 +320,7 @@ async def test_the_keyed_benchmark_workload_takes_exactly_the_ideal_keyed_time()
 # Accepted changes apply to calls not yet started (issue 10, point 6) ----------------------------------
 
 
-@pytest.mark.parametrize("transport", ["in-process", "stdio"])
+@pytest.mark.parametrize("transport", ["in-process", pytest.param("stdio", marks=pytest.mark.subprocess)])
 @pytest.mark.parametrize("how", ["accept_changes", "on_definition_change"])
 async def test_a_queued_read_whose_tool_turns_destructive_waits_its_exclusive_turn_and_is_approved(
     transport: str, how: str, tmp_path: pathlib.Path

@@ -88,6 +88,7 @@ async def test_slow_listings_take_a_bounded_share_of_the_time(mode: Mode) -> Non
 
 
 @MODES
+@pytest.mark.subprocess
 async def test_a_storm_over_stdio_costs_one_listing_per_interval(mode: Mode) -> None:
     """Over stdio too, a storm of announcements is listed at a bounded rate."""
     async with Dispatcher() as d:
@@ -136,7 +137,7 @@ async def test_a_storm_over_http_leaves_other_servers_calls_alone(mode: Mode) ->
 # 11c: suggestions for unknown names ----------------------------------------------------------------
 
 Transport = Literal["in-process", "stdio"]
-TRANSPORTS = pytest.mark.parametrize("transport", ["in-process", "stdio"])
+TRANSPORTS = pytest.mark.parametrize("transport", ["in-process", pytest.param("stdio", marks=pytest.mark.subprocess)])
 
 
 def target(transport: Transport, *options: str, **kwargs: int) -> Any:
@@ -264,6 +265,7 @@ async def check_answer_cap(d: Dispatcher, name: str) -> None:
 
 
 @MODES
+@pytest.mark.subprocess
 async def test_an_answer_over_the_cap_fails_alone_over_stdio(mode: Mode) -> None:
     """Over stdio, an answer larger than max_answer_bytes fails that call alone; the process keeps serving."""
     async with Dispatcher() as d:
@@ -280,6 +282,7 @@ async def test_an_answer_over_the_cap_fails_alone_over_http(mode: Mode) -> None:
 
 
 @MODES
+@pytest.mark.subprocess
 async def test_a_notification_over_the_cap_is_dropped_over_stdio(mode: Mode) -> None:
     """A huge log notification is dropped; the call that sent it gets its answer."""
     async with Dispatcher() as d:
@@ -288,6 +291,7 @@ async def test_a_notification_over_the_cap_is_dropped_over_stdio(mode: Mode) -> 
     assert result.ok and texts([result]) == ["shouted"]
 
 
+@pytest.mark.subprocess
 async def test_a_tool_list_over_the_cap_fails_connect_with_a_clear_error() -> None:
     """A listing page larger than the cap is refused: connect says why."""
     from dispatcher import ServerConnectionError
@@ -297,6 +301,7 @@ async def test_a_tool_list_over_the_cap_fails_connect_with_a_clear_error() -> No
             await d.connect("many", stdio("--many"), max_answer_bytes=100_000)
 
 
+@pytest.mark.subprocess
 async def test_without_a_cap_the_answer_comes_through() -> None:
     """The oracle: with max_answer_bytes=None the same answer reaches the caller, so the check above is the cap's."""
     async with Dispatcher() as d:
@@ -305,6 +310,7 @@ async def test_without_a_cap_the_answer_comes_through() -> None:
     assert result.ok and len(texts([result])[0]) == 200_000
 
 
+@pytest.mark.subprocess
 async def test_the_default_cap_admits_a_megabyte_and_is_validated() -> None:
     """The default (16 MiB) lets ordinary large answers through; a cap that is not an int >= 1024 is refused."""
     from dispatcher import ConfigurationError

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.anyio
 
 Transport = Literal["in-process", "stdio"]
-TRANSPORTS = pytest.mark.parametrize("transport", ["in-process", "stdio"])
+TRANSPORTS = pytest.mark.parametrize("transport", ["in-process", pytest.param("stdio", marks=pytest.mark.subprocess)])
 _BOUNDARY = re.compile(r'<untrusted-content-([0-9a-f]{16}) tool="[^"]*">\n')
 
 

@@ -51,7 +51,9 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.anyio
 
 Kind = Literal["in-process", "stdio", "http"]
-TRANSPORTS = pytest.mark.parametrize("kind", ["in-process", "stdio", "http"])
+TRANSPORTS = pytest.mark.parametrize(
+    "kind", ["in-process", pytest.param("stdio", marks=pytest.mark.subprocess), "http"]
+)
 
 # Retries that cost no time worth speaking of, for trusted idempotent tools.
 QUICK_RETRY = RetryPolicy(attempts=3, wait_initial=0.001, wait_max=0.004, seed=0)

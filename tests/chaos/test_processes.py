@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from dispatcher import CallEvent, ToolResult
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
 
 Transport = Literal["stdio", "http"]
 Fault = Literal["kill", "drop", "stall", "slow"]
