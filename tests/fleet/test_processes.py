@@ -125,6 +125,7 @@ def test_a_fleet_never_exceeds_the_shared_limit_and_writes_never_overlap(
     assert seen.write_overlaps == 0, f"a write overlapped another call {seen.write_overlaps} times"
 
 
+@pytest.mark.subprocess
 def test_without_the_coordinator_the_same_fleet_breaks_both_rules(
     tmp_path: pathlib.Path, namespace: str, workspace: tuple[str, pathlib.Path]
 ) -> None:
@@ -248,11 +249,19 @@ def frozen_fleet(
     return configs, processes
 
 
-def thaw_after(process: subprocess.Popen[bytes], seconds: float) -> None:
-    """Wait until `process` froze itself, let the fleet run `seconds` without it, then resume it."""
+def thaw_after(process: subprocess.Popen[bytes], seconds: float, ledger: pathlib.Path | None = None) -> None:
+    """Wait until `process` froze itself, let the fleet run `seconds` without it, then resume it.
+
+    With a `ledger`, it is resumed once the server runs another write (within 30 s more), so that its own late
+    write lands beside one, however slowly a loaded machine runs the fleet.
+    """
     assert process.stdout is not None
     assert process.stdout.readline().strip() == b"FROZEN"
     time.sleep(seconds)  # the lease (0.5 s) ends and the other process takes the server meanwhile
+    deadline = time.monotonic() + 30
+    while ledger is not None and not open_write(ledger):
+        assert time.monotonic() < deadline, "the other process wrote nothing while the first was frozen"
+        time.sleep(0.002)
     process.send_signal(signal.SIGCONT)
 
 
@@ -306,13 +315,13 @@ def test_the_oracle_an_unchecked_holder_on_an_unfenced_server_overlaps_writes(
     tmp_path: pathlib.Path,
     redis_server: RedisServer,
     namespace: str,
-    workspace: tuple[str, pathlib.Path],
+    slow_workspace: tuple[str, pathlib.Path],
     anyio_backend_name: str,
 ) -> None:
     """Neither the check nor a fence: the late write reaches the server, and the ledger shows it overlapping."""
-    mcp, ledger = workspace
+    mcp, ledger = slow_workspace
     configs, processes = frozen_fleet(tmp_path, mcp, redis_server.url, namespace, anyio_backend_name, unchecked=True)
-    thaw_after(processes[0], 1.0)
+    thaw_after(processes[0], 1.0, ledger)
     wait_all(processes, timeout=60)
     # The frozen process's write started after the other process had been granted the server.
     assert read_ledger(ledger).calls == len(results_of(configs)) > 0
