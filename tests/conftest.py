@@ -16,6 +16,7 @@ The markers of costly tests (``subprocess``, ``redis``, ``slow``) are tests/mark
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
@@ -83,3 +84,13 @@ def virtual_clock(anyio_backend: Any) -> bool:
     must finish in time gets a limit with room for that, and exact times are checked on the virtual one.
     """
     return not isinstance(anyio_backend, str) and "clock" in anyio_backend[1]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection built (about 350,000 objects: every test module and what it imported).
+
+    They live to the end of the session anyway; frozen, the cyclic collector stops walking them, and a
+    `gc.collect()` (the benchmarks call one before each timed run, the memory tests many) costs about a
+    millisecond instead of about 0.4 s of CPU. Objects the tests create are collected as before.
+    """
+    gc.freeze()
