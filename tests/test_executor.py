@@ -178,6 +178,7 @@ def _call_tasks() -> int:
     return sum("Executor._run" in (task.name or "") for task in anyio.get_running_tasks())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit", [1, 16])
 async def test_a_long_batch_has_no_more_call_tasks_than_its_limit(anyio_backend: Any, limit: int) -> None:
     """20,000 calls that never wait, and as many that wait a turn: only admitted calls get a task, so the

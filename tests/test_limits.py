@@ -67,6 +67,7 @@ async def test_a_storm_costs_one_listing_per_interval_in_process(mode: Mode) -> 
     assert 2 <= listings <= 1 + listing_bound(elapsed), (listings, elapsed)
 
 
+@pytest.mark.slow
 @pytest.mark.virtual_time
 @MODES
 async def test_slow_listings_take_a_bounded_share_of_the_time(mode: Mode) -> None:
@@ -101,6 +102,7 @@ async def test_a_storm_over_stdio_costs_one_listing_per_interval(mode: Mode) -> 
     assert 2 <= listings <= 1 + listing_bound(elapsed), (listings, elapsed)
 
 
+@pytest.mark.slow
 @HTTP_MODES
 async def test_a_storm_over_http_leaves_other_servers_calls_alone(mode: Mode) -> None:
     """A storm from one HTTP server is listed at a bounded rate while a batch on another server runs through."""

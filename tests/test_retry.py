@@ -675,6 +675,7 @@ override_strategy = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     trust=st.tuples(st.booleans(), st.booleans()),

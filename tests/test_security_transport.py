@@ -230,6 +230,7 @@ async def test_method_not_found_and_invalid_params_are_final(kind: Kind) -> None
 ANY_TEXT = st.text(st.characters() | st.characters(categories=["Cs"]), max_size=8)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     st.recursive(

@@ -286,6 +286,7 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch
         Timeline([]).plot()
 
 
+@pytest.mark.slow
 async def test_plot_draws_a_row_per_call_in_status_colours(tmp_path: Path) -> None:
     """The PNG has the figure's size, a row per call, the waiting grey and the status colours in its pixels."""
     pytest.importorskip("matplotlib")

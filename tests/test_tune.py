@@ -220,6 +220,7 @@ def test_doubling() -> None:
 # The sweep in-process ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.virtual_time
 async def test_recommendation_lands_at_the_saturation_knee() -> None:
