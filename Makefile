@@ -1,5 +1,4 @@
-# Entry points: `make bench` (the benchmark suite), `make test` (lint, types, tests), `make test-quick` (the
-# tests that start no process and need no Redis, in about a minute), `make package-check`
+# Entry points: `make bench` (the benchmark suite), `make test` (lint, types, tests), `make package-check`
 # (the wheel, installed into a clean venv and run), `make demo` (a scripted agent loop against the example
 # server) and `make architecture` (docs/architecture.md, regenerated from the code).
 # Each creates .venv on first use and reinstalls only when pyproject.toml changes.
@@ -8,10 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: architecture bench bench-quick demo test test-quick lint typecheck pytest stress package-check node-servers adk clean
-
-# pytest-xdist workers for the test suite: one per core (`make test WORKERS=0` runs it in one process).
-WORKERS ?= auto
+.PHONY: architecture bench bench-quick demo test lint typecheck pytest stress package-check node-servers adk clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,11 +40,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP) node-servers
-	$(BIN)/python -m pytest -q -n $(WORKERS)
-
-# The edit loop: the tests that start no process, need no Redis and are not marked slow (tests/README.md).
-test-quick: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(WORKERS) -m "not subprocess and not redis and not slow"
+	$(BIN)/python -m pytest -q
 
 # The reference MCP servers from npm that the tests run over stdio (server-everything), pinned in .ci/node
 # and installed into .node/; nothing is fetched once they are there.

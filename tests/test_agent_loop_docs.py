@@ -216,7 +216,6 @@ SDKS = {
 KEY = "sk-stand-in-0123456789"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 @pytest.mark.parametrize("heading", list(SDKS))
 def test_agent_loop_runs_with_the_real_sdk_against_a_local_model_api(

@@ -14,6 +14,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 from mcp.types import TextContent, ToolAnnotations
+from trio.testing import MockClock
 
 import dispatcher
 from dispatcher import (
@@ -50,6 +51,20 @@ HTTP_MODES = pytest.mark.parametrize("mode", ["auto", pytest.param("legacy", mar
 
 # The folder holding the `dispatcher` package, so subprocesses import this checkout.
 SOURCE_ROOT = str(pathlib.Path(dispatcher.__file__).resolve().parents[1])
+
+
+def virtual_time() -> pytest.MarkDecorator:
+    """Run a test on trio only, under a virtual clock that jumps whenever every task waits."""
+    clock = MockClock(autojump_threshold=0)
+    return pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": clock}), id="trio-mock")])
+
+
+def all_clocks() -> pytest.MarkDecorator:
+    """Run a test on asyncio, trio, and trio under a virtual clock (slow servers cost nothing there)."""
+    clock = MockClock(autojump_threshold=0)
+    return pytest.mark.parametrize(
+        "anyio_backend", ["asyncio", "trio", pytest.param(("trio", {"clock": clock}), id="trio-mock")]
+    )
 
 
 def workspace_command(*options: str) -> StdioServerParameters:
@@ -135,7 +150,6 @@ async def test_in_process_server(mode: Mode) -> None:
 
 
 @MODES
-@pytest.mark.subprocess
 async def test_stdio_subprocess_crash_and_reconnect(mode: Mode, tmp_path: pathlib.Path) -> None:
     """A stdio server that dies mid-call: that call FAILS, and the next call starts a fresh process."""
     # Every process exits abruptly on its second tools/call; notes live in a folder across processes.
@@ -194,7 +208,7 @@ async def test_first_connection_failure_raises(mode: Mode) -> None:
 # Reconnects --------------------------------------------------------------------------------------
 
 
-@pytest.mark.all_clocks
+@all_clocks()
 @MODES
 async def test_calls_in_flight_when_the_connection_dies_get_results(mode: Mode) -> None:
     """Calls running when the connection is cut end FAILED; later calls share one fresh connection."""
@@ -216,7 +230,7 @@ async def test_calls_in_flight_when_the_connection_dies_get_results(mode: Mode) 
     assert server.connections == 2
 
 
-@pytest.mark.virtual_time
+@virtual_time()
 async def test_a_retried_call_reconnects() -> None:
     """With retries on, an idempotent call cut off by a crash is retried on a fresh connection."""
     workspace = Workspace(latency_by_tool={"set_note": 1.0})
@@ -234,7 +248,7 @@ async def test_a_retried_call_reconnects() -> None:
     assert server.connections == 2
 
 
-@pytest.mark.virtual_time
+@virtual_time()
 async def test_failed_reconnects_back_off() -> None:
     """While the server is down, one attempt is made, then calls fail fast until the backoff has passed."""
     server = Crashable(Workspace())
@@ -262,7 +276,7 @@ async def test_failed_reconnects_back_off() -> None:
     assert server.connections == 2
 
 
-@pytest.mark.all_clocks
+@all_clocks()
 async def test_reconnect_lists_the_tools_again() -> None:
     """A reconnect re-lists the tools: one that disappeared while disconnected fails as removed."""
     workspace = Workspace()
@@ -473,7 +487,6 @@ _GUIDE = pathlib.Path(SOURCE_ROOT) / "docs" / "mcp.md"
         ),
     ],
 )
-@pytest.mark.subprocess
 def test_the_guide_runs_as_written(index: int, expected: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """Each example of docs/mcp.md runs and prints what the guide says it prints."""
     blocks = re.findall(r"```python\n(.*?)```", _GUIDE.read_text(), re.DOTALL)

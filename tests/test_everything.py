@@ -9,7 +9,7 @@ from dispatcher import CallStatus, Dispatcher, ToolCall
 
 from .everything import everything
 
-pytestmark = [pytest.mark.reference_servers, pytest.mark.anyio, pytest.mark.subprocess]
+pytestmark = [pytest.mark.reference_servers, pytest.mark.anyio]
 
 
 async def test_installed_server_offers_the_long_running_tools() -> None:

@@ -16,6 +16,7 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.types import INTERNAL_ERROR, REQUEST_TIMEOUT, CallToolResult, TextContent
+from trio.testing import MockClock
 
 import dispatcher.examples
 from dispatcher.examples import (
@@ -46,6 +47,12 @@ _EXPECTED_HINTS = {
     "fetch_url": (True, None, None, True),
     "send_message": (False, False, False, True),
 }
+
+
+def _virtual_time() -> pytest.MarkDecorator:
+    """Run a test on trio only, under a fresh virtual clock that jumps whenever every task waits."""
+    clock = MockClock(autojump_threshold=0)
+    return pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": clock}), id="trio-mock")])
 
 
 def _text(result: CallToolResult) -> str:
@@ -227,7 +234,7 @@ async def test_ledger_records_every_execution() -> None:
     assert workspace.max_in_flight == 1
 
 
-@pytest.mark.virtual_time
+@_virtual_time()
 async def test_ledger_shows_concurrent_executions_overlapping() -> None:
     """Calls made at the same time run concurrently on the server, and the ledger shows them overlapping."""
     workspace = Workspace(latency=1.0)
@@ -254,7 +261,7 @@ def test_saturated_latency_grows_past_the_knee(in_flight: int, saturation: int |
     assert saturated_latency(2.0, in_flight, saturation) == expected
 
 
-@pytest.mark.virtual_time
+@_virtual_time()
 async def test_saturation_stops_throughput_growing() -> None:
     """Past the saturation point, each batch of concurrent calls takes proportionally longer."""
     workspace = Workspace(latency=1.0, saturation=2)
@@ -270,7 +277,7 @@ async def test_saturation_stops_throughput_growing() -> None:
     assert durations == pytest.approx([1.0, 1.0, 1.5, 2.0])
 
 
-@pytest.mark.virtual_time
+@_virtual_time()
 async def test_latency_by_tool_overrides_the_default() -> None:
     """A per-tool latency replaces the default latency for that tool only."""
     workspace = Workspace(latency=1.0, latency_by_tool={"fetch_url": 5.0})
@@ -330,7 +337,7 @@ async def test_faults_only_hit_the_named_tools() -> None:
     assert [e.tool for e in workspace.ledger] == ["set_note"]
 
 
-@pytest.mark.virtual_time
+@_virtual_time()
 async def test_hang_fault_waits_until_the_client_gives_up() -> None:
     """A hanging execution never answers; the client's timeout cancels it and the ledger says so."""
     workspace = Workspace(faults=FaultConfig(rate=1.0, kinds=("hang",)))
@@ -390,7 +397,6 @@ def test_cli_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
 # -- transports --------------------------------------------------------------------------------
 
 
-@pytest.mark.subprocess
 async def test_stdio_subprocess(tmp_path: pathlib.Path) -> None:
     """The workspace runs as a stdio subprocess, with its knobs and folder set from the command line."""
     params = StdioServerParameters(
@@ -445,7 +451,6 @@ async def test_serve_http_answers_without_delayed_ack_stalls() -> None:
     assert min(durations) < 0.035, sorted(durations)
 
 
-@pytest.mark.subprocess
 async def test_http_subprocess_prints_its_url() -> None:
     """With --http --port 0 the process prints MCP_URL=... and serves there until terminated."""
     command = [sys.executable, "-m", "dispatcher.examples.workspace", "--http", "--port", "0"]

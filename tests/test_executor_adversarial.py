@@ -21,7 +21,7 @@ pytestmark = pytest.mark.anyio
 READ_ONLY = ToolAnnotations(read_only_hint=True)
 
 
-@pytest.mark.backends("asyncio")
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("read_only", [True, False])
 async def test_a_tool_raising_the_cancellation_exception_strands_no_call_behind_it(read_only: bool) -> None:
     """A tool that raises asyncio's CancelledError (or cancels its own task) leaves every other call a result."""
@@ -191,7 +191,7 @@ async def test_hostile_interleavings_give_every_call_one_result_in_order(
             assert result.status in (CallStatus.TOOL_ERROR, CallStatus.FAILED, CallStatus.CANCELLED), result
 
 
-@pytest.mark.backends("asyncio")
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("read_only", [True, False])
 @pytest.mark.parametrize("limit", [1, 2, None])
 @pytest.mark.parametrize(
@@ -235,7 +235,7 @@ async def test_a_tool_that_cancels_its_own_task_and_returns_strands_no_later_cal
     assert rounds == [0, 1, 2, 3]
 
 
-@pytest.mark.backends("asyncio")
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("limit", [1, 2, 16, None])
 @pytest.mark.parametrize("how", ["soon", "uncancel"])
 async def test_a_tool_that_has_its_own_task_cancelled_later_leaves_no_task_dead(limit: int | None, how: str) -> None:
@@ -275,7 +275,7 @@ async def test_a_tool_that_has_its_own_task_cancelled_later_leaves_no_task_dead(
     assert all(result.ok for result in again)
 
 
-@pytest.mark.backends("asyncio")
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("limit", [1, None])
 async def test_a_tool_cancelling_its_own_task_as_its_call_is_cancelled_leaves_the_next_batch_running(
     limit: int | None,
@@ -320,7 +320,7 @@ def _cancel_own_task(how: str) -> None:
         task.cancel()
 
 
-@pytest.mark.backends("asyncio")
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("limit", [1, 2, None])
 @pytest.mark.parametrize("how", ["now", "soon", "uncancel"])
 @pytest.mark.parametrize("wait", [0.0, 0.01])
@@ -361,7 +361,7 @@ async def test_a_retried_tool_leaving_a_cancellation_on_its_task_leaves_no_task_
     assert all(result.ok for result in again)
 
 
-@pytest.mark.backends("asyncio")
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_cancellation_a_write_leaves_past_its_deadline_strands_no_read() -> None:
     """A write schedules its own task's cancellation and returns past its deadline: letting it land lets
     the deadline's timer fire too, and the runner still brings runners for the reads it releases."""
@@ -478,7 +478,7 @@ class Interrupt(KeyboardInterrupt):
 # trio only: on asyncio a KeyboardInterrupt raised in a task is re-raised by the event loop itself
 # (`Task.__step`), past the task group and the test runner, which stops the whole test session; the
 # dispatcher's part (re-raise it, never make it a result, still give the call its result) is the same.
-@pytest.mark.backends("trio")
+@pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_a_keyboard_interrupt_inside_a_tool_stops_the_program_not_only_the_call(anyio_backend: Any) -> None:
     """KeyboardInterrupt (and SystemExit) are not a tool's failure: they leave the dispatcher's block, and the
     caller waiting for the batch is not left hanging (the call settles as the dispatcher closes)."""

@@ -133,7 +133,6 @@ def _server() -> MCPServer[Any]:
     return server
 
 
-@pytest.mark.slow
 async def test_a_finished_batch_of_local_calls_is_freed_by_reference_counting() -> None:
     """OK, tool-error, failed, timed-out and retried local calls leave nothing for the cyclic collector."""
     retry = RetryPolicy(attempts=2, wait_initial=0.0, wait_max=0.0, jitter=False)
@@ -164,7 +163,6 @@ async def test_a_finished_batch_of_local_calls_is_freed_by_reference_counting() 
     assert garbage == []
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("owned", [False, True], ids=["user-client", "owned-connection"])
 async def test_a_finished_batch_of_mcp_calls_is_freed_by_reference_counting(owned: bool) -> None:
     """OK, tool-error, rejected and timed-out MCP calls leave nothing of the dispatcher's for the collector."""
@@ -210,8 +208,7 @@ async def test_results_dropped_while_the_dispatcher_stays_open_are_freed_at_once
             assert _alive(answers) == 0
 
 
-@pytest.mark.slow
-@pytest.mark.virtual_time
+@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
 @pytest.mark.parametrize("calls", [20, 100, 1000])
 async def test_a_runner_letting_the_loop_run_holds_no_finished_call(anyio_backend: Any, calls: int) -> None:
     """Calls that compute (a jump of the virtual clock) span several time slices, so runners let the loop
@@ -234,7 +231,7 @@ async def test_a_runner_letting_the_loop_run_holds_no_finished_call(anyio_backen
                 assert _alive(answers) == 0
 
 
-@pytest.mark.backends("asyncio")
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_runner_withdrawing_a_tools_own_cancellation_holds_no_finished_call() -> None:
     """A tool cancels its own task and returns: the runner withdraws that after letting go of the call, so
     the result is freed as soon as the caller drops it."""

@@ -87,7 +87,7 @@ async def test_same_arguments_and_result_as_the_sdk(fn: Any, arguments: dict[str
     assert result.model_dump(mode="json", by_alias=True) == expected.model_dump(mode="json", by_alias=True)
 
 
-@pytest.mark.backends("asyncio")
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("arguments", [{"name": "a"}, {"name": "a", "n": "3"}, {"name": "a", "n": 2}])
 def test_aliased_parameters_are_prepared_as_before(anyio_backend: str, arguments: dict[str, Any]) -> None:
     """Aliased parameters come out under their aliases, as FuncMetadata.validate_arguments gives them."""
@@ -99,7 +99,7 @@ def test_aliased_parameters_are_prepared_as_before(anyio_backend: str, arguments
     ("fn", "arguments"),
     [(text, {}), (numbers, {"values": "not json"}), (model, {"point": {"y": 1}}), (pair, {"left": 1, "right": 2})],
 )
-@pytest.mark.backends("asyncio")
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 def test_invalid_arguments_are_rejected_as_before(anyio_backend: str, fn: Any, arguments: dict[str, Any]) -> None:
     """Arguments the SDK rejects raise ArgumentError."""
     tool = FunctionTool(fn)

@@ -321,7 +321,6 @@ def run_against_model(
     assert [t.state for t in tickets] == model.state
 
 
-@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(
     ops=keyed_operations,

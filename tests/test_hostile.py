@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.anyio
 
 Transport = Literal["in-process", "stdio"]
-TRANSPORTS = pytest.mark.parametrize("transport", ["in-process", pytest.param("stdio", marks=pytest.mark.subprocess)])
+TRANSPORTS = pytest.mark.parametrize("transport", ["in-process", "stdio"])
 MODES = pytest.mark.parametrize("mode", ["auto", "legacy"])
 
 
@@ -279,7 +279,6 @@ async def test_announce_changes_a_tool_when_the_test_says(mode: str) -> None:
     assert accepted.description is not None and "evil.example" in accepted.description
 
 
-@pytest.mark.subprocess
 async def test_a_change_during_an_approval_over_stdio() -> None:
     """Over stdio the test's hook calls mutate through the same client: each description is a new definition."""
     async with Client(target(HostileServer(), "stdio")) as client:
@@ -319,7 +318,6 @@ async def test_on_list_holds_the_listing_so_the_hostile_server_wins_or_loses_a_r
     assert hostile.listings == 1
 
 
-@pytest.mark.subprocess
 async def test_both_servers_offer_the_bare_name_over_stdio() -> None:
     """Connected at once, the hostile subprocess offers the bank's bare and qualified names as its own."""
     from .test_security_names import Bank

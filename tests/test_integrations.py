@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.anyio
 
 # The OpenAI Agents SDK and pydantic-ai run agents on asyncio only.
-ASYNCIO_ONLY = pytest.mark.backends("asyncio")
+ASYNCIO_ONLY = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 
 def _untrusted_server() -> MCPServer:

@@ -48,7 +48,7 @@ from google.genai import types
 
 from dispatcher.integrations.google_adk import DispatcherPlugin, DispatcherToolset
 
-pytestmark = [pytest.mark.anyio, pytest.mark.backends("asyncio")]
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
 
 # A run that takes longer than this is hung (every tool here answers at once unless a test holds it).
 BOUND = 10

@@ -41,7 +41,7 @@ from langgraph.types import Command, interrupt
 
 from dispatcher.integrations.langchain import DispatcherMiddleware
 
-pytestmark = [pytest.mark.anyio, pytest.mark.backends("asyncio")]
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
 
 BOUND = 10
 

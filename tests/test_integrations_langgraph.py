@@ -41,8 +41,8 @@ from dispatcher.integrations.langgraph import DispatcherToolNode
 
 pytestmark = [
     pytest.mark.anyio,
-    pytest.mark.backends("asyncio"),
-    # LangGraph 1.x deprecates create_react_agent in favour of langchain's create_agent, (DispatcherMiddleware).
+    pytest.mark.parametrize("anyio_backend", ["asyncio"]),
+    # LangGraph 1.x deprecates create_react_agent in favour of langchain's create_agent (DispatcherMiddleware).
     pytest.mark.filterwarnings("ignore:create_react_agent has been moved"),
 ]
 

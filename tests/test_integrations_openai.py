@@ -40,7 +40,7 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 
 from dispatcher.integrations.openai_agents import DispatcherTools
 
-pytestmark = [pytest.mark.anyio, pytest.mark.backends("asyncio")]
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
 
 # A run that takes longer than this is hung (every tool here answers at once).
 BOUND = 10

@@ -33,7 +33,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from dispatcher.integrations.pydantic_ai import DispatcherToolset
 
-pytestmark = [pytest.mark.anyio, pytest.mark.backends("asyncio")]
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
 
 BOUND = 10
 

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import Client, StdioServerParameters
 from mcp.types import ToolAnnotations
+from trio.testing import MockClock
 
 from benchmarks import keys as bench
 from benchmarks.reference import KeyedCall, ideal_keyed_makespan
@@ -301,7 +302,9 @@ async def test_a_retried_write_holds_its_own_keys_only() -> None:
     assert second.finished_at is not None and read_a.started_at >= second.finished_at
 
 
-@pytest.mark.virtual_time
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")]
+)
 async def test_the_keyed_benchmark_workload_takes_exactly_the_ideal_keyed_time() -> None:
     """On a virtual clock, each turn of the multi-server benchmark takes exactly its ideal keyed makespan."""
     config = bench.FULL
@@ -318,7 +321,9 @@ async def test_the_keyed_benchmark_workload_takes_exactly_the_ideal_keyed_time()
             assert took == pytest.approx(ideal), t
 
 
-@pytest.mark.virtual_time
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")]
+)
 async def test_fail_fast_costs_the_independent_calls_nothing() -> None:
     """On a virtual clock, the benchmark's failing turns: with fail-fast or without, the independent calls end
     exactly when the conflict rule says; fail-fast runs no dependent and skips no independent call."""
@@ -334,7 +339,9 @@ async def test_fail_fast_costs_the_independent_calls_nothing() -> None:
             assert found.dependents_run == 0 and found.independents_skipped == 0
 
 
-@pytest.mark.virtual_time
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")]
+)
 async def test_the_fail_fast_count_catches_dependents_that_ran(monkeypatch: pytest.MonkeyPatch) -> None:
     """With fail-fast noting no failure (the safety off), the benchmark counts the dependents that ran."""
     monkeypatch.setattr(FailFast, "failed", lambda self, record, result: False)
@@ -347,7 +354,7 @@ async def test_the_fail_fast_count_catches_dependents_that_ran(monkeypatch: pyte
 # Accepted changes apply to calls not yet started (issue 10, point 6) ----------------------------------
 
 
-@pytest.mark.parametrize("transport", ["in-process", pytest.param("stdio", marks=pytest.mark.subprocess)])
+@pytest.mark.parametrize("transport", ["in-process", "stdio"])
 @pytest.mark.parametrize("how", ["accept_changes", "on_definition_change"])
 async def test_a_queued_read_whose_tool_turns_destructive_waits_its_exclusive_turn_and_is_approved(
     transport: str, how: str, tmp_path: pathlib.Path

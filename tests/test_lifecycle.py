@@ -211,7 +211,6 @@ def run_against_model(ops: list[tuple[str, Any]], record_type: type[CallRecord] 
         assert told_record is record and told_result is record.outcome
 
 
-@pytest.mark.slow
 @settings(max_examples=1500, deadline=None)
 @given(ops=st.lists(operation, max_size=30))
 def test_the_lifecycle_matches_the_model(ops: list[tuple[str, Any]]) -> None:

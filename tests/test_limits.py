@@ -9,6 +9,7 @@ from typing import Any, Literal
 import anyio
 import anyio.lowlevel
 import pytest
+from trio.testing import MockClock
 
 from dispatcher import CallStatus, Dispatcher, ToolCall
 from dispatcher._core import _catalog
@@ -34,6 +35,14 @@ HTTP_MODES = pytest.mark.parametrize(
 )
 
 
+def all_clocks() -> pytest.MarkDecorator:
+    """Run a test on asyncio, trio, and trio under a virtual clock."""
+    clock = MockClock(autojump_threshold=0)
+    return pytest.mark.parametrize(
+        "anyio_backend", ["asyncio", "trio", pytest.param(("trio", {"clock": clock}), id="trio-mock")]
+    )
+
+
 def listing_bound(elapsed: float) -> int:
     """The most listings a storm lasting `elapsed` seconds may cost: a burst, one per interval, and one after."""
     return LISTING_BURST + 1 + math.ceil(elapsed / LISTING_INTERVAL)
@@ -51,7 +60,7 @@ async def quiet(d: Dispatcher, server: str) -> int:
 # 11b: tools/list_changed storms --------------------------------------------------------------------
 
 
-@pytest.mark.all_clocks
+@all_clocks()
 @MODES
 async def test_a_storm_costs_one_listing_per_interval_in_process(mode: Mode) -> None:
     """5,000 announcements spread over time cost at most one listing per interval, one at a time."""
@@ -67,8 +76,7 @@ async def test_a_storm_costs_one_listing_per_interval_in_process(mode: Mode) -> 
     assert 2 <= listings <= 1 + listing_bound(elapsed), (listings, elapsed)
 
 
-@pytest.mark.slow
-@pytest.mark.virtual_time
+@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
 @MODES
 async def test_slow_listings_take_a_bounded_share_of_the_time(mode: Mode) -> None:
     """A server whose listing takes 0.5 s, announcing for 10 s, is listed with a rest after each listing."""
@@ -89,7 +97,6 @@ async def test_slow_listings_take_a_bounded_share_of_the_time(mode: Mode) -> Non
 
 
 @MODES
-@pytest.mark.subprocess
 async def test_a_storm_over_stdio_costs_one_listing_per_interval(mode: Mode) -> None:
     """Over stdio too, a storm of announcements is listed at a bounded rate."""
     async with Dispatcher() as d:
@@ -102,7 +109,6 @@ async def test_a_storm_over_stdio_costs_one_listing_per_interval(mode: Mode) -> 
     assert 2 <= listings <= 1 + listing_bound(elapsed), (listings, elapsed)
 
 
-@pytest.mark.slow
 @HTTP_MODES
 async def test_a_storm_over_http_leaves_other_servers_calls_alone(mode: Mode) -> None:
     """A storm from one HTTP server is listed at a bounded rate while a batch on another server runs through."""
@@ -139,7 +145,7 @@ async def test_a_storm_over_http_leaves_other_servers_calls_alone(mode: Mode) ->
 # 11c: suggestions for unknown names ----------------------------------------------------------------
 
 Transport = Literal["in-process", "stdio"]
-TRANSPORTS = pytest.mark.parametrize("transport", ["in-process", pytest.param("stdio", marks=pytest.mark.subprocess)])
+TRANSPORTS = pytest.mark.parametrize("transport", ["in-process", "stdio"])
 
 
 def target(transport: Transport, *options: str, **kwargs: int) -> Any:
@@ -267,7 +273,6 @@ async def check_answer_cap(d: Dispatcher, name: str) -> None:
 
 
 @MODES
-@pytest.mark.subprocess
 async def test_an_answer_over_the_cap_fails_alone_over_stdio(mode: Mode) -> None:
     """Over stdio, an answer larger than max_answer_bytes fails that call alone; the process keeps serving."""
     async with Dispatcher() as d:
@@ -284,7 +289,6 @@ async def test_an_answer_over_the_cap_fails_alone_over_http(mode: Mode) -> None:
 
 
 @MODES
-@pytest.mark.subprocess
 async def test_a_notification_over_the_cap_is_dropped_over_stdio(mode: Mode) -> None:
     """A huge log notification is dropped; the call that sent it gets its answer."""
     async with Dispatcher() as d:
@@ -293,7 +297,6 @@ async def test_a_notification_over_the_cap_is_dropped_over_stdio(mode: Mode) -> 
     assert result.ok and texts([result]) == ["shouted"]
 
 
-@pytest.mark.subprocess
 async def test_a_tool_list_over_the_cap_fails_connect_with_a_clear_error() -> None:
     """A listing page larger than the cap is refused: connect says why."""
     from dispatcher import ServerConnectionError
@@ -303,7 +306,6 @@ async def test_a_tool_list_over_the_cap_fails_connect_with_a_clear_error() -> No
             await d.connect("many", stdio("--many"), max_answer_bytes=100_000)
 
 
-@pytest.mark.subprocess
 async def test_without_a_cap_the_answer_comes_through() -> None:
     """The oracle: with max_answer_bytes=None the same answer reaches the caller, so the check above is the cap's."""
     async with Dispatcher() as d:
@@ -312,7 +314,6 @@ async def test_without_a_cap_the_answer_comes_through() -> None:
     assert result.ok and len(texts([result])[0]) == 200_000
 
 
-@pytest.mark.subprocess
 async def test_the_default_cap_admits_a_megabyte_and_is_validated() -> None:
     """The default (16 MiB) lets ordinary large answers through; a cap that is not an int >= 1024 is refused."""
     from dispatcher import ConfigurationError

@@ -10,7 +10,7 @@ import pytest
 
 from .everything import ROOT, everything
 
-pytestmark = [pytest.mark.reference_servers, pytest.mark.subprocess]
+pytestmark = pytest.mark.reference_servers
 
 GUIDE = Path(ROOT) / "docs" / "long-running.md"
 EXPECTED = [

@@ -18,7 +18,6 @@ pytestmark = [pytest.mark.reference_servers, pytest.mark.anyio]
 OPERATION = "trigger-long-running-operation"
 
 
-@pytest.mark.subprocess
 async def test_progress_reaches_the_event_hook() -> None:
     """Each progress notification of a call becomes a "progress" CallEvent of that call, in order, before it ends."""
     events: list[CallEvent] = []
@@ -33,7 +32,6 @@ async def test_progress_reaches_the_event_hook() -> None:
     assert kinds.index("started") < kinds.index("progress") and kinds[-1] == "finished"
 
 
-@pytest.mark.subprocess
 async def test_an_unobserved_call_asks_for_no_progress() -> None:
     """Without a hook or a tracer, the request carries no progress token (the SDK adds one only for a callback)."""
     log = WireLog()
@@ -45,7 +43,6 @@ async def test_an_unobserved_call_asks_for_no_progress() -> None:
     assert call.params is not None and "progressToken" not in call.params.get("_meta", {})
 
 
-@pytest.mark.subprocess
 async def test_progress_becomes_span_events_of_the_attempt() -> None:
     """With tracing on, each progress notification is a `dispatcher.progress` event of the attempt's span."""
     exporter = InMemorySpanExporter()
@@ -61,7 +58,6 @@ async def test_progress_becomes_span_events_of_the_attempt() -> None:
     assert all(dict(event.attributes or {})["dispatcher.progress.total"] == 3 for event in events)
 
 
-@pytest.mark.subprocess
 async def test_a_call_that_keeps_reporting_outlives_its_idle_timeout() -> None:
     """Progress every 0.2 s keeps a 2 s call alive under idle_timeout=1: each report starts the wait again."""
     async with Dispatcher(call_timeout=30) as dispatcher:
@@ -71,7 +67,6 @@ async def test_a_call_that_keeps_reporting_outlives_its_idle_timeout() -> None:
     assert result.run_time is not None and result.run_time >= 2
 
 
-@pytest.mark.subprocess
 async def test_a_silent_call_ends_at_its_idle_timeout() -> None:
     """A call whose first progress comes after 3 s ends TIMEOUT at idle_timeout=0.5, long before call_timeout."""
     async with Dispatcher(call_timeout=30) as dispatcher:

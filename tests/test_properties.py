@@ -43,7 +43,6 @@ def check_order(calls: list[ToolCall], recorder: Recorder) -> None:
             assert later.start > execution.end
 
 
-@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     specs=call_specs,

@@ -19,8 +19,6 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROBE = ROOT / "tests" / "quiet_probe.py"
 
-pytestmark = pytest.mark.subprocess
-
 
 def _probe(backend: str, *options: str) -> tuple[dict[str, Any], str]:
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from dispatcher import ToolResult
 
-pytestmark = [pytest.mark.reference_servers, pytest.mark.anyio, pytest.mark.subprocess]
+pytestmark = [pytest.mark.reference_servers, pytest.mark.anyio]
 
 
 def _server(module: str, *args: str) -> StdioServerParameters:

@@ -31,7 +31,7 @@ from dispatcher.examples import Workspace, serve_http
 from dispatcher.formats import anthropic_results, mark_untrusted, openai_chat_results, openai_responses_results
 from dispatcher.testing import HostileServer
 
-from .test_connections import SOURCE_ROOT
+from .test_connections import SOURCE_ROOT, virtual_time
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.anyio
 
 Transport = Literal["in-process", "stdio"]
-TRANSPORTS = pytest.mark.parametrize("transport", ["in-process", pytest.param("stdio", marks=pytest.mark.subprocess)])
+TRANSPORTS = pytest.mark.parametrize("transport", ["in-process", "stdio"])
 _BOUNDARY = re.compile(r'<untrusted-content-([0-9a-f]{16}) tool="[^"]*">\n')
 
 
@@ -293,7 +293,7 @@ async def test_a_removed_tools_error_is_marked_as_untrusted_content() -> None:
     assert result.untrusted_content and _BOUNDARY.match(sent(result))
 
 
-@pytest.mark.virtual_time
+@virtual_time()
 async def test_a_call_stopped_because_its_tool_was_blocked_while_queued_is_marked() -> None:
     """A closed-world call queued behind a write, whose tool is then changed, ends with a marked error."""
     workspace = Workspace(latency_by_tool={"set_note": 1.0})

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.types import JSONRPCRequest, TextContent, ToolAnnotations
+from trio.testing import MockClock
 
 import dispatcher
 from dispatcher import (
@@ -51,9 +52,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.anyio
 
 Kind = Literal["in-process", "stdio", "http"]
-TRANSPORTS = pytest.mark.parametrize(
-    "kind", ["in-process", pytest.param("stdio", marks=pytest.mark.subprocess), "http"]
-)
+TRANSPORTS = pytest.mark.parametrize("kind", ["in-process", "stdio", "http"])
 
 # Retries that cost no time worth speaking of, for trusted idempotent tools.
 QUICK_RETRY = RetryPolicy(attempts=3, wait_initial=0.001, wait_max=0.004, seed=0)
@@ -230,7 +229,6 @@ async def test_method_not_found_and_invalid_params_are_final(kind: Kind) -> None
 ANY_TEXT = st.text(st.characters() | st.characters(categories=["Cs"]), max_size=8)
 
 
-@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     st.recursive(
@@ -533,7 +531,9 @@ def test_reconnect_backoff_has_the_retry_policy_shape() -> None:
     assert [retry.backoff(n, rng) for n in range(1, 6)] == [reconnect.backoff(n) for n in range(1, 6)]
 
 
-@pytest.mark.virtual_time
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")]
+)
 async def test_the_reconnect_policy_sets_the_backoff() -> None:
     """Failed reconnects wait as the connection's ReconnectPolicy says (capped at wait_max)."""
     server = Crashable(Workspace())

@@ -19,7 +19,7 @@ from dispatcher import CallStatus, ConfigurationError, Dispatcher, ToolCall, Too
 
 from .everything import WireLog, everything, logged_everything
 
-pytestmark = [pytest.mark.reference_servers, pytest.mark.anyio, pytest.mark.subprocess]
+pytestmark = [pytest.mark.reference_servers, pytest.mark.anyio]
 
 RESEARCH = "simulate-research-query"
 READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)

@@ -111,7 +111,6 @@ def counter(text: str, n: int = 1) -> int:
     return len(text) * n
 
 
-@pytest.mark.slow
 @SETTINGS
 @given(
     batch=st.lists(
@@ -240,7 +239,6 @@ async def test_duplicate_ids_and_bad_items_are_refused_before_anything_runs(anyi
     assert result.ok
 
 
-@pytest.mark.slow
 async def test_a_hundred_thousand_calls_in_one_batch(anyio_backend: Any) -> None:
     """A 100,000-call batch of reads, writes, unknown tools and bad arguments: every result, in order."""
     size = 100_000

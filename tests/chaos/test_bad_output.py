@@ -20,7 +20,7 @@ from .harness import FIGURES, scale
 if TYPE_CHECKING:
     from dispatcher import ToolResult
 
-pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
+pytestmark = pytest.mark.anyio
 
 Mode = Literal["auto", "legacy"]
 MODES = pytest.mark.parametrize("mode", ["auto", "legacy"])

@@ -44,7 +44,6 @@ def test_the_same_seed_replays_the_same_trace(seed: int) -> None:
     assert run_replayable(seed + 1).trace != first.trace
 
 
-@pytest.mark.slow
 def test_the_checks_catch_a_scheduler_that_repeats_unsafe_calls(monkeypatch: pytest.MonkeyPatch) -> None:
     """With retries allowed for every tool, the ledger check reports calls executed twice (the suite has teeth)."""
     monkeypatch.setattr(dispatcher._driver._execution, "eligible", lambda policy, entry, **_: True)

@@ -19,9 +19,8 @@ import pytest
 
 from dispatcher import CallStatus, Dispatcher, ReconnectPolicy, RetryPolicy, ToolCall
 
-from ..ledger import Ledger
 from . import harness
-from .harness import FIGURES, DroppingProxy, HttpWorkspace, call_key, scale
+from .harness import FIGURES, DroppingProxy, HttpWorkspace, LedgerFile, call_key, scale
 from .scenario import make_call
 
 if TYPE_CHECKING:
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
 
     from dispatcher import CallEvent, ToolResult
 
-pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
+pytestmark = pytest.mark.anyio
 
 Transport = Literal["stdio", "http"]
 Fault = Literal["kill", "drop", "stall", "slow"]
@@ -73,7 +72,7 @@ class Round:
         self.fault = fault
         self.tmp = tmp
         self.mode = self.rng.choice(("auto", "legacy"))
-        self.ledgers = {"ws": Ledger(tmp / "ws.jsonl"), "raw": Ledger(tmp / "raw.jsonl")}
+        self.ledgers = {"ws": LedgerFile(tmp / "ws.jsonl"), "raw": LedgerFile(tmp / "raw.jsonl")}
         if transport == "http":
             self.ledgers["raw"] = self.ledgers["ws"]  # one process serves both registrations
         self.options = ["--latency", "0.02"] if fault != "slow" else ["--latency", "0.15", "--saturation", "2"]

@@ -8,6 +8,7 @@ that allows it.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 from typing import TYPE_CHECKING
@@ -20,8 +21,6 @@ from dispatcher._core._errors import FleetTuneError
 from dispatcher.cli import main
 from dispatcher.tuning import tune
 from dispatcher.tuning._fleet import shares
-
-from ..ledger import Ledger, peak
 
 if TYPE_CHECKING:
     from benchmarks._redis import RedisServer
@@ -62,7 +61,17 @@ async def endless_setting(url: str, redis_url: str) -> None:
 
 def ledger_peak(path: pathlib.Path) -> int:
     """The most calls the server ran at once, from its ledger."""
-    return peak(Ledger(path).entries())
+    running: set[tuple[int, int]] = set()
+    peak = 0
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        key = (record["pid"], record["seq"])
+        if record["event"] == "start":
+            running.add(key)
+            peak = max(peak, len(running))
+        else:
+            running.discard(key)
+    return peak
 
 
 @pytest.mark.anyio
