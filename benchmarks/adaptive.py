@@ -14,6 +14,10 @@ servers, each with four ways of setting its limit, compared in one run:
   ``retryAfter``; closed loop, a caller whose call failed waits `latency` before its next one.
 - ``collapse``: a steady server (capacity 8) whose goodput falls past its knee (``collapse=1``: at
   twice the knee, half the goodput); closed loop.
+- ``noisy``: a server with room for any number of calls whose latency varies by `noise` (+-50%: uniform
+  from half to 1.5x `latency`, seeded) at any load; closed loop. Its oracle is the ceiling, 64: a
+  limit that single slow answers cut would ratchet down here. Its p95 is read against the noise's own
+  p95 (``latency * (1 + 0.9 * noise)``), the unloaded run time of this server.
 
 The four limits: ``adaptive`` (``max_concurrency="auto"``), ``tune`` (the fixed limit `tune` recommends
 when swept against the same server as it is at the start), ``fixed 64`` and ``oracle`` (the server's
@@ -26,6 +30,7 @@ the real clock, the one figure here that is not exact).
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -34,6 +39,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 from mcp import Client
+from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
 
 from dispatcher import AdaptiveLimit, Dispatcher, ToolCall
 from dispatcher._core._adaptive import Controller, Signal
@@ -66,6 +73,7 @@ class Config:
     steady: float = 15.0
     backends: tuple[str, ...] = ("asyncio", "trio")
     seed: int = 0
+    noise: float = 0.5
     cost_calls: int = 2000
     repeat: int = 5
 
@@ -84,6 +92,7 @@ class Scenario:
     rate: float | None = None
     burst: int = 1
     collapse: float = 0.0
+    noise: float = 0.0
 
     def capacity(self, at: float) -> int:
         current = self.steps[0][1]
@@ -111,10 +120,35 @@ def scenarios(config: Config) -> list[Scenario]:
         Scenario("bursty", steps, end, bursty=True),
         Scenario("bucket", [(0.0, knee)], config.steady, rate=config.rate, burst=config.burst),
         Scenario("collapse", [(0.0, config.capacities[0])], config.steady, collapse=1.0),
+        Scenario("noisy", [(0.0, config.clients)], config.steady, noise=config.noise),
     ]
 
 
-def _workspace(config: Config, scenario: Scenario) -> Workspace:
+class Noisy:
+    """A server with one read-only tool whose latency is `latency` times a seeded uniform draw from
+    ``1 - noise`` to ``1 + noise``, whatever the load."""
+
+    def __init__(self, latency: float, noise: float, seed: int) -> None:
+        rng = random.Random(seed)
+        self.saturation: int | None = None
+        root = logging.getLogger()
+        level, handlers = root.level, list(root.handlers)
+        self.server: MCPServer[object] = MCPServer("noisy")
+        # `MCPServer()` configures the root logger; leave it as it was.
+        for handler in [handler for handler in root.handlers if handler not in handlers]:
+            root.removeHandler(handler)
+        root.setLevel(level)
+
+        @self.server.tool(annotations=ToolAnnotations(read_only_hint=True))
+        async def search_notes(query: str) -> str:
+            """Search (a noisy latency)."""
+            await anyio.sleep(latency * rng.uniform(1 - noise, 1 + noise))
+            return query
+
+
+def _workspace(config: Config, scenario: Scenario) -> Workspace | Noisy:
+    if scenario.noise:
+        return Noisy(config.latency, scenario.noise, config.seed)
     if scenario.rate is not None:
         return Workspace(latency=config.latency, rate_limit=scenario.rate, rate_burst=scenario.burst)
     return Workspace(latency=config.latency, saturation=scenario.steps[0][1], collapse=scenario.collapse)
@@ -227,6 +261,11 @@ def goodput(trace: Trace, start: float, end: float, *, bursty: bool) -> float:
     return ok / (end - start)
 
 
+def unloaded_p95(config: Config, scenario: Scenario) -> float:
+    """The p95 run time of an unloaded call: the latency, or the noise's own p95 on the noisy server."""
+    return config.latency * (1 + 0.9 * scenario.noise)
+
+
 def p95_ratio(trace: Trace, latency: float) -> float:
     times = sorted(run for _, run, ok, _ in trace.results if ok)
     return times[min(len(times) - 1, math.ceil(0.95 * len(times)) - 1)] / latency if times else math.inf
@@ -323,7 +362,7 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
                     phase = f"{case}, {start:g}-{end:g} s, capacity {capacity}"
                     rate = goodput(trace, start, end, bursty=scenario.bursty)
                     result.row(phase, label, "calls/s", [rate])
-                result.row(case, label, "p95 run / unloaded", [p95_ratio(trace, config.latency)])
+                result.row(case, label, "p95 run / unloaded", [p95_ratio(trace, unloaded_p95(config, scenario))])
                 if scenario.rate is not None:
                     result.row(case, label, "% overload answers", [100 * overload_share(trace, scenario)])
             adaptive, oracle = traces["adaptive"], traces["oracle"]
@@ -332,7 +371,7 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
                     oracle, start, end, bursty=scenario.bursty
                 )
                 keep("goodput", share, f"{case}, {start:g}-{end:g} s (capacity {capacity})", low=True)
-            keep("p95", p95_ratio(adaptive, config.latency), case, low=False)
+            keep("p95", p95_ratio(adaptive, unloaded_p95(config, scenario)), case, low=False)
             if scenario.rate is not None:
                 keep("overload", overload_share(adaptive, scenario), case, low=False)
             if scenario.name == "changing":
