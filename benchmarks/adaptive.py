@@ -2,7 +2,7 @@
 
 Every run is the real thing (a `Dispatcher`, the `mcp` SDK's in-process client, the example `Workspace`
 server) on a virtual clock (`_virtual`: trio's MockClock, and an asyncio loop whose clock jumps the
-same way), so a run of a minute of traffic takes a second or two and every figure is exact. Four
+same way), so a run of a minute of traffic takes a second or two and every figure is exact. Five
 servers, each with four ways of setting its limit, compared in one run:
 
 - ``changing``: a server that serves `capacities` (8, then 3, then 16) calls at its unloaded speed of
@@ -333,7 +333,8 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
         title=(
             f"10. The online limit (max_concurrency='auto') against tune's, 64 and an oracle, virtual clock: "
             f"{config.latency * 1000:g} ms calls, capacities {'->'.join(map(str, config.capacities))} "
-            f"every {config.phase:g} s, a {config.rate:g}/s token bucket, a server whose goodput collapses"
+            f"every {config.phase:g} s, a {config.rate:g}/s token bucket, a server whose goodput collapses, "
+            f"one whose latency varies +-{config.noise:.0%} at any load"
         ),
         params={
             "latency_ms": config.latency * 1000,
