@@ -74,13 +74,15 @@ class Config:
     backends: tuple[str, ...] = ("asyncio", "trio")
     seed: int = 0
     noise: float = 0.5
+    # The calls of each setting of the `tune` sweep that picks the "tune" strategy's limit.
+    tune_calls: int = 100
     cost_calls: int = 2000
     repeat: int = 5
 
 
 FULL = Config()
 # The smoke run (`make bench-quick`): shorter phases and fewer callers, a few seconds of CPU.
-QUICK = Config(phase=4.0, steady=4.0, clients=24, backends=("trio",), cost_calls=300, repeat=2)
+QUICK = Config(phase=4.0, steady=4.0, clients=24, backends=("trio",), tune_calls=30, cost_calls=300, repeat=2)
 
 
 @dataclass(slots=True)
@@ -167,6 +169,7 @@ async def _tuned(config: Config, scenario: Scenario) -> int:
         per_server=True,
         call_timeout=None,
         repeats=1,
+        calls=config.tune_calls,
     )
     return report.recommended or 1
 
