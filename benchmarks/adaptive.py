@@ -82,7 +82,7 @@ class Config:
 
 FULL = Config()
 # The smoke run (`make bench-quick`): shorter phases and fewer callers, a few seconds of CPU.
-QUICK = Config(phase=4.0, steady=4.0, clients=24, backends=("trio",), tune_calls=30, cost_calls=300, repeat=2)
+QUICK = Config(phase=3.0, steady=3.0, clients=20, backends=("trio",), tune_calls=20, cost_calls=200, repeat=2)
 
 
 @dataclass(slots=True)
