@@ -2,7 +2,7 @@
 
 Every run is the real thing (a `Dispatcher`, the `mcp` SDK's in-process client, the example `Workspace`
 server) on a virtual clock (`_virtual`: trio's MockClock, and an asyncio loop whose clock jumps the
-same way), so a run of a minute of traffic takes a second or two and every figure is exact. Four
+same way), so a run of a minute of traffic takes a second or two and every figure is exact. Five
 servers, each with four ways of setting its limit, compared in one run:
 
 - ``changing``: a server that serves `capacities` (8, then 3, then 16) calls at its unloaded speed of
@@ -14,6 +14,10 @@ servers, each with four ways of setting its limit, compared in one run:
   ``retryAfter``; closed loop, a caller whose call failed waits `latency` before its next one.
 - ``collapse``: a steady server (capacity 8) whose goodput falls past its knee (``collapse=1``: at
   twice the knee, half the goodput); closed loop.
+- ``noisy``: a server with room for any number of calls whose latency varies by `noise` (+-50%: uniform
+  from half to 1.5x `latency`, seeded) at any load; a closed loop of 16 callers. Its oracle lets all 16
+  through: a limit that single slow answers cut would ratchet down here. Its p95 is read against the noise's own
+  p95 (``latency * (1 + 0.9 * noise)``), the unloaded run time of this server.
 
 The four limits: ``adaptive`` (``max_concurrency="auto"``), ``tune`` (the fixed limit `tune` recommends
 when swept against the same server as it is at the start), ``fixed 64`` and ``oracle`` (the server's
@@ -26,6 +30,7 @@ the real clock, the one figure here that is not exact).
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -34,6 +39,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 from mcp import Client
+from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
 
 from dispatcher import AdaptiveLimit, Dispatcher, ToolCall
 from dispatcher._core._adaptive import Controller, Signal
@@ -66,12 +73,16 @@ class Config:
     steady: float = 15.0
     backends: tuple[str, ...] = ("asyncio", "trio")
     seed: int = 0
+    noise: float = 0.5
+    # The calls of each setting of the `tune` sweep that picks the "tune" strategy's limit.
+    tune_calls: int = 100
     cost_calls: int = 2000
     repeat: int = 5
 
 
 FULL = Config()
-QUICK = Config(phase=6.0, steady=6.0, backends=("trio",), cost_calls=300, repeat=2)
+# The smoke run (`make bench-quick`): shorter phases and fewer callers, a few seconds of CPU.
+QUICK = Config(phase=3.0, steady=3.0, clients=20, backends=("trio",), tune_calls=20, cost_calls=200, repeat=2)
 
 
 @dataclass(slots=True)
@@ -84,6 +95,9 @@ class Scenario:
     rate: float | None = None
     burst: int = 1
     collapse: float = 0.0
+    noise: float = 0.0
+    # The closed loop's callers (None: `Config.clients`).
+    clients: int | None = None
 
     def capacity(self, at: float) -> int:
         current = self.steps[0][1]
@@ -111,10 +125,36 @@ def scenarios(config: Config) -> list[Scenario]:
         Scenario("bursty", steps, end, bursty=True),
         Scenario("bucket", [(0.0, knee)], config.steady, rate=config.rate, burst=config.burst),
         Scenario("collapse", [(0.0, config.capacities[0])], config.steady, collapse=1.0),
+        # 16 callers: enough to show a ratchet (a limit that falls below them), at a fourth of the calls.
+        Scenario("noisy", [(0.0, 16)], config.steady, noise=config.noise, clients=16),
     ]
 
 
-def _workspace(config: Config, scenario: Scenario) -> Workspace:
+class Noisy:
+    """A server with one read-only tool whose latency is `latency` times a seeded uniform draw from
+    ``1 - noise`` to ``1 + noise``, whatever the load."""
+
+    def __init__(self, latency: float, noise: float, seed: int) -> None:
+        rng = random.Random(seed)
+        self.saturation: int | None = None
+        root = logging.getLogger()
+        level, handlers = root.level, list(root.handlers)
+        self.server: MCPServer[object] = MCPServer("noisy")
+        # `MCPServer()` configures the root logger; leave it as it was.
+        for handler in [handler for handler in root.handlers if handler not in handlers]:
+            root.removeHandler(handler)
+        root.setLevel(level)
+
+        @self.server.tool(annotations=ToolAnnotations(read_only_hint=True))
+        async def search_notes(query: str) -> str:
+            """Search (a noisy latency)."""
+            await anyio.sleep(latency * rng.uniform(1 - noise, 1 + noise))
+            return query
+
+
+def _workspace(config: Config, scenario: Scenario) -> Workspace | Noisy:
+    if scenario.noise:
+        return Noisy(config.latency, scenario.noise, config.seed)
     if scenario.rate is not None:
         return Workspace(latency=config.latency, rate_limit=scenario.rate, rate_burst=scenario.burst)
     return Workspace(latency=config.latency, saturation=scenario.steps[0][1], collapse=scenario.collapse)
@@ -129,6 +169,7 @@ async def _tuned(config: Config, scenario: Scenario) -> int:
         per_server=True,
         call_timeout=None,
         repeats=1,
+        calls=config.tune_calls,
     )
     return report.recommended or 1
 
@@ -199,7 +240,7 @@ async def _run(config: Config, scenario: Scenario, strategy: str, tuned: int) ->
             if scenario.bursty:
                 tg.start_soon(bursts)
             else:
-                for _ in range(config.clients):
+                for _ in range(scenario.clients or config.clients):
                     tg.start_soon(caller)
     return trace
 
@@ -225,6 +266,11 @@ def goodput(trace: Trace, start: float, end: float, *, bursty: bool) -> float:
         return sum(n for _, _, n in bursts) / spent if spent else 0.0
     ok = sum(1 for at, _, good, _ in trace.results if good and start <= at < end)
     return ok / (end - start)
+
+
+def unloaded_p95(config: Config, scenario: Scenario) -> float:
+    """The p95 run time of an unloaded call: the latency, or the noise's own p95 on the noisy server."""
+    return config.latency * (1 + 0.9 * scenario.noise)
 
 
 def p95_ratio(trace: Trace, latency: float) -> float:
@@ -290,7 +336,8 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
         title=(
             f"10. The online limit (max_concurrency='auto') against tune's, 64 and an oracle, virtual clock: "
             f"{config.latency * 1000:g} ms calls, capacities {'->'.join(map(str, config.capacities))} "
-            f"every {config.phase:g} s, a {config.rate:g}/s token bucket, a server whose goodput collapses"
+            f"every {config.phase:g} s, a {config.rate:g}/s token bucket, a server whose goodput collapses, "
+            f"one whose latency varies +-{config.noise:.0%} at any load"
         ),
         params={
             "latency_ms": config.latency * 1000,
@@ -323,16 +370,16 @@ def run(config: Config, progress: Progress) -> WorkloadResult:
                     phase = f"{case}, {start:g}-{end:g} s, capacity {capacity}"
                     rate = goodput(trace, start, end, bursty=scenario.bursty)
                     result.row(phase, label, "calls/s", [rate])
-                result.row(case, label, "p95 run / unloaded", [p95_ratio(trace, config.latency)])
+                result.row(case, label, "p95 run / unloaded", [p95_ratio(trace, unloaded_p95(config, scenario))])
                 if scenario.rate is not None:
                     result.row(case, label, "% overload answers", [100 * overload_share(trace, scenario)])
             adaptive, oracle = traces["adaptive"], traces["oracle"]
             for start, end, capacity in _phases(scenario):
-                share = goodput(adaptive, start, end, bursty=scenario.bursty) / goodput(
-                    oracle, start, end, bursty=scenario.bursty
-                )
-                keep("goodput", share, f"{case}, {start:g}-{end:g} s (capacity {capacity})", low=True)
-            keep("p95", p95_ratio(adaptive, config.latency), case, low=False)
+                best = goodput(oracle, start, end, bursty=scenario.bursty)
+                if best:  # a short phase may see no burst start
+                    share = goodput(adaptive, start, end, bursty=scenario.bursty) / best
+                    keep("goodput", share, f"{case}, {start:g}-{end:g} s (capacity {capacity})", low=True)
+            keep("p95", p95_ratio(adaptive, unloaded_p95(config, scenario)), case, low=False)
             if scenario.rate is not None:
                 keep("overload", overload_share(adaptive, scenario), case, low=False)
             if scenario.name == "changing":

@@ -133,6 +133,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "dispatcher.cli._machine",
             "dispatcher.cli._main",
             "dispatcher.tuning._measure",
+            "dispatcher.tuning._online",
             "dispatcher.cli._plot",
             "dispatcher.cli._present",
             "dispatcher.tuning._recommend",

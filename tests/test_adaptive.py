@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import heapq
+import math
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -41,11 +43,16 @@ def test_auto_is_the_default_setting_and_other_values_are_refused() -> None:
 
 
 def _capacity_run(
-    controller: Controller, capacity: list[tuple[float, int]], end: float, latency: float = 0.1
+    controller: Controller,
+    capacity: list[tuple[float, int]],
+    end: float,
+    latency: float = 0.1,
+    probes: list[float] | None = None,
 ) -> list[tuple[float, int]]:
     """A closed loop of 64 callers against a server that serves `capacity` at full speed and shares itself past it.
 
-    Pure discrete-event simulation (no event loop): returns (time, limit) after every answer.
+    Pure discrete-event simulation (no event loop): returns (time, limit) after every answer, and puts the
+    time of every probe into `probes`.
     """
     events: list[tuple[float, int, Flight]] = []
     now, seq, running = 0.0, 0, 0
@@ -59,6 +66,8 @@ def _capacity_run(
         while running < min(64, controller.limit):
             running += 1
             flight = controller.start(now)
+            if flight.probe and probes is not None:
+                probes.append(now)
             heapq.heappush(events, (now + latency * max(1.0, running / cap(now)), seq, flight))
             seq += 1
 
@@ -176,3 +185,94 @@ def test_overload_words_and_retry_after(text: str, data: object, overloaded: boo
     """Rate-limit wording is recognised, and a Retry-After is read from the data or the text (nonsense ignored)."""
     assert says_overloaded(text) is overloaded
     assert retry_after(text, data) == (pytest.approx(wait) if wait is not None else None)
+
+
+def _noisy_run(controller: Controller, end: float, noise: float, seed: int = 0) -> list[tuple[float, int]]:
+    """A closed loop of 64 callers against a server with room for all of them and a latency of 0.1 s +-`noise`."""
+    rng = random.Random(seed)
+    events: list[tuple[float, int, Flight]] = []
+    now, seq, running = 0.0, 0, 0
+    trace: list[tuple[float, int]] = []
+
+    def fill() -> None:
+        nonlocal running, seq
+        while running < min(64, controller.limit):
+            running += 1
+            heapq.heappush(events, (now + 0.1 * rng.uniform(1 - noise, 1 + noise), seq, controller.start(now)))
+            seq += 1
+
+    fill()
+    while events and now < end:
+        now, _, flight = heapq.heappop(events)
+        running -= 1
+        controller.finish(flight, now, Signal.ANSWER, tool="t", waiting=True)
+        trace.append((now, controller.limit))
+        fill()
+    return trace
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_noise_without_load_does_not_ratchet_the_limit_down(seed: int) -> None:
+    """Latency +-50% at any load: rounds, not single slow answers, are judged, and the limit climbs to its ceiling."""
+    trace = _noisy_run(Controller(AdaptiveLimit(ceiling=32)), 20.0, 0.5, seed)
+    late = [limit for at, limit in trace if at >= 5.0]
+    assert min(late) >= 0.75 * 32, min(late)
+    assert sorted(late)[len(late) // 2] == 32
+
+
+class _EveryAnswer(Controller):
+    """The rule without rounds: every answer slower than the tolerance cuts the limit to the knee it shows."""
+
+    def finish(self, flight: Flight, now: float, signal: Signal, **_: object) -> None:
+        self.in_flight -= 1
+        latency = now - flight.at
+        self.fastest = min(getattr(self, "fastest", latency), latency)
+        ratio = latency / self.fastest
+        if ratio > self.setting.tolerance:
+            self.limit = max(self.floor, min(self.limit, math.floor(flight.in_flight / ratio + 0.5)))
+        elif flight.in_flight >= self.limit:
+            self.limit = min(self.ceiling, self.limit + 1)
+
+
+def test_the_noise_check_catches_a_controller_that_judges_single_answers() -> None:
+    """The noise test's oracle is not vacuous: a rule that cuts on single slow answers ratchets down there."""
+    trace = _noisy_run(_EveryAnswer(AdaptiveLimit(ceiling=32)), 20.0, 0.5)
+    late = [limit for at, limit in trace if at >= 5.0]
+    assert sorted(late)[len(late) // 2] < 0.75 * 32
+
+
+def test_a_noisy_server_that_becomes_loaded_is_still_cut() -> None:
+    """Noise widens the tolerance, not blinds it: a round twice as slow as the noisy baseline brings the limit down."""
+    controller = Controller(AdaptiveLimit(initial=16))
+    rng = random.Random(0)
+    now = 0.0
+    for _ in range(8):  # unloaded rounds: the baseline and the noise are learnt
+        flights = [controller.start(now) for _ in range(16)]
+        for flight in flights:
+            controller.finish(flight, now + 0.1 * rng.uniform(0.5, 1.5), Signal.ANSWER, tool="t", waiting=True)
+        now += 0.2
+    before = controller.limit
+    flights = [controller.start(now) for _ in range(controller.limit)]
+    for flight in flights:
+        controller.finish(flight, now + 0.25 * rng.uniform(0.5, 1.5), Signal.ANSWER, tool="t", waiting=True)
+    assert controller.limit < before
+
+
+def test_at_the_knee_one_call_probes_past_the_limit_at_its_pace() -> None:
+    """On a steady server, the limit stays at the knee and probes it: one call past the limit every 32 answers
+    at the limit (or every second), each costing one slower call, none moving the limit off the knee."""
+    probes: list[float] = []
+    trace = _capacity_run(Controller(AdaptiveLimit()), [(0, 8)], 20.0, probes=probes)
+    steady = [at for at in probes if 10.0 <= at < 20.0]
+    # 80 answers a second at a knee of 8: a probe every 32 of them is 2.5 a second.
+    assert 15 <= len(steady) <= 30, len(steady)
+    assert all(abs(limit - 8) <= 0.2 * 8 + 1 for at, limit in trace if at >= 10.0)
+
+
+def test_a_costless_probe_lets_growth_resume() -> None:
+    """When the server gains room (8, then 24) the next probe comes back unloaded and the limit grows past the
+    old knee within a few seconds, not one call per probe."""
+    trace = _capacity_run(Controller(AdaptiveLimit()), [(0, 8), (10, 24)], 14.0)
+    assert max(limit for at, limit in trace if at < 10.0) <= 2 * 8 + 1
+    grown = [at for at, limit in trace if at >= 10.0 and limit >= 0.8 * 24]
+    assert grown and grown[0] < 12.0, grown[:1]

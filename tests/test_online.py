@@ -102,7 +102,9 @@ async def test_rate_limit_words_in_a_result_count_only_from_a_trusted_server(tru
         )
         results = await dispatcher.dispatch(_calls(8, "lookup", {"key": "k"}))
         assert all(result.status.value == "tool_error" for result in results)
-        assert dispatcher.server_limit("chatty") == (4 if trusted else 8)
+        limit = dispatcher.server_limit("chatty")
+        assert limit is not None
+        assert limit == 4 if trusted else limit >= 8  # untrusted: not cut (answers at the limit may grow it)
 
 
 @pytest.mark.anyio

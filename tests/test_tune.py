@@ -252,6 +252,27 @@ async def test_recommendation_lands_at_the_saturation_knee() -> None:
 
 @pytest.mark.anyio
 @virtual_time()
+async def test_online_reports_where_the_adaptive_limit_settles_beside_the_sweep() -> None:
+    """online=True runs AdaptiveLimit on the same workload: against a knee of 8 it settles within 20% of the
+    sweep's recommendation, with its trace, and the plain-text report prints it next to the recommendation."""
+    workspace = Workspace(latency=0.05, saturation=8)
+    report = await tune(workspace.server, "reads", [1, 2, 4, 8, 16, 32], trusted=True, calls=100, online=True)
+    assert report.recommended == 8
+    online = report.online
+    assert online is not None and online.setting.ceiling == 32
+    assert abs(online.settled - 8) <= 0.2 * 8 and online.low >= 4 and online.high <= 16
+    assert online.trace[0] == (0.0, 4) and online.changes == len(online.trace) - 1 > 0
+    assert online.measured.throughput == pytest.approx(8 / 0.05, rel=0.1)
+    assert online.measured.run_p95 <= 1.5 * 0.05
+    assert report.to_json()["online"]["settled"] == online.settled
+    online_line = r"online limit \(max_concurrency=AdaptiveLimit\(ceiling=32\)\): settled at \d"
+    assert re.search(online_line, render_table(report))
+    plain = await tune(workspace.server, "reads", [1, 8], trusted=True, calls=20)
+    assert plain.online is None and plain.to_json()["online"] is None
+
+
+@pytest.mark.anyio
+@virtual_time()
 async def test_per_server_limit_and_time_budget() -> None:
     """--per-server sweeps add_mcp_server's limit; a duration bounds each setting's measurement."""
     workspace = Workspace(latency=0.05, saturation=8)

@@ -10,36 +10,45 @@ The rule
 The limit follows the *knee*: the most calls the server serves at its unloaded speed. Three kinds of
 evidence move it:
 
-- Latency. Each tool keeps its own unloaded baseline (the lowest latency seen, drifting up only on
-  calls that ran with at most `floor` calls in flight, so a server that became slower for good is
-  followed). A call's ratio ``r = latency / baseline`` above `tolerance` means the server was loaded
-  when the call started with ``k`` calls in flight: by Little's law it serves about ``k / r`` at full
-  speed, and the limit drops to that (by at most `backoff` per answer, so that one outlier cannot
-  pin the limit down). The estimate becomes the *knee*.
+- Latency, judged per *round* (the answers of a limit's worth of calls, 4 to 32). Each tool keeps its
+  own unloaded baseline: its fastest answer on a server without noise; on a noisy one, its first
+  round's lower quartile, moving towards the median of every unloaded round (and all the way to a
+  round of calls that ran with at most `floor` in flight: the server itself got slower, not loaded).
+  A call's slowdown ``r = latency / baseline`` with ``k`` calls in flight says the server serves about
+  ``k / r`` at full speed (Little's law). A round is loaded when its median slowdown is above
+  `tolerance`, widened by the round's noise (the spread of its middle half, relative to its median,
+  over the square root of its size), and three quarters of it are slower than `tolerance`; then the
+  limit drops to the round's median ``k / r`` (by at most `backoff`). The estimate becomes the *knee*.
+  So one slow answer of a noisy server moves nothing: noise without load leaves the limit where it
+  is. On a server whose rounds show no noise, one slower answer is load already, and cuts on its own
+  (by at most `backoff` from the limit it was sent under, so an outlier cannot pin the limit down).
 - Overload: an overload answer (`Signal.OVERLOAD`, only ever from a trusted server's words; see
   `_online`) or a timeout multiplies the limit by `backoff`, once per round: a call sent before the
   last cut cannot cut again, since it reports the load that cut already answered. A Retry-After the
   trusted server gave holds every send until it has passed (`wait`), capped at `max_wait`.
 - Growth. Only an answer whose call found the server at its limit (``k >= limit`` when it was sent,
   or calls waiting for room when it came back: the limit, not the traffic, held them back) and whose
-  latency stayed within `tolerance` of the baseline makes the limit grow: by half a call per such
-  answer (1.5x per round of calls) while no knee is known or the limit is below it; at the knee, by a
-  *probe* every 32 such answers (four rounds if more), or every second if that comes first, so that
-  bursts too short to count up to 32 still probe.
+  slowdown stayed within `tolerance` (plus the noise) makes the limit grow: by one call per such answer
+  while no knee is known (the limit doubles per round: a burst after a quiet spell finds a larger
+  capacity in a few rounds), by half a call below a known knee; at the knee, by a *probe* every 32
+  such answers (four rounds if more), or every second if that comes first, so that bursts too short
+  to count up to 32 still probe.
 
 A probe is one call above the limit, not a higher limit: once that one call is sent the limit is back
 where it was until the probe's answer says what one more call costs. An answer within half the
-tolerance of the baseline forgets the knee (the server has room: growth is fast again); within the
-tolerance, the knee moves up by one; above it, the probe's slowdown is a latency sample like any
-other. So the server is never held down to measure it (the traffic's own quiet moments give the
-baseline), and what a probe costs is at most one slower call in `probe_every`.
+tolerance (plus the noise) of the baseline forgets the knee (the server has room: growth is fast
+again, up to just short of where the server last had had enough, which is probed at once; after a
+rate limit, one call more); a slower one leaves the knee where it is. Probes are not counted in a
+round. So the server is never held down to measure it (the traffic's own quiet moments give the
+baseline), and what a probe costs is at most one slower call in 32.
 
 Quiet periods change nothing: the limit, the knee and the baselines wait for the next burst. Calls
 that may mutate run alone whatever the limit (the gate's rule), so only calls of read-only tools
 (`finish(..., read=True)`) move the limit; a write's Retry-After is still honoured.
 
-Cost: `start`, `finish`, `wait` and `limit` are O(1); a server keeps one float per tool it has
-answered for, at most `_MAX_TOOLS` of them.
+Cost: `start`, `wait` and `limit` are O(1); `finish` is O(1) but at the end of a round, which sorts
+the round's answers (O(n log n) once per n answers, n <= 32). A server keeps one float per tool it has
+answered for, at most `_MAX_TOOLS` of them, and the answers of one round.
 """
 
 from __future__ import annotations
@@ -59,10 +68,20 @@ __all__ = ["AUTO", "AdaptiveLimit", "Controller", "Flight", "Signal", "check_lim
 _EPSILON = 1e-5
 # Baselines kept per server; a server that renames its tools at every listing cannot make it grow.
 _MAX_TOOLS = 1024
-# How far a baseline moves towards a call that ran (almost) alone and was slower than it.
+# How far a baseline moves towards the median latency of a round judged unloaded.
 _DRIFT = 0.1
-# Growth per answer at the limit, in calls: after one round (limit answers), the limit is 1.5x.
-_GAIN = 0.5
+# Growth per answer at the limit, in calls, while no knee is known: after one round (limit answers), the
+# limit is 2x (half that below a known knee: 1.5x).
+_GAIN = 1.0
+# A round is this many answers (its limit's worth, within these bounds); it is judged as a whole.
+_ROUND_MIN = 4
+_ROUND_MAX = 32
+# How much noise (the spread of a round's middle half, relative to its median) widens the tolerance: for
+# a round's median, by this many standard errors; for one answer (growth, probes), by this many spreads.
+_NOISE_ROUND = 2.0
+_NOISE_ANSWER = 1.0
+# A spread under this is a server without noise: its fastest answer is its unloaded speed.
+_QUIET = 0.05
 # The answers at the knee between two probes: at least this many, and at least four rounds.
 _PROBE_EVERY = 32
 _PROBE_ROUNDS = 4
@@ -207,6 +226,7 @@ class Controller:
         "_base",
         "_eager",
         "_epoch",
+        "_fresh",
         "_hold_until",
         "_knee",
         "_level",
@@ -214,7 +234,9 @@ class Controller:
         "_probed_at",
         "_probing",
         "_rated",
+        "_round",
         "_since",
+        "_spread",
         "_too_many",
         "ceiling",
         "floor",
@@ -238,6 +260,14 @@ class Controller:
         # Whether to probe as soon as the level reaches the knee (a clean probe set it, below a cut).
         self._eager = False
         self._base: dict[str, float] = {}
+        # Tools whose baseline is one answer so far: their first round sets it.
+        self._fresh: set[str] = set()
+        # The answers of the round under way: (tool, latency, calls in flight when it was sent).
+        self._round: list[tuple[str, float, int]] = []
+        # The spread of the last round's latencies (see `_sample`): 0 for a server without noise; None
+        # until a round has shown it.
+        self._spread: float | None = None
+        self._rated = False
         # Bumped at every cut: a call sent before it reports load the cut already answered.
         self._epoch = 0
         # Answers at the limit since it last changed (paces the probes).
@@ -336,42 +366,28 @@ class Controller:
     def _answer(self, flight: Flight, now: float, tool: str, *, waiting: bool) -> None:
         latency = max(0.0, now - flight.at)
         k = flight.in_flight
-        base = self._baseline(tool, latency, k)
+        base = self._baseline(tool, latency)
         ratio = (latency + _EPSILON) / (base + _EPSILON)
-        tolerance = self.setting.tolerance
         current = flight.epoch == self._epoch
-        if ratio > tolerance:
+        if current and not flight.probe:
+            self._sample(tool, latency, k)
+        # One answer is compared with what the noise of the last rounds allows, never cut on alone.
+        spread = self._spread
+        loose = self.setting.tolerance + _NOISE_ANSWER * (spread or 0.0)
+        if ratio > loose:
             if flight.probe:
                 if current:
                     self._knee = self._level  # the probe's one call more was one too many
-                return
-            # Loaded: the server serves about k / ratio calls at its unloaded speed (Little's law). One
-            # answer cuts by `backoff` at most from the limit it was sent under, so neither an outlier
-            # nor the answers of calls sent before a cut can pin the limit down.
-            estimate = max(math.floor(k / ratio + 0.5), math.floor(flight.limit * self.setting.backoff + 1e-9))
-            if estimate < self._level:
-                level = max(float(self.floor), float(estimate))
-                self._cut(level, level, k)
-                self._rated = False
+            elif spread is not None and spread <= _QUIET:
+                # A server without noise: one slower answer is load already. It cuts by `backoff` at
+                # most from the limit it was sent under, so neither an outlier nor the answers of calls
+                # sent before a cut can pin the limit down.
+                self._slower(k / ratio, flight.limit)
             return
         if not current:
             return  # sent before the last cut: it says nothing about the limit now
         if flight.probe:
-            too_many = self._too_many
-            if ratio > 1 + (tolerance - 1) / 2:
-                self._knee = self._level  # slower by a little: the one call more bought nothing
-                return
-            if self._rated:
-                self._knee = float(k)  # a rate limit answers a probe later, if at all: one call more
-            elif too_many is not None and k < too_many:
-                # No slowdown: grow fast again, up to just short of where the server last had had
-                # enough, and probe that at once.
-                self._knee = float(too_many - 1)
-                self._eager = True
-            else:
-                self._knee = None  # no slowdown even there: the server has room, up to the ceiling
-                self._too_many = None
-            self._set_level(max(self._level, float(k)))
+            self._probe_answered(ratio, k, loose)
             return
         if k < flight.limit and not waiting:
             return  # the traffic, not the limit, held it back
@@ -379,7 +395,9 @@ class Controller:
         if knee is None or self._level < knee:
             top = float(self.ceiling) if knee is None else knee
             if self._level < top:
-                self._level = min(top, self._level + _GAIN)
+                # Slow start while no knee is known (the limit doubles per round of answers), half that
+                # below a known one.
+                self._level = min(top, self._level + (_GAIN if knee is None else _GAIN / 2))
                 before, self.limit = self.limit, self._level_limit()
                 if self.limit != before:
                     self._since = 0
@@ -395,20 +413,103 @@ class Controller:
             self._probe = True
             self.limit = self._level_limit() + 1
 
-    def _baseline(self, tool: str, latency: float, k: int) -> float:
+    def _probe_answered(self, ratio: float, k: int, loose: float) -> None:
+        too_many = self._too_many
+        if ratio > 1 + (loose - 1) / 2:
+            self._knee = self._level  # slower by a little: the one call more bought nothing
+            return
+        if self._rated:
+            self._knee = float(k)  # a rate limit answers a probe later, if at all: one call more
+        elif too_many is not None and k < too_many:
+            # No slowdown: grow fast again, up to just short of where the server last had had
+            # enough, and probe that at once.
+            self._knee = float(too_many - 1)
+            self._eager = True
+        else:
+            self._knee = None  # no slowdown even there: the server has room, up to the ceiling
+            self._too_many = None
+        self._set_level(max(self._level, float(k)))
+
+    def _slower(self, served: float, limit: int) -> None:
+        """Calls sent under `limit` came back slower: the server serves about `served` at its unloaded speed."""
+        estimate = max(math.floor(served + 0.5), math.floor(limit * self.setting.backoff + 1e-9))
+        if estimate < self._level:
+            level = max(float(self.floor), float(estimate))
+            self._cut(level, level, limit)
+            self._rated = False
+
+    def _sample(self, tool: str, latency: float, k: int) -> None:
+        """Count an answer into the round; at the round's end, judge the round as a whole."""
+        samples = self._round
+        samples.append((tool, latency, k))
+        if len(samples) < min(_ROUND_MAX, max(_ROUND_MIN, self.limit)):
+            return
+        self._round = []
+        bases = self._base
+        by_tool: dict[str, list[float]] = {}
+        for name, seconds, _ in samples:
+            by_tool.setdefault(name, []).append(seconds)
+        middles = {name: sorted(latencies)[len(latencies) // 2] for name, latencies in by_tool.items()}
+        lows = {name: sorted(latencies)[len(latencies) // 4] for name, latencies in by_tool.items()}
+        fresh = self._fresh & middles.keys()
+        ratios, served, noise = self._judge(samples)
+        if fresh:
+            self._fresh -= fresh
+            if noise > _QUIET:
+                # A noisy tool's first answer is no baseline: its first round's lower quartile is (a
+                # loaded round still shows its load against it, and unloaded rounds move it on).
+                for name in fresh:
+                    bases[name] = lows[name]
+                ratios, served, noise = self._judge(samples)
+        self._spread = noise
+        n = len(ratios)
+        median, low = ratios[n // 2], ratios[n // 4]
+        tolerance = self.setting.tolerance
+        allowed = tolerance + _NOISE_ROUND * noise / math.sqrt(n)
+        alone = all(sample[2] <= self.floor for sample in samples)
+        if median > allowed and low > tolerance and not alone:
+            # Loaded: the server serves about k / ratio calls at its unloaded speed (Little's law). A
+            # round cuts by `backoff` at most from the limit its calls were sent under.
+            self._slower(served, max(sample[2] for sample in samples))
+            return
+        # Unloaded, or calls that ran (almost) alone: the round shows the server's unloaded speed now,
+        # and each tool's baseline moves towards the round's median latency for it (all the way for a
+        # round that ran alone and was slower: the server itself got slower, not loaded).
+        weight = 1.0 if alone and median > allowed else _DRIFT
+        for name, middle in middles.items():
+            base = bases.get(name)
+            if base is not None:
+                bases[name] = base + weight * (middle - base)
+
+    def _judge(self, samples: list[tuple[str, float, int]]) -> tuple[list[float], float, float]:
+        """A round's slowdowns (sorted), the calls the server serves at full speed, and its noise.
+
+        Each answer's slowdown ``r = latency / baseline`` with ``k`` calls in flight says the server serves
+        about ``k / r`` at full speed; the round's median of those is `served`. The noise is the spread of
+        the middle half of the slowdowns, relative to their median: 0 for a server without noise at one
+        load, the noise itself for a noisy one.
+        """
+        bases = self._base
+        pairs = [((seconds + _EPSILON) / (bases.get(name, seconds) + _EPSILON), k) for name, seconds, k in samples]
+        n = len(pairs)
+        served = sorted(k / ratio for ratio, k in pairs)[n // 2]
+        ratios = sorted(ratio for ratio, _ in pairs)
+        return ratios, served, (ratios[(3 * n) // 4] - ratios[n // 4]) / ratios[n // 2]
+
+    def _baseline(self, tool: str, latency: float) -> float:
         bases = self._base
         base = bases.get(tool)
         if base is None:
             if len(bases) >= _MAX_TOOLS:
+                self._fresh.discard(next(iter(bases)))
                 bases.pop(next(iter(bases)))
             bases[tool] = latency
+            self._fresh.add(tool)
             return latency
-        if latency < base:
+        if latency < base and (self._spread or 0.0) <= _QUIET:
+            # A server without noise: the fastest answer is its unloaded speed.
             bases[tool] = latency
             return latency
-        if k <= self.floor:
-            # A call that ran (almost) alone was slower: the server itself got slower, not loaded.
-            bases[tool] = base = base + _DRIFT * (latency - base)
         return base
 
 

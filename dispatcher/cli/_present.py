@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import TextIO
 
+    from ..tuning._online import OnlineResult
     from ..tuning._sweep import TuneProgress, TuneReport
     from ._inspect import Report
 
@@ -175,8 +176,20 @@ def _tune_conclusion(report: TuneReport) -> list[str]:
     if report.recommended is not None:
         lines.append(f"recommended: {report.how_to_apply}")
     lines.append(report.explanation)
+    if report.online is not None:
+        lines.append(_online_line(report.online))
     lines.extend(f"note: {note}" for note in report.notes)
     return lines
+
+
+def _online_line(online: OnlineResult) -> str:
+    measured = online.measured
+    return (
+        f"online limit (max_concurrency=AdaptiveLimit(ceiling={online.setting.ceiling})): settled at "
+        f"{online.settled} (from {online.low} to {online.high} over the second half of the run, "
+        f"{online.changes} changes), {format_number(measured.throughput)} calls/s, "
+        f"p95 run {format_number(measured.run_p95 * 1000)} ms"
+    )
 
 
 def tune_lines(report: TuneReport) -> list[Any]:

@@ -106,6 +106,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     sweep.add_argument("--clients", type=int, metavar="N", help="callers offering calls (default: the largest setting)")
     sweep.add_argument("--call-timeout", type=float, default=60.0, metavar="S", help="per call (default 60)")
     sweep.add_argument("--seed", type=int, default=0, help="seed of the synthetic mixed workload")
+    sweep.add_argument(
+        "--online",
+        action="store_true",
+        help="then run the online limit (max_concurrency='auto', up to the largest setting) on the same workload "
+        "and report where it settles beside the recommendation",
+    )
     out = parser.add_argument_group("output")
     out.add_argument("--json", type=Path, metavar="PATH", help="write the report as JSON")
     out.add_argument("--plot", type=Path, metavar="PATH", help="draw a PNG plot (needs matplotlib)")
@@ -190,6 +196,7 @@ def _run(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             max_time=args.max_time,
             overrides=overrides,
+            online=args.online,
         )
         try:
             finished = anyio.run(_until_interrupted, run, bar)

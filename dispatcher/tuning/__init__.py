@@ -3,13 +3,15 @@
 `tune` runs a workload against one server under each setting, over one connection, several times
 (`repeats`), and measures throughput and p50/p95 run and queue times, with their spread;
 `TuneReport.recommended` is the knee: the smallest setting within 5% of the best throughput per unit of
-run time, or the smallest setting when no setting matters (throughput flat while latency grows). The
-`dispatcher tune` command is the same from a terminal (docs/tuning.md).
+run time, or the smallest setting when no setting matters (throughput flat while latency grows).
+``tune(..., online=True)`` then runs the online limit on the same workload (`TuneReport.online`, an
+`OnlineResult`). The `dispatcher tune` command is the same from a terminal (docs/tuning.md).
 `render_table` needs `rich` (``pip install 'mcp-dispatcher[cli]'``).
 """
 
 from ..cli._present import render_tune as render_table
 from ._measure import SettingResult as SettingResult
+from ._online import OnlineResult as OnlineResult
 from ._recommend import recommend as recommend
 from ._sweep import DEFAULT_REPEATS as DEFAULT_REPEATS
 from ._sweep import DEFAULT_SETTINGS as DEFAULT_SETTINGS
@@ -22,6 +24,7 @@ from ._workloads import synthetic_workload as synthetic_workload
 __all__ = [
     "DEFAULT_REPEATS",
     "DEFAULT_SETTINGS",
+    "OnlineResult",
     "SettingResult",
     "TuneProgress",
     "TuneReport",

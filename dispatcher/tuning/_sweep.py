@@ -26,6 +26,7 @@ import anyio
 from mcp.types import ToolAnnotations
 
 from dispatcher._core import _checks as checks
+from dispatcher._core._adaptive import AdaptiveLimit
 from dispatcher._core._annotations import HINTS
 from dispatcher._core._errors import ConfigurationError, DispatcherError
 from dispatcher._dispatcher import Dispatcher
@@ -33,6 +34,7 @@ from dispatcher._dispatcher import Dispatcher
 from ._connection import connected, describe_target
 from ._fleet import check_redis, fleet_measure
 from ._measure import combine, measure
+from ._online import OnlineResult, measure_online
 from ._recommend import TOLERANCE, format_number, recommend
 from ._workloads import resolve_workload
 
@@ -85,6 +87,8 @@ class TuneReport:
         cut_short: Why the sweep ended before measuring everything it planned: "interrupted" (`stop`
             was set, e.g. on Ctrl-C) or "max_time" (the time budget ran out); None when it finished.
             The report then holds the settings measured so far.
+        online: Where the online limit (`AdaptiveLimit`) settled on the same server and workload, when
+            the sweep was asked for it (``online=``), else None.
     """
 
     target: str
@@ -103,6 +107,7 @@ class TuneReport:
     processes: int | None = None
     repeats: int = 1
     cut_short: Literal["interrupted", "max_time"] | None = None
+    online: OnlineResult | None = None
 
     @property
     def how_to_apply(self) -> str:
@@ -140,6 +145,7 @@ class TuneReport:
             "apply": self.how_to_apply,
             "explanation": self.explanation,
             "notes": list(self.notes),
+            "online": None if self.online is None else self.online.to_json(),
         }
 
 
@@ -190,6 +196,7 @@ async def tune(
     max_time: float | None = None,
     stop: anyio.Event | None = None,
     overrides: Mapping[str, ToolAnnotations] | None = None,
+    online: bool | AdaptiveLimit = False,
 ) -> TuneReport:
     """Run a workload under each setting of a concurrency limit and recommend one.
 
@@ -237,6 +244,10 @@ async def tune(
             would do before writing it into code.
         stop: An event that ends the sweep early when set (the command line sets it on Ctrl-C): as with
             `max_time`, with `cut_short` "interrupted".
+        online: After the sweep, run the same closed loop once more with the per-server limit left to
+            an `AdaptiveLimit` (True: ``AdaptiveLimit(ceiling=<the largest setting>)``), for `ROUNDS`
+            times the calls (or duration) of one measurement, and report where it settles
+            (`TuneReport.online`). Not for a fleet sweep.
 
     Returns:
         The measurements and the recommendation.
@@ -269,6 +280,8 @@ async def tune(
             raise ConfigurationError("a fleet sweep tunes the fleet-wide limit; per_server does not apply")
         if overrides:
             raise ConfigurationError("a fleet sweep does not take overrides yet; sweep without --fleet to try them")
+        if online is not False:
+            raise ConfigurationError("a fleet sweep does not run the online limit; sweep without --fleet for --online")
         checks.whole("processes", processes, maximum=_MAX_PROCESSES, hint="each is a Python process")
         callers = max(callers, processes)
         await check_redis(fleet, connect_timeout or 30.0)
@@ -279,6 +292,7 @@ async def tune(
     pattern: list[ToolCall] = []  # the workload's calls, repeated by each setting
     description = ""
     share = 0.0
+    settled: OnlineResult | None = None
 
     def report_to(limit: int, index: int, repeat: int) -> tuple[Callable[[int, int | None], None] | None, Any]:
         if progress is None:
@@ -302,7 +316,7 @@ async def tune(
         return on_call, on_phase
 
     async def sweep(client: Any) -> None:
-        nonlocal pattern, description, share, failure
+        nonlocal pattern, description, share, failure, settled
         for repeat in range(repeats):
             for index, limit in enumerate(limits):
                 async with Dispatcher(
@@ -367,6 +381,19 @@ async def tune(
                         failure = exc
                 if failure is not None:
                     return
+        if online is not False and pattern and share > 0:
+            settled = await measure_online(
+                client,
+                pattern,
+                setting=online if isinstance(online, AdaptiveLimit) else AdaptiveLimit(ceiling=limits[-1]),
+                server=server,
+                trusted=trusted,
+                overrides=overrides,
+                clients=callers,
+                calls=calls,
+                duration=duration,
+                call_timeout=call_timeout,
+            )
 
     async with connected(target, mode=mode, connect_timeout=connect_timeout) as client:
         deadline = math.inf if max_time is None else anyio.current_time() + max_time
@@ -431,6 +458,7 @@ async def tune(
         processes=processes if fleet is not None else None,
         repeats=repeats,
         cut_short=cut_short,
+        online=settled,
     )
 
 
