@@ -160,9 +160,11 @@ async def test_a_call_given_up_on_the_wire_keeps_its_place_under_the_limit(
     call starts after it ended; the oracle, which gives the place back at once, starts it beside it:
     the server above its limit.
     """
-    workspace = Workspace(latency=1.0, uncancellable=how == "closed")
-    cls = _FreesAtOnce if bound == "oracle" else _Timed
-    config = FleetServer(limit=1, max_call_time=bound if isinstance(bound, float) else None)
+    oracle = bound == "oracle"
+    # The oracle's call runs long enough to be overlapped however late a busy machine grants the next.
+    workspace = Workspace(latency=2.0 if oracle else 1.0, uncancellable=how == "closed")
+    cls = _FreesAtOnce if oracle else _Timed
+    config = FleetServer(limit=1, max_call_time=1.0 if oracle else bound if isinstance(bound, float) else None)
     first, second = (
         cls(redis_server.url, namespace=namespace, servers={"ws": config}, lease_ttl=TTL, recheck=0.1) for _ in range(2)
     )
@@ -188,8 +190,8 @@ async def test_a_call_given_up_on_the_wire_keeps_its_place_under_the_limit(
                         await client.call_tool("append_note", {"name": "b", "text": "second"})
     assert (abandoned.status, abandoned.effect) == (CallStatus.TIMEOUT, Effect.UNKNOWN), abandoned
     waited = granted - first.given_up
-    if bound == "oracle":
-        assert waited < TTL * 0.8, f"the oracle: the place is handed on at once, not after {waited:.2f}s"
+    if oracle:
+        assert waited < 1.0, f"the oracle: the place is handed on at once, not after {waited:.2f}s (1.6 s kept)"
         if how == "closed":
             first_run, second_run = workspace.ledger
             assert first_run.overlaps(second_run), "the oracle: the next call runs beside the given-up one"
