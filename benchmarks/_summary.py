@@ -6,7 +6,9 @@ It is built from `Run`s, so it reads the same from a run just measured, a result
 new workload's targets appear as they are, found in the reference by `Target.reference_key` within their
 workload. A target named ``asyncio: ...`` or ``trio, ...`` is one backend's figure: the backends of a
 target share a line, one column each; a target with no backend in its name is its workload's
-``params["backend"]`` figure (asyncio, anyio's default, when it names none).
+``params["backend"]`` figure, or the figure of the one backend its ``params["backends"]`` lists (a run
+on trio only is labelled trio); a workload that names none, or several, is labelled with the first
+(asyncio, anyio's default, when it names none).
 """
 
 from __future__ import annotations
@@ -85,8 +87,18 @@ def split_backend(name: str, workload: WorkloadResult) -> tuple[str, str]:
     match = _BACKEND.match(name)
     if match is not None:
         return match.group(1), match.group(2)
+    return _backend_of(workload), name
+
+
+def _backend_of(workload: WorkloadResult) -> str:
+    """The backend a workload's targets without one in their names were measured on (module docstring)."""
     backend = workload.params.get("backend")
-    return (backend if isinstance(backend, str) else BACKENDS[0]), name
+    if isinstance(backend, str):
+        return backend
+    backends = workload.params.get("backends")
+    if isinstance(backends, list) and backends and all(isinstance(name, str) for name in backends):
+        return str(backends[0])
+    return BACKENDS[0]
 
 
 def _goal(target: Target) -> str:

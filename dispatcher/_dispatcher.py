@@ -378,6 +378,7 @@ class Dispatcher:
                 tool the server does not have.
         """
         self._check_not_closed()
+        idempotency = _check_idempotency(idempotency)
         overrides = self._check_server(name, max_concurrency, overrides)
         limit, online = self._server_limit_setting(name, max_concurrency, trusted)
         server = self._servers.reserve(
@@ -389,9 +390,10 @@ class Dispatcher:
             keys=keys,
             review_new_tools=review_new_tools,
             online=online,
+            filled=_filled(idempotency),
         )
         self._executor.gate.set_server_limit(name, limit)
-        self._executor.set_idempotency(name, _check_idempotency(idempotency))
+        self._executor.set_idempotency(name, idempotency)
         try:
             await self._servers.add_client(server, client)
         except BaseException:
@@ -497,6 +499,7 @@ class Dispatcher:
         connect_timeout = checks.seconds("connect_timeout", connect_timeout, none="no bound")
         policy = check_reconnect(reconnect)
         self._check_task_timeout(task_timeout)
+        idempotency = _check_idempotency(idempotency)
         idle_timeout = checks.seconds("idle_timeout", idle_timeout, none="no idle bound")
         max_answer_bytes = checks.whole("max_answer_bytes", max_answer_bytes, minimum=1024, none="no limit")
         server = self._servers.reserve(
@@ -508,6 +511,7 @@ class Dispatcher:
             keys=keys,
             review_new_tools=review_new_tools,
             online=online,
+            filled=_filled(idempotency),
         )
         connection = self._servers.connection(
             server,
@@ -521,7 +525,7 @@ class Dispatcher:
             idle_timeout=idle_timeout,
         )
         self._executor.gate.set_server_limit(name, limit)
-        self._executor.set_idempotency(name, _check_idempotency(idempotency))
+        self._executor.set_idempotency(name, idempotency)
         assert self._tg is not None
         try:
             await self._tg.start(connection.run)
@@ -767,6 +771,11 @@ class Dispatcher:
     def _check_not_closed(self) -> None:
         if self._tg is not None:
             self._executor.check_open()  # entered once: registering is only for while it is open
+
+
+def _filled(keys: IdempotencyKeys | None) -> frozenset[str]:
+    """The arguments of a server's calls that the dispatcher fills in: its idempotency key's, if any."""
+    return frozenset() if keys is None or keys.argument is None else frozenset({keys.argument})
 
 
 def _check_idempotency(value: object) -> IdempotencyKeys | None:

@@ -197,7 +197,9 @@ def tool_schema(tool: ToolEntry, *, description_limit: int = _DESCRIPTION_LIMIT)
     as ``<untrusted-content-BOUNDARY>text</untrusted-content-BOUNDARY>``, with the boundary of the
     tool's description (`tool_description` explains it) and cut at ``description_limit``
     characters. Values the model must copy exactly (``enum``, ``const``, ``default``, ``examples``),
-    property names and keywords (``type``, ``format``, ``pattern``, ``required``, ...) are kept.
+    property names and keywords (``type``, ``format``, ``pattern``, ``required``, ...) are kept. The
+    arguments the dispatcher fills in itself (`ToolEntry.filled_arguments`: an idempotency key) are
+    left out.
 
     Raises:
         ConfigurationError: ``description_limit`` is not an int >= 1.
@@ -215,11 +217,23 @@ def _shown_tool(tool: ToolEntry, limit: int) -> tuple[str | None, dict[str, Any]
         description, schema = marking.description(text), _map_texts(tool.input_schema, marking.schema_text)
     if not isinstance(schema, dict):
         schema = {}
+    if tool.filled_arguments:
+        _hide(schema, tool.filled_arguments)
     if marking is not None and _expanded_size(schema) > _MAX_EXPANDED:
         schema = _without_refs(schema)
     # Both APIs require an object schema at the top; MCP requires it too, but not every server complies.
     schema.setdefault("type", "object")
     return description, schema
+
+
+def _hide(schema: dict[str, Any], names: frozenset[str]) -> None:
+    """Leave the arguments the dispatcher fills in out of a schema (its properties and required list)."""
+    properties = schema.get("properties")
+    if isinstance(properties, dict):
+        schema["properties"] = {name: value for name, value in properties.items() if name not in names}
+    required = schema.get("required")
+    if isinstance(required, list):
+        schema["required"] = [name for name in required if name not in names]
 
 
 # The most nodes an untrusted schema may have once its references are inlined. Frameworks inline them

@@ -167,6 +167,8 @@ class TimelineRow:
         wait: What it waited for, or None if it started without waiting.
         effect: Whether its effect happened (`ToolResult.effect`), or None if the record ends before
             it did; the text notes an unknown one.
+        depends_on: For a call fail-fast did not run, the id of the earlier call it depended on
+            (`ToolResult.depends_on`); the text names it, the picture draws an arrow from its end.
     """
 
     call: ToolCall
@@ -185,6 +187,7 @@ class TimelineRow:
     untrusted_content: bool
     wait: Wait | None
     effect: Effect | None = None
+    depends_on: str | None = None
 
     @property
     def label(self) -> str:
@@ -215,6 +218,7 @@ class _Record:
     error: str | None
     untrusted_content: bool
     effect: Effect | None = None
+    depends_on: str | None = None
     # When its approval was first asked and last answered (None: not answered), from events.
     approval: tuple[float, float | None] | None = None
 
@@ -344,6 +348,8 @@ class Timeline:
                 notes.append("untrusted content")
             if row.effect is Effect.UNKNOWN:
                 notes.append("effect unknown")
+            if row.depends_on is not None:
+                notes.append(f"not run: it depended on {_printable(row.depends_on)}, which did not succeed")
             if row.wait is not None:
                 # It names other calls by their ids, which the model chose.
                 notes.append(_printable(row.wait.describe(), limit=400))
@@ -401,19 +407,24 @@ class Timeline:
             else:
                 axes.plot([began], [y], marker="X", markersize=9, color=colour, linestyle="none")
         for y, row in enumerate(rows):
-            if row.wait is None or not row.wait.after:
+            # An arrow from the end of the call it waited for, or (dashed) of the one it depended on.
+            after = row.depends_on
+            if after is None and row.wait is not None and row.wait.after:
+                after = row.wait.after[-1]
+            if after is None:
                 continue
-            candidates = [(by, other) for by, other in by_id.get(row.wait.after[-1], []) if other.batch == row.batch]
+            candidates = [(by, other) for by, other in by_id.get(after, []) if other.batch == row.batch]
             if not candidates:
                 continue
             by, other = candidates[0]
             start = ((ends[id(other)]) - origin) * 1000
             began = ((row.started_at if row.started_at is not None else ends[id(row)]) - origin) * 1000
+            style = "--" if row.depends_on is not None else "-"
             axes.annotate(
                 "",
                 xy=(began, y),
                 xytext=(start, by),
-                arrowprops={"arrowstyle": "->", "color": "#444444", "linewidth": 0.8},
+                arrowprops={"arrowstyle": "->", "color": "#444444", "linewidth": 0.8, "linestyle": style},
             )
         # A "$" would start matplotlib's mathtext, which an odd call id could make fail to parse.
         axes.set_yticks(range(len(rows)), [row.label.replace("$", r"\$") for row in rows])
@@ -439,7 +450,8 @@ class Timeline:
 
         One process per batch (``batch 1``, ...), one thread per call in submission order, named by its
         id and tool. Each call has a complete event (``"ph": "X"``) for its run, named by its tool, its
-        category the status, its arguments the call id, server, status, attempts, error and wait, and
+        category the status, its arguments the call id, server, status, attempts, error, wait and
+        the call it depended on (`depends_on`, for a call fail-fast did not run), and
         one for the time it waited (category ``wait``); each retry is an instant event. Times are
         microseconds since the first submission.
         """
@@ -473,6 +485,8 @@ class Timeline:
                 args["error"] = row.error
             if row.wait is not None:
                 args["waited_for"] = row.wait.describe()
+            if row.depends_on is not None:
+                args["depends_on"] = row.depends_on
             if row.keys and row.keys != ("",):
                 args["keys"] = list(row.keys)
             if began > row.queued_at:
@@ -568,6 +582,7 @@ def _from_result(result: ToolResult, batch: int) -> _Record:
         error=result.error,
         untrusted_content=result.untrusted_content,
         effect=result.effect,
+        depends_on=result.depends_on,
     )
 
 
@@ -614,6 +629,7 @@ def _from_call_events(history: list[CallEvent], batch: int) -> _Record:
         error=result.error if result is not None else None,
         untrusted_content=result.untrusted_content if result is not None else False,
         effect=result.effect if result is not None else None,
+        depends_on=result.depends_on if result is not None else None,
         approval=(asked, answered) if asked is not None else None,
     )
 
@@ -645,6 +661,7 @@ def _row(record: _Record, position: int, ordered: Sequence[_Record], ends: Seque
         untrusted_content=record.untrusted_content,
         wait=_wait(record, position, ordered, ends),
         effect=record.effect,
+        depends_on=record.depends_on,
     )
 
 

@@ -239,3 +239,20 @@ def test_the_headline_and_faults_plots_show_the_measured_figures(quick: Run) -> 
     heights = [patch.get_height() for patch in figure.axes[0].patches if isinstance(patch, Rectangle)]
     expected = [ok[(rate, v)] for v in (faults.RETRY, faults.NO_RETRY) for rate in ("fault rate 10%", "fault rate 30%")]
     assert heights == expected
+
+
+def test_a_target_of_a_run_on_one_backend_is_labelled_with_that_backend(quick: Run) -> None:
+    """A workload run on trio only (params "backends": ["trio"]) has its unprefixed targets in a trio column."""
+    target = Target(name="goodput >= 95% of the oracle's", value=0.97, op=">=", threshold=0.95)
+
+    def run_on(params: dict[str, object]) -> Summary:
+        workload = WorkloadResult(name="adaptive", title="adaptive", params=params, targets=[target])
+        return summarize(dataclasses.replace(quick, workloads=[workload]), None)
+
+    trio_only = run_on({"backends": ["trio"]})
+    assert trio_only.backends == ["trio"] and set(trio_only.lines[0].cells) == {"trio"}
+    header = next(line for line in first_screen(trio_only).splitlines() if "median (IQR)" in line)
+    assert "trio: median (IQR)" in header and "asyncio" not in header, header
+    assert run_on({"backend": "trio"}).backends == ["trio"]
+    assert run_on({"backends": ["asyncio", "trio"]}).backends == ["asyncio"]  # a figure over both: the first
+    assert run_on({}).backends == ["asyncio"]  # none named: anyio's default

@@ -209,6 +209,36 @@ async def test_a_failed_read_stops_nothing() -> None:
     assert [r.status for r in results] == [CallStatus.TOOL_ERROR, CallStatus.OK]
 
 
+async def test_an_unknown_tool_stops_nothing_and_the_calls_after_it_run() -> None:
+    """A made-up tool never ran and has no keys: it is not depended on, in a whole batch or a streamed one.
+
+    It fails (NEVER_RAN), and it would otherwise hold the root key and stop every later call, the
+    independent ones too. A write that did fail after it still stops what depends on it.
+    """
+    files = Files()
+    async with Dispatcher(fail_fast=True) as d:
+        files.register(d)
+        results = await d.dispatch(
+            [
+                ToolCall("u", "delete_everything", {"path": "a"}),
+                ToolCall("c1", "write", {"path": "a"}),
+                ToolCall("c2", "write", {"path": "bad"}),
+                ToolCall("c3", "read", {"path": "bad"}),
+                ToolCall("c4", "read", {"path": "a"}),
+            ]
+        )
+        async with d.batch() as batch:
+            unknown = batch.submit(ToolCall("u2", "delete_everything", {}))
+            await unknown.wait()
+            late = batch.submit(ToolCall("c5", "write", {"path": "b"}))
+        streamed = batch.results()
+    assert (results[0].status, results[0].effect, results[0].tool) == (CallStatus.FAILED, Effect.NEVER_RAN, None)
+    assert results[0].error == "unknown tool 'delete_everything'"
+    assert [r.depends_on for r in results] == [None, None, None, "c2", None]
+    assert [r.ok for r in results] == [False, True, False, False, True]
+    assert [r.status for r in streamed] == [CallStatus.FAILED, CallStatus.OK] and late.done
+
+
 async def test_the_batch_setting_wins_and_late_calls_are_skipped_too() -> None:
     """`batch(fail_fast=True)` on a default dispatcher: a call submitted after the failure is skipped at once."""
     files = Files()

@@ -18,6 +18,7 @@ from dispatcher import (
     ToolCall,
 )
 from dispatcher.examples import Workspace
+from dispatcher.formats import anthropic_tools, openai_chat_tools, openai_responses_tools, tool_schema
 from dispatcher.testing import inject_faults
 
 pytestmark = pytest.mark.anyio
@@ -154,3 +155,80 @@ async def test_reads_carry_no_key_and_keep_their_rules() -> None:
         [result] = await d.dispatch([ToolCall("l", "lookup", {"key": "k"})])
     assert result.status is CallStatus.FAILED and result.attempts == 1  # not made repeatable by the key rule
     assert len(seen) == 1 and "io.example/key" not in seen[0]
+
+
+def _required_key_server() -> tuple[MCPServer[Any], list[str]]:
+    """A server whose `charge` write requires the key argument, and whose `balance` read declares it too."""
+    server: MCPServer[Any] = MCPServer("ledger")
+    seen: list[str] = []
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=False))
+    async def charge(amount: int, idempotency_key: str) -> str:
+        seen.append(idempotency_key)
+        return "charged"
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def balance(idempotency_key: str | None = None) -> str:
+        return "0"
+
+    return server, seen
+
+
+async def test_the_key_argument_is_not_shown_to_the_model_in_any_tool_list() -> None:
+    """The formats' tool lists and the integrations' tools leave the key argument out; the call still gets it."""
+    server, seen = _required_key_server()
+    async with Dispatcher() as d:
+        await d.connect("ledger", server, trusted=True, idempotency=KEYED)
+        entries = {entry.tool: entry for entry in d.tools()}
+        charge = entries["charge"]
+        assert "idempotency_key" in charge.input_schema["properties"]  # the server's own schema is kept
+        assert charge.filled_arguments == {"idempotency_key"}
+        shown = [
+            *(tool_schema(entry) for entry in entries.values()),
+            *(tool["input_schema"] for tool in anthropic_tools(entries.values())),
+            *(tool["function"]["parameters"] for tool in openai_chat_tools(entries.values())),
+            *(tool["parameters"] for tool in openai_responses_tools(entries.values())),
+            *_integration_schemas(d),
+        ]
+        assert len(shown) in (8, 12)
+        for schema in shown:
+            assert "idempotency_key" not in schema.get("properties", {}), schema
+            assert "idempotency_key" not in schema.get("required", []), schema
+        assert any("amount" in schema["properties"] for schema in shown)
+        # A model that never saw the argument, or sends one anyway: the dispatcher's key goes in either way.
+        results = await d.dispatch(
+            [
+                ToolCall("c1", "charge", {"amount": 1}),
+                ToolCall("c2", "charge", {"amount": 2, "idempotency_key": "model-chosen"}),
+            ]
+        )
+    assert [r.status for r in results] == [CallStatus.OK, CallStatus.OK], [r.error for r in results]
+    assert len(seen) == 2 and "model-chosen" not in seen and all(len(key) == 32 for key in seen), seen
+    assert seen[0] != seen[1]
+
+
+def _integration_schemas(d: Dispatcher) -> list[dict[str, Any]]:
+    """The schemas two integrations give their frameworks (none when their extras are not installed)."""
+    try:
+        from agents import FunctionTool
+
+        from dispatcher.integrations.langgraph import DispatcherToolNode
+        from dispatcher.integrations.openai_agents import DispatcherTools
+    except ImportError:
+        return []
+    return [
+        *(tool["function"]["parameters"] for tool in DispatcherToolNode(d).tool_schemas()),
+        *(tool.params_json_schema for tool in DispatcherTools(d).tools if isinstance(tool, FunctionTool)),
+    ]
+
+
+async def test_without_keys_the_argument_is_the_models() -> None:
+    """A server not declared to take keys: an argument of that name is an ordinary one, shown and sent."""
+    server, seen = _required_key_server()
+    async with Dispatcher() as d:
+        await d.connect("ledger", server, trusted=True)
+        entry = next(entry for entry in d.tools() if entry.tool == "charge")
+        assert entry.filled_arguments == frozenset()
+        assert "idempotency_key" in tool_schema(entry)["required"]
+        [result] = await d.dispatch([ToolCall("c", "charge", {"amount": 1, "idempotency_key": "mine"})])
+    assert result.ok and seen == ["mine"], result.error

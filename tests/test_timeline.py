@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import sys
@@ -500,3 +501,36 @@ async def test_a_wait_on_another_agents_write_is_named_when_both_are_recorded() 
     alone = Timeline.from_results(results["b"]).rows[0].wait
     assert alone is None or alone.kind == "unrecorded"
     assert Timeline.from_results(results["a"], results["b"]).rows[1].wait.after == ("a1",)  # type: ignore[union-attr]
+
+
+@BACKENDS
+async def test_a_call_fail_fast_did_not_run_names_the_call_it_depended_on() -> None:
+    """depends_on in the rows, the text, the picture (a dashed arrow from its end) and the Chrome trace."""
+    workspace = Workspace(latency=LATENCY)
+    events: list[CallEvent] = []
+    async with Dispatcher(fail_fast=True, on_event=events.append) as d:
+        await d.connect("notes", workspace.server, trusted=True)
+        results = await d.dispatch(
+            [
+                ToolCall("w0", "set_note", {"name": "plan", "text": "Tuesday"}),
+                ToolCall("w1", "create_note", {"name": "plan", "text": "again"}),  # fails: it exists
+                ToolCall("w2", "set_note", {"name": "plan", "text": "after"}),
+            ]
+        )
+    assert results[1].status is CallStatus.TOOL_ERROR and results[2].depends_on == "w1", results
+    for timeline in (Timeline.from_results(results), Timeline.from_events(events)):
+        rows = _by_id(timeline)
+        assert (rows["w1"].depends_on, rows["w2"].depends_on) == (None, "w1")
+        line = next(line for line in timeline.text(color=False).splitlines() if line.startswith("w2 "))
+        assert "not run: it depended on w1, which did not succeed" in line, line
+        trace = timeline.chrome_trace()["traceEvents"]
+        w2 = [e for e in trace if e.get("args", {}).get("call_id") == "w2" and e["ph"] != "M"]
+        assert w2 and all(e["args"]["depends_on"] == "w1" for e in w2), w2
+        assert all("depends_on" not in e.get("args", {}) for e in trace if e.get("args", {}).get("call_id") == "w1")
+    if importlib.util.find_spec("matplotlib") is not None:
+        from matplotlib.text import Annotation
+
+        figure = Timeline.from_results(results).plot()
+        arrows = [a for a in figure.axes[0].texts if isinstance(a, Annotation) and a.arrow_patch is not None]
+        dashed = [a for a in arrows if a.arrow_patch is not None and a.arrow_patch.get_linestyle() == "--"]
+        assert len(dashed) == 1 and (dashed[0].xyann[1], dashed[0].xy[1]) == (1, 2), arrows  # w1's row to w2's

@@ -94,6 +94,9 @@ class ToolEntry:
         domain: The conflict domain the user gave the tool's server (or local function): its calls
             are keyed under it. None: the root key, which conflicts with every call.
         key_function: The user's function from a call's arguments to its keys within the domain.
+        filled_arguments: The arguments the dispatcher fills in itself on every call (an idempotency
+            key taken in an argument, `IdempotencyKeys(argument=...)`): left out of the schema shown to
+            the model (`dispatcher.formats`), and whatever the model puts there is dropped.
     """
 
     name: str
@@ -109,6 +112,7 @@ class ToolEntry:
     title: str | None = None
     domain: str | None = None
     key_function: KeyFunction | None = None
+    filled_arguments: frozenset[str] = frozenset()
 
     @property
     def concurrent(self) -> bool:

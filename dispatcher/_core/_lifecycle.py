@@ -565,7 +565,10 @@ class FailFast:
 
     A call that may mutate (`ToolResult.mutating`) and did not end OK (failed, a tool error, timed out,
     denied, of unknown effect, skipped itself) is a failure, except a call cancelled before it ran (the
-    caller gave up on it, as on the rest of a cancelled batch). A later call of the batch (a higher
+    caller gave up on it, as on the rest of a cancelled batch) and a call that resolved to no tool (an
+    unknown tool: it changed nothing, and nothing is known of it, neither its effect class, which is
+    only the safe default, nor its keys, so it would hold the root key and stop every later call of the
+    batch, the independent ones too, for a name the model got wrong). A later call of the batch (a higher
     `CallRecord.position`) whose keys conflict with a failure's (`_gate.conflicts`: the same key, a key
     under it, or the root key, which every call without declared keys has) is not run: the driver settles
     it as `Ending.SKIPPED` (`CallRecord.skip`) with the earliest such failure, by position, as the
@@ -585,6 +588,8 @@ class FailFast:
         if result.status is CallStatus.OK or not result.mutating:
             return False
         if result.status is CallStatus.CANCELLED and result.effect is Effect.NEVER_RAN:
+            return False
+        if result.tool is None:  # an unknown tool: nothing ran, and it has no keys to depend on
             return False
         if result.effect is Effect.UNKNOWN:
             how = f"ended with an unknown outcome ({result.status.value}: it may or may not have happened)"

@@ -668,6 +668,8 @@ class _Server:
     idle_timeout: float | None = None
     # The server's adaptive limit (`max_concurrency=AdaptiveLimit(...)`), if it has one.
     online: OnlineLimit | None = None
+    # The arguments the dispatcher fills in (an idempotency key's), hidden from the model's schemas.
+    filled: frozenset[str] = frozenset()
     # Its calls in flight, to which its questions to the person are attributed (`_questions`).
     flights: Flights = field(default_factory=Flights)
 
@@ -713,6 +715,7 @@ class ServerRegistry:
         keys: Mapping[str, KeyFunction] | None = None,
         review_new_tools: bool = False,
         online: OnlineLimit | None = None,
+        filled: frozenset[str] = frozenset(),
     ) -> _Server:
         """Claim a server name before its first listing, so that two registrations cannot race for it.
 
@@ -746,6 +749,7 @@ class ServerRegistry:
             keys=key_functions,
             review_new=review_new_tools or not trusted,
             online=online,
+            filled=filled,
         )
         return server
 
@@ -904,6 +908,7 @@ class ServerRegistry:
             title=tool.title or (tool.annotations.title if tool.annotations else None),
             domain=server.domain,
             key_function=server.keys.get(tool.name),
+            filled_arguments=server.filled,
         )
 
     def _impl(self, server: _Server, tool: Tool, *, read: bool) -> ToolImpl:

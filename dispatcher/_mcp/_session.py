@@ -500,14 +500,14 @@ class MCPTool:
         self, prepared: dict[str, Any], bound: TaskBound, lease: Lease | None, flight: Flight | None
     ) -> CallToolResult:
         # Polling stays inside this invocation, so the call keeps its turn (and its place under its
-        # server's limit) until the task ends, with no help from the executor. A fleet hold's token goes
-        # in the arguments only (a task's request carries no `_meta` of ours).
+        # server's limit) until the task ends, with no help from the executor. An idempotency key and a
+        # fleet hold's fencing token taken in `_meta` go on the request that creates the task, which is
+        # what the server deduplicates and fences (polls and the result read only follow it).
         client = self.client
-        if lease is not None:
-            prepared, _ = lease.stamp(prepared)
-        # An idempotency key taken in `_meta` goes on the request that creates the task, which is what
-        # the server deduplicates (polls and the result read only follow it).
         keyed = request_meta()
+        if lease is not None:
+            prepared, fenced = lease.stamp(prepared)
+            keyed = {**(keyed or {}), **(fenced or {})} or None
         if isinstance(client, Client):
             if lease is not None:
                 lease.confirm()  # nothing awaits between this and the send

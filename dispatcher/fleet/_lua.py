@@ -13,7 +13,7 @@ Every script works on one server's keys (all declared in KEYS, so each runs as o
     KEYS[9] fence        STRING  the last fencing token granted
 
     ARGV[1] lease ttl (ms), ARGV[2] the server's limit (0: none), ARGV[3] the wake-up channel prefix,
-    ARGV[4] the server's max write time (ms; 0: none).
+    ARGV[4] the server's max write time (ms; 0: none), ARGV[5] its max call time (ms; 0: none).
 
 A hold's *locks* are those of `_gate` (multi-granularity locking over the call's conflict keys), as a JSON
 list ``[path, mode, path, mode, ...]`` with the modes 0 IS, 1 IX, 2 S, 3 X: a read takes S on each key
@@ -32,9 +32,14 @@ before ":") to wake its waiting task.
 
 A write's turn. A hold with an X lock (a write) is kept in Redis for the max write time beyond its lease
 (`holders_exp` is its renewal plus ttl plus that time), and a write whose holder gives it up after its
-request was sent (its lease lost) is released by keeping it that long from then (RELEASE's ARGV[6]):
+request was sent (its lease lost) is released by keeping it that long from then (RELEASE's ARGV[7]):
 a holder killed, frozen or cut off in the middle of a write does not hand its turn on while the write
 it sent may still run on the server. The holder itself counts its lease as ttl only.
+
+A call's place under a limit. On a server with a limit, every hold is kept the max call time beyond its
+lease (a write the longer of the two times), and a call given up after its request was sent keeps its
+place for ttl plus the max call time from then (RELEASE's ARGV[7]): as long as the place of a holder
+killed at that moment, so a call that may still run on the server still counts against its limit.
 
 Fencing tokens. Every grant takes the next number of the server's `fence` counter: the larger of the last
 token plus one and Redis' clock in microseconds (TIME). The counter never goes back while its key lives,
@@ -75,6 +80,8 @@ local ttl = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local prefix = ARGV[3]
 local extra = tonumber(ARGV[4])
+local callx = tonumber(ARGV[5])
+if limit == 0 then callx = 0 end  -- a call's place is kept only under a limit
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Microseconds since the epoch (about 1.8e15) are exact in Lua's doubles (up to 9e15).
@@ -105,12 +112,12 @@ local function check()
     -- Lost: holds running elsewhere may be missing here. What is left is dropped, so that the state
     -- is whole again under a new epoch (its holders lose their holds at their next renewal).
     redis.call('DEL', Q, W, WE, H, HE, TOK)
-    untl = now + ttl + extra
+    untl = now + ttl + math.max(extra, callx)
     redis.call('HSET', META, 'run_id', run_id, 'quiet_until', untl, 'epoch', string.format('%.0f', micros),
       'held', 0, 'waiting', 0)
   elseif seen[1] ~= run_id then
     -- Written by another instance (a snapshot, a replica): it may lack recent holds; the epoch stays.
-    untl = now + ttl + extra
+    untl = now + ttl + math.max(extra, callx)
     redis.call('HSET', META, 'run_id', run_id, 'quiet_until', untl)
   end
   return now < tonumber(untl)
@@ -125,14 +132,20 @@ local function epoch()
   return redis.call('HGET', META, 'epoch')
 end
 
--- When a hold with these locks ends if not renewed: a write's turn is kept `extra` beyond its lease.
-local function expiry(locks)
-  if extra > 0 then
+-- How long beyond its lease a hold with these locks is kept: a write's turn `extra`, a call's place
+-- under the limit `callx` (the longer of the two).
+local function beyond(locks)
+  if extra > callx then
     for i = 2, #locks, 2 do
-      if locks[i] == 3 then return now + ttl + extra end
+      if locks[i] == 3 then return extra end
     end
   end
-  return now + ttl
+  return callx
+end
+
+-- When a hold with these locks ends if not renewed.
+local function expiry(locks)
+  return now + ttl + beyond(locks)
 end
 
 local function purge()
@@ -242,9 +255,9 @@ end
 ACQUIRE = (
     _PRELUDE
     + """
--- ARGV[5] lease id, ARGV[6] its locks. Returns {1, fencing token, epoch} when the hold is granted, {0}
+-- ARGV[6] lease id, ARGV[7] its locks. Returns {1, fencing token, epoch} when the hold is granted, {0}
 -- while it waits.
-local id, spec = ARGV[5], ARGV[6]
+local id, spec = ARGV[6], ARGV[7]
 local quiet_now = check()
 purge()
 local function granted()
@@ -270,14 +283,16 @@ return {0}
 RELEASE = (
     _PRELUDE
     + """
--- ARGV[5] lease id: gives a hold back, or leaves the queue. With ARGV[6] '1' (a write given up after its
--- request was sent), a write's turn is kept for the max write time from now instead. Returns 1.
-local id = ARGV[5]
+-- ARGV[6] lease id: gives a hold back, or leaves the queue. With ARGV[7] '1' (a call given up after its
+-- request was sent), a write's turn is kept for the max write time from now instead, and on a server
+-- with a limit the call's place for ttl plus the max call time from now. Returns 1.
+local id = ARGV[6]
 local quiet_now = check()
 local spec = redis.call('HGET', H, id)
 local kept = false
-if ARGV[6] == '1' and spec then
-  local ends = expiry(cjson.decode(spec)) - ttl
+if ARGV[7] == '1' and spec then
+  local ends = now + beyond(cjson.decode(spec))
+  if limit > 0 then ends = math.max(ends, now + ttl + callx) end
   if ends > now then
     -- GT: never earlier than its lease already ends.
     redis.call('ZADD', HE, 'GT', ends, id)
@@ -302,7 +317,7 @@ return 1
 RENEW = (
     _PRELUDE
     + """
--- ARGV[5], ARGV[6], ARGV[7], ...: lease id, locks, epoch of the grant, for each hold in force. Returns one
+-- ARGV[6], ARGV[7], ARGV[8], ...: lease id, locks, epoch of the grant, for each hold in force. Returns one
 -- flag per hold: 1 renewed, 0 lost (it had expired here and its place was taken meanwhile, or the
 -- server's state was lost since its grant).
 local quiet_now = check()
@@ -310,7 +325,7 @@ purge()
 local current = epoch()
 local taken, count = state()
 local out = {}
-for i = 5, #ARGV, 3 do
+for i = 6, #ARGV, 3 do
   local id, spec, since = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local locks = cjson.decode(spec)
   if redis.call('HEXISTS', H, id) == 1 then

@@ -15,21 +15,24 @@ what fits, in Redis' own clock. A grant is published on the owner process's chan
 per process wakes the waiting call at once; a waiting call also checks again every `recheck` seconds,
 which is the bound on noticing a lease that expired with nobody left to release it (a killed process).
 
-Holds are leases: each process renews all its holds every `lease_ttl / 3` in one script call per
-server. A process that stops renewing (killed, frozen, cut off) loses its holds `lease_ttl` after its
-last renewal, a write's hold on a `shared_state` server `max_write_time` later still (`FleetServer`);
-they are then free for the others within `recheck` more. A process that cannot renew gives the calls up
+Holds are leases: each process renews all its holds every `lease_ttl / 3` in one script call per server.
+A process that stops renewing (killed, frozen, cut off) loses its holds `lease_ttl` after its last
+renewal, a write's hold on a `shared_state` server `max_write_time` later still (`FleetServer`); they
+are then free for the others within `recheck` more. A process that cannot renew gives the calls up
 itself `recheck` seconds before their leases end: a call whose request had not left ends FAILED (never
 ran), one whose request had left ends TIMEOUT with an unknown effect (the server may still be running
 it), and that write's turn is kept in Redis for `max_write_time` from then (as is the turn of any write
-that ends of unknown effect: timed out, cancelled in flight). Each lease end is measured
-from before the request that granted or renewed it was sent, and each request a hold covers is confirmed
-against it right before it is sent (`Lease.confirm`, synchronous): no request leaves after its lease
-could have ended, and a grant whose reply came too late is given back. A request already on its way
-when the lease ends (delayed in the client, the network or the server) can still run beside the next
-holder's once `max_write_time` has passed too; only the server can refuse it, by the hold's fencing token
-(`FleetServer.fence_argument` / `fence_meta`; see `_lua`). A call that cannot get its hold because Redis
-cannot be reached ends FAILED with the reason, and never runs unguarded.
+that ends of unknown effect: timed out, cancelled in flight). On a server with a `limit`, any call given
+up so keeps its place under the limit for `lease_ttl` plus `max_call_time` from then, and a holder that
+stops renewing keeps it `max_call_time` beyond its lease: a call that may still run on the server
+counts. Each lease end is measured from before the request that granted or renewed it was sent, and each
+request a hold covers is confirmed against it right before it is sent (`Lease.confirm`, synchronous): no
+request leaves after its lease could have ended, and a grant whose reply came too late is given back. A
+request already on its way when the lease ends (delayed in the client, the network or the server) can
+still run beside the next holder's once `max_write_time` has passed too; only the server can refuse it,
+by the hold's fencing token (`FleetServer.fence_argument` / `fence_meta`; see `_lua`). A call that
+cannot get its hold because Redis cannot be reached ends FAILED with the reason, and never runs
+unguarded.
 
 redis-py's asyncio client runs only on asyncio. Under trio the coordinator uses redis-py's blocking
 client in worker threads (its own `CapacityLimiter`, so it never starves `anyio.to_thread` users);
@@ -99,6 +102,14 @@ class FleetServer:
             whose state was lost, or is new, waits `lease_ttl` plus this long before granting. Required
             on a `shared_state` server that declares no fencing token (there the server refuses the late
             write itself, and None means 0); only for a `shared_state` server.
+        max_call_time: Seconds any call of this server may still run on the server after its client
+            stopped or gave it up (as `max_write_time`, for a server's `limit`): a call given up after its
+            request was sent (timed out, cancelled, its hold lost on the wire: effect unknown) keeps its
+            place under `limit` for `lease_ttl` plus this long from then, as long as the place of a
+            holder killed at that moment, and the place of a holder that stops renewing is kept this long
+            beyond its lease; so the fleet never starts more than `limit` calls while the ones it gave
+            up may still run. None means 0 (a given-up call still keeps its place `lease_ttl`); only
+            for a server with a `limit`.
 
     Raises:
         ConfigurationError: A value is out of range.
@@ -110,6 +121,7 @@ class FleetServer:
     fence_argument: str | None = None
     fence_meta: str | None = None
     max_write_time: float | None = None
+    max_call_time: float | None = None
 
     def __post_init__(self) -> None:
         limit = self.limit
@@ -128,12 +140,16 @@ class FleetServer:
             raise ConfigurationError(
                 "a fencing token orders writes that exclude each other: declare it on a shared_state=True server"
             )
+        for name in ("max_write_time", "max_call_time"):
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < math.inf
+            ):
+                raise ConfigurationError(f"{name} must be a number of seconds >= 0, got {value!r}; use None for 0")
+        if self.max_call_time is not None and limit is None:
+            raise ConfigurationError("max_call_time keeps a call's place under the limit: set it with limit=")
         bound = self.max_write_time
         if bound is not None:
-            if not isinstance(bound, int | float) or isinstance(bound, bool) or not 0 <= bound < math.inf:
-                raise ConfigurationError(
-                    f"max_write_time must be a number of seconds >= 0, got {bound!r}; use None for the default"
-                )
             if not self.shared_state:
                 raise ConfigurationError("max_write_time keeps a write's turn: set it on a shared_state=True server")
         elif self.shared_state and not self.fenced:
@@ -157,6 +173,11 @@ class FleetServer:
     def write_bound(self) -> float:
         """Seconds a write's turn is kept beyond its lease: `max_write_time`, 0 when not set."""
         return float(self.max_write_time or 0.0)
+
+    @property
+    def call_bound(self) -> float:
+        """Seconds a call's place under the limit is kept beyond its lease: `max_call_time`, 0 when not set."""
+        return float(self.max_call_time or 0.0)
 
 
 class _Lease(Lease):
@@ -300,6 +321,7 @@ class RedisCoordinator:
             config.limit or 0,
             f"{self.namespace}:wake:",
             round(config.write_bound * 1000),
+            round(config.call_bound * 1000),
         ]
 
     async def __aenter__(self) -> Self:
@@ -453,8 +475,9 @@ class RedisCoordinator:
         # Best effort: a hold that cannot be given back expires after lease_ttl.
         with anyio.move_on_after(2 * self.timeout):
             try:
-                # A write given up after it was sent (its hold lost, or its call ended of unknown effect: timed
-                # out, cancelled) keeps its turn in Redis for the server's max write time.
+                # A call given up after it was sent (its hold lost, or its call ended of unknown effect: timed
+                # out, cancelled) keeps a write's turn in Redis for the server's max write time, and its
+                # place under the server's limit for lease_ttl plus its max call time.
                 abandoned = "1" if lease.abandoned or (lease.lost and lease.sent) else "0"
                 await link.run("release", self._keys(lease.server), [*self._args(lease.server), lease.id, abandoned])
             except CoordinationError:

@@ -11,6 +11,7 @@ identity). Each test runs on asyncio and trio.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -125,6 +126,83 @@ async def test_a_write_given_up_on_the_wire_keeps_its_turn_for_max_write_time(
         assert granted - given_up < 1.0, "the oracle: without max_write_time the turn is handed on at once"
 
 
+class _Timed(RedisCoordinator):
+    """A coordinator that notes when it starts giving back a hold whose request was sent."""
+
+    given_up = math.nan
+
+    async def _release(self, lease: Any) -> None:
+        if lease.sent and math.isnan(self.given_up):
+            self.given_up = time.monotonic()
+        await super()._release(lease)
+
+
+class _FreesAtOnce(_Timed):
+    """The oracle's coordinator: gives every hold back as if its call had ended, sent or not."""
+
+    async def _release(self, lease: Any) -> None:
+        sent = lease.sent
+        lease.abandoned = lease.sent = False
+        if sent and math.isnan(self.given_up):
+            self.given_up = time.monotonic()
+        await super()._release(lease)
+
+
+@pytest.mark.parametrize("bound", [None, 1.0, "oracle"])
+@pytest.mark.parametrize("how", ["closed", "timed out"])
+async def test_a_call_given_up_on_the_wire_keeps_its_place_under_the_limit(
+    redis_server: RedisServer, namespace: str, how: str, bound: float | str | None
+) -> None:
+    """limit=1, no shared state: a call given up in flight keeps its place lease_ttl + max_call_time.
+
+    Its coordinator closes under it, or it reaches its call_timeout; the server goes on with it (the
+    workspace ignores the cancellation when `closed`). With max_call_time covering the call, the next
+    call starts after it ended; the oracle, which gives the place back at once, starts it beside it:
+    the server above its limit.
+    """
+    oracle = bound == "oracle"
+    # The oracle's call runs long enough to be overlapped however late a busy machine grants the next.
+    workspace = Workspace(latency=2.0 if oracle else 1.0, uncancellable=how == "closed")
+    cls = _FreesAtOnce if oracle else _Timed
+    config = FleetServer(limit=1, max_call_time=1.0 if oracle else bound if isinstance(bound, float) else None)
+    first, second = (
+        cls(redis_server.url, namespace=namespace, servers={"ws": config}, lease_ttl=TTL, recheck=0.1) for _ in range(2)
+    )
+    call_timeout = 0.3 if how == "timed out" else None
+    async with Dispatcher(coordinator=first, call_timeout=call_timeout) as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+        async with first:
+            with anyio.fail_after(20):
+                async with first.hold(server="ws", exclusive=False, on_lost=never_lost):
+                    pass  # past the new namespace's quiet period, which call_timeout would not wait out
+            pending = dispatcher.batch().submit(ToolCall("1", "append_note", {"name": "a", "text": "first"}))
+            with anyio.fail_after(20):
+                while workspace.in_flight == 0:  # noqa: ASYNC110  # the workspace offers no event to wait on
+                    await anyio.sleep(0.01)
+                if how == "timed out":
+                    await pending.wait()
+        abandoned = await pending.wait()
+        async with second:
+            with anyio.fail_after(20):
+                async with second.hold(server="ws", exclusive=False, on_lost=never_lost):
+                    granted = time.monotonic()
+                    async with Client(workspace.server) as client:
+                        await client.call_tool("append_note", {"name": "b", "text": "second"})
+    assert (abandoned.status, abandoned.effect) == (CallStatus.TIMEOUT, Effect.UNKNOWN), abandoned
+    waited = granted - first.given_up
+    if oracle:
+        assert waited < 1.0, f"the oracle: the place is handed on at once, not after {waited:.2f}s (1.6 s kept)"
+        if how == "closed":
+            first_run, second_run = workspace.ledger
+            assert first_run.overlaps(second_run), "the oracle: the next call runs beside the given-up one"
+    else:
+        kept = TTL + (bound if isinstance(bound, float) else 0.0)
+        assert waited >= kept * 0.8, f"the place was handed on {waited:.2f}s after, not {kept}s"
+        if bound is not None:
+            first_run, second_run = workspace.ledger
+            assert not first_run.overlaps(second_run), "the next call ran beside the given-up one"
+
+
 @pytest.mark.parametrize(("fault", "bound"), [("flushall", 1.5), ("restart", 1.5), ("flushall", 0.0), ("restart", 0.0)])
 async def test_a_write_on_the_server_when_redis_loses_its_state_never_runs_beside_the_next_one(
     redis_server: RedisServer, namespace: str, fault: str, bound: float
@@ -171,6 +249,11 @@ def test_a_shared_state_server_declares_max_write_time_or_a_fence() -> None:
             FleetServer(shared_state=True, max_write_time=bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="shared_state=True"):
         FleetServer(limit=3, max_write_time=5)
+    assert FleetServer(limit=3).call_bound == 0.0 and FleetServer(limit=3, max_call_time=2).call_bound == 2.0
+    with pytest.raises(ConfigurationError, match="set it with limit="):
+        FleetServer(shared_state=True, max_write_time=0, max_call_time=5)
+    with pytest.raises(ConfigurationError, match="max_call_time must be a number of seconds >= 0"):
+        FleetServer(limit=3, max_call_time=-1)
 
 
 # The namespace's keys (see `_lua`); deleting any one of them alone must be noticed as lost state.

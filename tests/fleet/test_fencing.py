@@ -20,10 +20,11 @@ from mcp import Client
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 
-from dispatcher import CallStatus, ConfigurationError, Dispatcher, ToolCall
+from dispatcher import CallStatus, ConfigurationError, Dispatcher, IdempotencyKeys, ToolCall
 from dispatcher.examples import Workspace
 from dispatcher.fleet import CoordinationError, FleetServer, RedisCoordinator
 from dispatcher.testing import FencedResource
+from tests.task_server import TaskScript
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -165,6 +166,25 @@ async def test_the_token_replaces_a_model_supplied_argument_of_the_declared_name
         )
     assert [result.status for result in results] == [CallStatus.OK, CallStatus.OK]
     assert len(seen) == 2 and all(isinstance(token, int) and 0 < token < 10**18 for token in seen), seen
+
+
+async def test_a_task_call_carries_the_token_in_the_declared_meta_entry_beside_its_idempotency_key(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """fence_meta on a task-augmented call: the request creating the task carries the token and the call's key."""
+    script = TaskScript(poll_interval=10, finish_after=1, tool_annotations={"readOnlyHint": False})
+    coordinator = Frozen(
+        redis_server.url, namespace=namespace, servers={"tasks": FENCED["ws"]}, lease_ttl=TTL, recheck=0.1, freeze=0
+    )
+    async with coordinator, Dispatcher(coordinator=coordinator) as dispatcher:
+        await dispatcher.connect(
+            "tasks", script.client, trusted=True, idempotency=IdempotencyKeys(meta="io.example/idempotency-key")
+        )
+        results = await dispatcher.dispatch([ToolCall("1", "slow", {}), ToolCall("2", "slow", {})])
+    assert [result.status for result in results] == [CallStatus.OK, CallStatus.OK], [r.error for r in results]
+    metas = [call.get("_meta", {}) for call in script.calls]
+    assert [meta.get(META) for meta in metas] == coordinator.tokens and len(set(coordinator.tokens)) == 2, metas
+    assert all(meta.get("io.example/idempotency-key") for meta in metas), metas
 
 
 async def test_a_holder_frozen_past_its_lease_before_sending_never_sends(

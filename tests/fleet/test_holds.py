@@ -421,7 +421,7 @@ async def test_a_fresh_namespace_waits_one_lease_ttl_before_its_first_grant(
                 await anyio.sleep(0.1)
         coordinator = fleet(redis_server, namespace, servers={"ws": FleetServer(shared_state=True, max_write_time=0)})
         keys = coordinator._keys("ws")
-        args: list[str | int] = [1000, 0, f"{namespace}:wake:", 0, "t:1", '["",3]']
+        args: list[str | int] = [1000, 0, f"{namespace}:wake:", 0, 0, "t:1", '["",3]']
         script = client.register_script(_fleet_lua.ACQUIRE)
         started = time.monotonic()
         first = await anyio.to_thread.run_sync(lambda: script(keys=keys, args=args))

@@ -56,7 +56,7 @@ def test_redis_grants_exactly_what_the_gate_starts(
         # No quiet period: this Redis instance is the one that has always held this namespace's state.
         run_id = client.info("server")["run_id"]
         client.hset(keys[6], mapping={"run_id": run_id, "quiet_until": 0, "epoch": 1})
-        args: list[str | int] = [60_000, limit, f"{namespace}:wake:", 0]
+        args: list[str | int] = [60_000, limit, f"{namespace}:wake:", 0, 0]
         gate: Gate[str] = Gate(limit or None)
         tickets: list[Ticket[str]] = []
         for number, action in enumerate(steps):
@@ -90,7 +90,7 @@ def test_the_model_check_can_tell_a_whole_server_hold_from_a_keyed_one(redis_ser
         acquire = client.register_script(ACQUIRE)
         keys = redis_keys("oracle")
         client.hset(keys[6], mapping={"run_id": client.info("server")["run_id"], "quiet_until": 0, "epoch": 1})
-        args: list[str | int] = [60_000, 0, "oracle:wake:", 0]
+        args: list[str | int] = [60_000, 0, "oracle:wake:", 0, 0]
         for lease in ("t:0", "t:1"):
             acquire(keys=keys, args=[*args, lease, _locks(SHARED, True, ())])
         assert client.hkeys(keys[3]) == ["t:0"], "two whole-server writes must not both hold"
