@@ -109,6 +109,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         (
             "dispatcher._mcp",
             "dispatcher._mcp._questions",
+            "dispatcher._mcp._progress",
             "dispatcher._mcp._session",
             "dispatcher._mcp._online",
             "dispatcher._mcp._reconnect",
