@@ -13,7 +13,9 @@ with an empty form, so that the form's defaults are what the server gets. An ``a
 through a client factory whose HTTP client carries the SDK's OAuth provider (`mcp.client.auth`): the
 authorization-code flow by default (its redirect is followed here, as a browser would), client
 credentials for the ``client-credentials`` scenarios, pre-registered credentials when the context gives
-them. .ci/conformance/expected-failures.yml lists the scenarios known to fail, and why.
+them, and for cross-app access the SDK's identity-assertion provider, given the ID-JAG that the
+enterprise IdP exchanges for its ID token. .ci/conformance/expected.toml lists each scenario and its
+result (why it fails, for those that do).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from mcp.client.auth.extensions.client_credentials import (
     PrivateKeyJWTOAuthProvider,
     SignedJWTParameters,
 )
+from mcp.client.auth.extensions.identity_assertion import IdentityAssertionOAuthProvider
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from pydantic import AnyUrl
@@ -104,6 +107,49 @@ class _Browser:
         return result
 
 
+async def _issuer(url: str) -> str:
+    """The MCP server's authorization server, from its protected-resource metadata (RFC 9728)."""
+    parsed = urlparse(url)
+    origin = f"{parsed.scheme}://{parsed.netloc}"
+    async with httpx2.AsyncClient() as http:
+        for path in (f"/.well-known/oauth-protected-resource{parsed.path}", "/.well-known/oauth-protected-resource"):
+            response = await http.get(origin + path)
+            if response.status_code == 200:
+                return str(response.json()["authorization_servers"][0])
+    raise RuntimeError(f"no protected-resource metadata for {url}")
+
+
+def _cross_app(url: str, issuer: str, context: dict[str, Any]) -> httpx2.Auth:
+    """SEP-990: the enterprise IdP's ID token exchanged for an ID-JAG (RFC 8693), then a JWT bearer grant."""
+
+    async def id_jag(audience: str, resource: str) -> str:
+        async with httpx2.AsyncClient() as http:
+            response = await http.post(
+                context["idp_token_endpoint"],
+                data={
+                    "grant_type": "urn:ietf:params:oauth:grant-type:token-exchange",
+                    "requested_token_type": "urn:ietf:params:oauth:token-type:id-jag",
+                    "subject_token": context["idp_id_token"],
+                    "subject_token_type": "urn:ietf:params:oauth:token-type:id_token",
+                    "audience": audience,
+                    "resource": resource,
+                    "client_id": context["idp_client_id"],
+                },
+            )
+        response.raise_for_status()
+        return str(response.json()["access_token"])
+
+    return IdentityAssertionOAuthProvider(
+        server_url=url,
+        storage=_Memory(),
+        client_id=context["client_id"],
+        client_secret=context["client_secret"],
+        issuer=issuer,
+        assertion_provider=id_jag,
+        token_endpoint_auth_method="client_secret_basic",  # OAuth's default for a confidential client
+    )
+
+
 def _provider(url: str, scenario: str, context: dict[str, Any]) -> OAuthClientProvider:
     """The SDK's OAuth provider a scenario needs."""
     if scenario == "auth/client-credentials-jwt":
@@ -147,11 +193,15 @@ def _provider(url: str, scenario: str, context: dict[str, Any]) -> OAuthClientPr
     )
 
 
-def target(url: str, scenario: str, context: dict[str, Any]) -> str | Callable[[], Client]:
+async def target(url: str, scenario: str, context: dict[str, Any]) -> str | Callable[[], Client]:
     """What `connect` gets: the URL, or for an ``auth/`` scenario a factory whose HTTP client runs OAuth."""
     if not scenario.startswith("auth/"):
         return url
-    provider = _provider(url, scenario, context)
+    provider: httpx2.Auth
+    if scenario == "auth/cross-app-access-complete-flow":
+        provider = _cross_app(url, await _issuer(url), context)
+    else:
+        provider = _provider(url, scenario, context)
 
     @asynccontextmanager
     async def authorized() -> AsyncIterator[Any]:
@@ -168,9 +218,8 @@ async def main(url: str) -> None:
     scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
     context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
     async with Dispatcher(ask_user=_ask, call_timeout=20) as dispatcher:
-        entries = await dispatcher.connect(
-            "conformance", target(url, scenario, context), trusted=True, connect_timeout=20
-        )
+        server = await target(url, scenario, context)
+        entries = await dispatcher.connect("conformance", server, trusted=True, connect_timeout=20)
         calls = [ToolCall(str(n), entry.name, _arguments(dict(entry.input_schema))) for n, entry in enumerate(entries)]
         for result in await dispatcher.dispatch(calls):
             print(result.call.name, result.status.value, result.error, flush=True)
