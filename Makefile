@@ -47,6 +47,14 @@ pytest: $(STAMP) node-servers
 node-servers:
 	.ci/node-servers
 
+# The official MCP conformance suite's client scenarios against scripts/conformance_client.py (a client on
+# Dispatcher.connect), compared with .ci/conformance/expected.toml; the suite and the Node 22 it needs are
+# pinned in .ci/conformance and installed into .conformance/ (nothing is fetched once they are there).
+.PHONY: conformance
+conformance: $(STAMP)
+	.ci/conformance-suite
+	$(BIN)/python -m scripts.conformance
+
 # The long form of the chaos suite (tests/chaos): more seeds, batches and examples, and the tests marked
 # `stress`, tune's real-clock stability sweeps (tests/test_tune.py) and the fleet's real-clock race oracle. It writes its figures to tests/chaos/results/stress.json (see RELIABILITY.md).
 stress: $(STAMP)
@@ -90,4 +98,4 @@ redis:
 	.ci/redis
 
 clean:
-	rm -rf $(VENV) $(ADK_VENV) .node .venv-smoke dist build .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(ADK_VENV) .node .conformance .venv-smoke dist build .mypy_cache .pytest_cache .ruff_cache

@@ -24,6 +24,7 @@ from ._driver._batch import Batch
 from ._driver._execution import Executor
 from ._driver._hooks import CallHooks
 from ._driver._observe import Observer, resolve_tracer
+from ._driver._person import Person
 from ._driver._retry import RetryPolicy
 from ._functions import FunctionTool, ThreadWatch
 from ._mcp._connections import ServerRegistry, check_annotations, check_reconnect, check_target
@@ -148,8 +149,12 @@ class Dispatcher:
             raise ConfigurationError(f"ask_user must be an async callable taking a Question, got {ask_user!r}")
         if questions is not None and not isinstance(questions, QuestionPolicy):
             raise ConfigurationError(f"questions must be a QuestionPolicy or None, got {type(questions).__name__}")
+        # The one human channel: approvals and servers' questions reach the person one at a time.
+        self._person = Person()
         if ask_user is not None:
-            self._servers.asker = Asker(ask_user, questions if questions is not None else QuestionPolicy())
+            self._servers.asker = Asker(
+                ask_user, questions if questions is not None else QuestionPolicy(), person=self._person
+            )
         self._tg: TaskGroup | None = None
         self._threads = ThreadWatch()
         self._approve = approve
@@ -224,7 +229,11 @@ class Dispatcher:
             self._observer = Observer(self._on_event, tracer, limits=self._adaptive_limit)
         if self._observer is not None or self._approve is not None or self._guard is not None:
             self._hooks = CallHooks(
-                approver=self._approve, policy=self._approval, guard=self._guard, observer=self._observer
+                approver=self._approve,
+                policy=self._approval,
+                guard=self._guard,
+                observer=self._observer,
+                person=self._person,
             )
         return self
 
@@ -760,6 +769,7 @@ class Dispatcher:
                 policy=approval if approval is not None else self._approval,
                 guard=guard if guard is not None else self._guard,
                 observer=self._observer,
+                person=self._person,
             )
         if hooks is not None and hooks.guard is not None:
             hooks.submitted(self._catalog.shown())

@@ -95,8 +95,13 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ),
     (
         "policy hooks",
-        "what a batch does around its calls: approvals, the session guard, events and spans",
-        ("dispatcher._driver._approval", "dispatcher._driver._observe", "dispatcher._driver._hooks"),
+        "what a batch does around its calls: approvals, the session guard, events and spans, the one human channel",
+        (
+            "dispatcher._driver._approval",
+            "dispatcher._driver._observe",
+            "dispatcher._driver._person",
+            "dispatcher._driver._hooks",
+        ),
     ),
     (
         "adapters",
@@ -104,6 +109,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         (
             "dispatcher._mcp",
             "dispatcher._mcp._questions",
+            "dispatcher._mcp._progress",
             "dispatcher._mcp._session",
             "dispatcher._mcp._online",
             "dispatcher._mcp._reconnect",

@@ -150,7 +150,7 @@ async def test_dispatcher_rejects_a_non_callable_approver() -> None:
 
 
 async def test_approvals_are_asked_up_front_while_other_calls_run() -> None:
-    """Every approval of a batch is requested at once, and calls that need none run meanwhile."""
+    """A batch's approvals are requested at once, shown one at a time, and calls that need none run meanwhile."""
     approver = Approver()
     calls = [
         ToolCall("r1", "search_notes", {"query": "a"}),
@@ -166,12 +166,16 @@ async def test_approvals_are_asked_up_front_while_other_calls_run() -> None:
 
         tg.start_soon(run)
         await anyio.wait_all_tasks_blocked()
-        assert sorted(approver.asked) == ["w1", "w2"], "asked concurrently, in no guaranteed order"
+        assert len(approver.asked) == 1, "one person: one prompt at a time"
         assert executed(ws) == ["search_notes:a"]
-        approver.answer("w2", True)  # the later write is approved first: it still waits for its turn
+        first = approver.asked[0]
+        second = "w2" if first == "w1" else "w1"
+        approver.answer(first, True)
         await anyio.wait_all_tasks_blocked()
-        assert executed(ws) == ["search_notes:a"]
-        approver.answer("w1", True)
+        assert approver.asked == [first, second]
+        if first == "w2":  # the later write was approved first: it still waits for its turn
+            assert executed(ws) == ["search_notes:a"]
+        approver.answer(second, True)
     assert [result.status for result in results] == [CallStatus.OK] * 4
     assert executed(ws) == ["search_notes:a", "set_note:a", "delete_note:b", "read_note:a"]
     assert results[3].result is not None and results[3].result.content[0].text == "1"

@@ -63,7 +63,7 @@ async def test_demo_timeline_on_a_virtual_clock() -> None:
     assert turn_2[13:17] == [
         "  approval for toolu_06 asked at 0 ms: approved",
         "    because set_note may make destructive changes",
-        "  approval for toolu_10 asked at 0 ms: approved",
+        "  approval for toolu_10 asked at 100 ms: approved",
         "    because delete_note may make destructive changes",
     ]
     assert "  toolu_04 fetch_url    |" + "o" * 40 + "|      0 ->    300 ms  ok; untrusted content" in lines

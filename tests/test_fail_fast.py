@@ -272,7 +272,8 @@ async def test_skipped_calls_waiting_for_approval_are_not_asked_further() -> Non
     async with Dispatcher(fail_fast=True, approve=approve, approval=ApprovalPolicy(mutating=True)) as d:
         files.register(d, keyed=False)
         results = await d.dispatch(calls(("write", "bad"), ("write", "b")))
-    assert sorted(asked) == ["c0", "c1"]  # c1 was held, its approval being asked, when c0 failed
+    # One person: c0 is asked first (the batch's order), c1 is held, waiting for or shown its prompt, when c0 fails.
+    assert asked in (["c0"], ["c0", "c1"])
     assert skipped(results) == ["c1"]
     assert files.ran == [("write", "bad")]
 

@@ -20,6 +20,15 @@ EXPECTED = [
         "timeout timed out: no progress from the server within idle_timeout=1.0s (after 3 attempts)",
     ],
     ["Server 'everything' (trusted) asks, during call '1' (trigger-elicitation-request).", "ok - Name: Ada"],
+    [
+        "approve 1 ? trigger-elicitation-request may make destructive changes",
+        "approve 2 ? trigger-elicitation-request may make destructive changes",
+        "Server 'everything' (untrusted) asks, during call '1' (trigger-elicitation-request).",
+        "Server 'everything' (untrusted) asks, during call '2' (trigger-elicitation-request).",
+        "['ok', 'ok']",
+        "approval_asked:1 approval_answered:1 approval_asked:2 approval_answered:2 "
+        "question_asked:1 question_answered:1 question_asked:2 question_answered:2",
+    ],
 ]
 
 

@@ -8,6 +8,7 @@ result), and over stdio. Times are checked on trio's virtual clock.
 from __future__ import annotations
 
 import sys
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -16,12 +17,14 @@ import trio.testing
 from mcp import StdioServerParameters
 
 from dispatcher import Answer, CallStatus, ConfigurationError, Dispatcher, Question, QuestionPolicy, ToolCall
+from dispatcher._driver import _person
 from dispatcher._driver._clock import CallClock
-from dispatcher._mcp._questions import Asker
 
 from .asking_server import INJECTION, asking_server
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from dispatcher import ToolResult
 
 pytestmark = pytest.mark.anyio
@@ -115,20 +118,12 @@ async def test_concurrent_reads_put_one_question_at_a_time(serial: bool, monkeyp
     """Three reads asking at once: the person sees one question at a time (False: the oracle without the queue)."""
     if not serial:
 
-        class NoQueue:
-            async def __aenter__(self) -> None:
-                await anyio.lowlevel.checkpoint()
+        @asynccontextmanager
+        async def unqueued(self: Any, ticket: int | None = None) -> AsyncIterator[None]:
+            await anyio.lowlevel.checkpoint()
+            yield
 
-            async def __aexit__(self, *exc: object) -> None:
-                await anyio.lowlevel.checkpoint()
-
-        original = Asker.__init__
-
-        def unqueued(self: Asker, *args: Any) -> None:
-            original(self, *args)
-            self._lock = NoQueue()  # type: ignore[assignment]
-
-        monkeypatch.setattr(Asker, "__init__", unqueued)
+        monkeypatch.setattr(_person.Person, "turn", unqueued)
     person = Person(wait=0.2)
     async with Dispatcher(ask_user=person, call_timeout=None) as dispatcher:
         await dispatcher.connect("travel", asking_server(), trusted=True, mode="legacy")

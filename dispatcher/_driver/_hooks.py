@@ -9,7 +9,8 @@ scheduler calls, for each call of a hooked batch:
 
 - `queued` when the call is submitted (before it is checked, so every call is seen, failed ones too);
 - `approval` just before it enters the gate: a request means "submit it held and ask now". All the
-  requests of a batch are asked at once, as the calls are submitted, while calls that need none start;
+  requests of a batch are asked as the calls are submitted, while calls that need none start; they reach
+  the person one at a time, in turn with servers' questions (`_person`);
 - `recheck` when the call is about to start: the session guard may have tripped since it was submitted
   (an open-world write waits for everything before it, which may include the reads that trip it);
 - `attempt_started` / `attempt_finished` around each attempt, in the task that runs it;
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
     from .._core._calls import CallStatus, ToolCall, ToolResult
     from .._core._catalog import ToolEntry
+    from ._person import Person
 
 __all__ = ["CallHooks"]
 
@@ -35,7 +37,7 @@ __all__ = ["CallHooks"]
 class CallHooks:
     """The hooks of one batch (or of every batch of a dispatcher that has no per-batch settings)."""
 
-    __slots__ = ("approver", "guard", "observer", "policy")
+    __slots__ = ("approver", "guard", "observer", "person", "policy")
 
     def __init__(
         self,
@@ -44,8 +46,11 @@ class CallHooks:
         policy: ApprovalPolicy,
         guard: SessionGuard | None,
         observer: Observer | None,
+        person: Person | None = None,
     ) -> None:
         self.approver = approver
+        # The one human channel the approver's prompts take turns on (None: each is asked at once).
+        self.person = person
         self.policy = policy
         self.guard = guard
         self.observer = observer
@@ -70,7 +75,10 @@ class CallHooks:
                 reason = guard.reason(entry)
             else:
                 state.recheck = True
-        return ApprovalRequest(call, entry, reason) if reason is not None else None
+        if reason is None:
+            return None
+        self._take_turn(state)
+        return ApprovalRequest(call, entry, reason)
 
     def recheck(self, call: ToolCall, state: CallState) -> ApprovalRequest | None:
         """The approval the session guard now requires of a call about to start, if any."""
@@ -79,10 +87,25 @@ class CallHooks:
         entry = state.entry
         if guard is None or entry is None or not guard.tripped:
             return None
+        self._take_turn(state)
         return ApprovalRequest(call, entry, guard.reason(entry))
 
+    def _take_turn(self, state: CallState) -> None:
+        # The request's place with the person, taken now: a batch's approvals are shown in its order.
+        if self.person is not None:
+            state.prompt = self.person.ticket()
+
     async def ask(self, request: ApprovalRequest, state: CallState) -> str | None:
-        """Ask the approver; None if approved, else the denial for the call's result."""
+        """Ask the approver, once the person is free; None if approved, else the denial for the call's result.
+
+        The policy's timeout counts from when the approver is asked, not while the request waits its turn.
+        """
+        if self.approver is None or self.person is None:
+            return await self._ask(request, state)
+        async with self.person.turn(state.prompt):
+            return await self._ask(request, state)
+
+    async def _ask(self, request: ApprovalRequest, state: CallState) -> str | None:
         if self.observer is not None:
             self.observer.approval_asked(request, state)
         denial = await ask(self.approver, request, self.policy.timeout)

@@ -38,11 +38,21 @@ if TYPE_CHECKING:
     from .._core._catalog import ToolEntry
     from ._approval import ApprovalRequest
 
-__all__ = ["CallEvent", "CallState", "EventKind", "Observer", "progress_reporter", "resolve_tracer"]
+__all__ = ["CallEvent", "CallState", "EventKind", "Observer", "current_attempt", "progress_reporter", "resolve_tracer"]
 
 logger = logging.getLogger("dispatcher")
 
-EventKind = Literal["queued", "approval_asked", "approval_answered", "started", "retried", "progress", "finished"]
+EventKind = Literal[
+    "queued",
+    "approval_asked",
+    "approval_answered",
+    "started",
+    "retried",
+    "progress",
+    "question_asked",
+    "question_answered",
+    "finished",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +64,11 @@ class CallEvent:
             for the answer), ``"approval_answered"`` (the answer came: `error` is the denial, None when
             approved), ``"started"`` (its first attempt began), ``"retried"`` (another attempt began
             after a transient failure), ``"progress"`` (the server reported progress on it, an MCP
-            progress notification) or ``"finished"`` (it has its result). A call whose tool changed
-            while its approval was asked is asked again: a second pair of approval events.
+            progress notification), ``"question_asked"`` (its server's question is shown to the person,
+            `message` its words; the call's clock is paused), ``"question_answered"`` (the question
+            ended: `error` is None when the person accepted, else ``"decline"``, ``"cancel"`` or why
+            the server was sent cancel) or ``"finished"`` (it has its result). A call whose tool
+            changed while its approval was asked is asked again: a second pair of approval events.
         call: The call.
         time: When it happened, on the event loop's clock (`anyio.current_time()`), like the times of
             `ToolResult`.
@@ -63,14 +76,15 @@ class CallEvent:
         attempt: The attempt that started (``started``: 1, ``retried``: 2 or more); for ``finished``, the
             number of attempts made; 0 for ``queued``.
         error: For ``retried``, why the previous attempt failed; for ``finished``, the result's error;
-            for ``approval_answered``, why the call was refused (None: approved).
+            for ``approval_answered``, why the call was refused (None: approved); for
+            ``question_answered``, what the server got unless it was an accepted answer.
         result: For ``finished``, the result; else None.
         keys: The call's conflict keys (see docs/conflicts.md; ``("",)`` is the root key, which
             conflicts with every call); empty for ``queued`` and for a call that never got keys.
         effect: For ``finished``, whether the call's effect happened (`ToolResult.effect`); else None.
         progress: For ``progress``, how far the server says it is (its number, which only grows), and
-            `total` its total if it gave one; `message` its message, cut to 500 characters. The
-            server's own words: untrusted.
+            `total` its total if it gave one; `message` its message, cut to 500 characters (for
+            ``question_asked``, the question's message, cut likewise). The server's own words: untrusted.
         limit: For ``started``, ``retried`` and ``finished`` events of a call whose server has an
             adaptive limit (`AdaptiveLimit`), the server's limit at that moment; else None. Collected
             over a run, these events show the limit as it moves.
@@ -99,6 +113,11 @@ _PROGRESS_TEXT = 500
 _attempt: ContextVar[tuple[Observer, ToolCall, CallState] | None] = ContextVar("dispatcher_attempt", default=None)
 
 
+def current_attempt() -> tuple[Observer, ToolCall, CallState] | None:
+    """The observed attempt running in this task, if any (what a question asked during it reports to)."""
+    return _attempt.get()
+
+
 def progress_reporter() -> ProgressFnT | None:
     """The progress callback for the attempt running in this task (None when nobody observes it)."""
     current = _attempt.get()
@@ -122,6 +141,7 @@ class CallState:
         "entry",
         "keys",
         "previous_error",
+        "prompt",
         "recheck",
         "span",
         "token",
@@ -138,6 +158,8 @@ class CallState:
         self.previous_error: str | None = None
         # The session guard must look again when the call is about to start (see `_hooks`).
         self.recheck = False
+        # Its approval's place in the queue of prompts to the person (`_person`), once one is asked for.
+        self.prompt: int | None = None
         # Its conflict keys, once it is queued in the gate.
         self.keys: tuple[str, ...] = ()
 
@@ -298,6 +320,40 @@ class Observer:
                 progress=progress,
                 total=total,
                 message=message,
+            )
+        )
+
+    def question_asked(self, call: ToolCall, state: CallState, message: str) -> None:
+        """A server's question asked during the call is shown to the person (the call's clock is paused)."""
+        message = message[:_PROGRESS_TEXT]
+        if state.attempt_span is not None:
+            state.attempt_span.add_event("dispatcher.question.asked", {"dispatcher.question.message": message})
+        self._emit(
+            CallEvent(
+                "question_asked",
+                call,
+                anyio.current_time(),
+                tool=state.entry,
+                attempt=state.attempt,
+                keys=state.keys,
+                message=message,
+            )
+        )
+
+    def question_answered(self, call: ToolCall, state: CallState, error: str | None) -> None:
+        """The question ended: None when the person accepted, else what the server got instead, and why."""
+        if state.attempt_span is not None:
+            attributes = {} if error is None else {"dispatcher.question.error": error}
+            state.attempt_span.add_event("dispatcher.question.answered", attributes)
+        self._emit(
+            CallEvent(
+                "question_answered",
+                call,
+                anyio.current_time(),
+                tool=state.entry,
+                attempt=state.attempt,
+                keys=state.keys,
+                error=error,
             )
         )
 

@@ -2,8 +2,9 @@
 
 A server may stop in the middle of a tool call to ask the person something (`elicitation/create`: a form
 to fill in, or a URL to open). The dispatcher advertises elicitation only when the user gave a handler
-(`Dispatcher(ask_user=...)`); each question then goes through one channel (`Asker`), one question at a
-time for the whole dispatcher, so a person never sees two prompts at once from concurrent calls.
+(`Dispatcher(ask_user=...)`); each question then goes through one channel (`Asker`), which takes its
+turns on the dispatcher's one human channel (`_driver._person`) with the approvals: one prompt at a time
+for the whole dispatcher, so a person never sees two prompts at once from concurrent calls.
 
 Who asks. A question is attributed to its server exactly: each connection has its own callback, which
 knows the name the user registered the server under and whether it is trusted. The call it belongs to is
@@ -47,6 +48,8 @@ from mcp.types import ElicitRequestURLParams, ElicitResult
 
 from .._core._errors import ConfigurationError
 from .._driver._clock import current_clock
+from .._driver._observe import current_attempt
+from .._driver._person import Person
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -56,6 +59,7 @@ if TYPE_CHECKING:
 
     from .._core._calls import ToolCall
     from .._driver._clock import CallClock
+    from .._driver._observe import CallState, Observer
 
 __all__ = ["Answer", "Asker", "Flight", "Flights", "Question", "QuestionHandler", "QuestionPolicy"]
 
@@ -204,6 +208,8 @@ class Flight:
     # The questions open for this call: each is withdrawn once every call it may belong to has ended.
     open: set[_Open] = field(default_factory=set)
     ended: bool = False
+    # The observed attempt it runs in (the events of its questions go there), or None.
+    observed: tuple[Observer, ToolCall, CallState] | None = None
 
 
 @dataclass(eq=False)
@@ -226,7 +232,7 @@ class Flights:
     def flying(self) -> Iterator[Flight]:
         """Register the call this task runs for the duration of the block (the send and its answer)."""
         clock = current_clock()
-        flight = Flight(clock.call if clock is not None else None, clock)
+        flight = Flight(clock.call if clock is not None else None, clock, observed=current_attempt())
         self._flights.append(flight)
         try:
             yield flight
@@ -263,13 +269,13 @@ class Flights:
 class Asker:
     """The one channel from servers to the person: a question at a time, in the order they came."""
 
-    __slots__ = ("_handler", "_lock", "_policy", "_waiting")
+    __slots__ = ("_handler", "_person", "_policy", "_waiting")
 
-    def __init__(self, handler: QuestionHandler, policy: QuestionPolicy) -> None:
+    def __init__(self, handler: QuestionHandler, policy: QuestionPolicy, *, person: Person | None = None) -> None:
         self._handler = handler
         self._policy = policy
-        # anyio's Lock is fair: questions are shown in the order they arrived.
-        self._lock = anyio.Lock()
+        # The person's turns are fair: prompts (questions and approvals) are shown in the order they came.
+        self._person = person if person is not None else Person()
         self._waiting: dict[str, int] = {}
 
     def callback(self, server: str, trusted: bool, flights: Flights) -> ElicitationFnT:
@@ -282,6 +288,7 @@ class Asker:
 
     async def answer(self, server: str, trusted: bool, flights: Flights, params: ElicitRequestParams) -> ElicitResult:
         """Put a server's question to the person, and turn the answer into what the server gets."""
+        ticket = self._person.ticket()  # its place with the person: the order questions came in
         owners, refused = flights.attribute(params)
         policy = self._policy
         if refused is None and any(flight.asked >= policy.per_call for flight in owners):
@@ -311,14 +318,14 @@ class Asker:
                 for flight in owners:
                     if flight.clock is not None:
                         stack.enter_context(flight.clock.pausing())
-                answer = await self._ask(question, owners)
+                answer = await self._ask(question, owners, ticket)
         finally:
             self._waiting[server] -= 1
             if not self._waiting[server]:
                 del self._waiting[server]
         return _reply(question, answer)
 
-    async def _ask(self, question: Question, owners: list[Flight]) -> Answer | str:
+    async def _ask(self, question: Question, owners: list[Flight], ticket: int) -> Answer | str:
         """The handler's answer, or why there is none; withdrawn once every call it may belong to has ended."""
         with anyio.CancelScope() as withdrawn:
             opened = _Open(withdrawn, owners)
@@ -327,12 +334,26 @@ class Asker:
             try:
                 if all(flight.ended for flight in owners):
                     return "its call ended before it was asked"
-                async with self._lock:
-                    return await self._handler_answer(question)
+                async with self._person.turn(ticket):
+                    return await self._observed(question, owners)
             finally:
                 for flight in owners:
                     flight.open.discard(opened)
         return "its call ended before the person answered"
+
+    async def _observed(self, question: Question, owners: list[Flight]) -> Answer | str:
+        """The handler's answer, with a ``question_asked``/``question_answered`` pair on each observed call."""
+        observed = [flight.observed for flight in owners if flight.observed is not None]
+        for observer, call, state in observed:
+            observer.question_asked(call, state, question.message)
+        answer: Answer | str = "its call ended before the person answered"
+        try:
+            answer = await self._handler_answer(question)
+            return answer
+        finally:
+            error = answer if isinstance(answer, str) else None if answer.action == "accept" else answer.action
+            for observer, call, state in observed:
+                observer.question_answered(call, state, error)
 
     async def _handler_answer(self, question: Question) -> Answer | str:
         timeout = self._policy.timeout

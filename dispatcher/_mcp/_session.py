@@ -62,6 +62,7 @@ from ._failures import (
     explain,
     is_transport_failure,
 )
+from ._progress import metered
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping
@@ -537,13 +538,14 @@ class MCPTool:
         progress = progress_reporter()
         if self.idle_timeout is not None:
             return await self._invoke_idle(prepared, self.idle_timeout, progress, lease)
-        return await self._send(prepared, progress, lease)
+        return await self._send(prepared, metered(progress), lease)
 
     async def _invoke_idle(
         self, prepared: dict[str, Any], idle: float, report: ProgressFnT | None, lease: Lease | None
     ) -> CallToolResult:
-        """Call the tool, cut off when `idle` seconds pass with no progress from the server (each report resets it).
+        """Call the tool, cut off when `idle` seconds pass with no progress from the server.
 
+        Each report that counts sets the wait again (`_progress`: its progress grew, with a total or not).
         The wait stops while the person answers a question of the server's (`_clock`).
         """
         clock = current_clock()
@@ -551,15 +553,13 @@ class MCPTool:
             if clock is not None:
                 clock.bound(scope)
 
-            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            def touch() -> None:
                 if clock is not None:
                     clock.reset(scope, idle)
                 else:
                     scope.deadline = anyio.current_time() + idle
-                if report is not None:
-                    await report(progress, total, message)
 
-            return await self._send(prepared, on_progress, lease)
+            return await self._send(prepared, metered(report, touch), lease)
         raise TimeoutError(f"no progress from the server within idle_timeout={idle}s")
 
     async def _send(

@@ -1,0 +1,102 @@
+"""The one human channel: approvals and servers' questions reach the person one prompt at a time.
+
+A dispatcher has one `Person`, whatever asks: the approver of a call that needs confirmation (the
+dispatcher's or a batch's own, `_hooks`) and a server's question during a call (`ask_user`,
+`_mcp._questions`). Each prompt takes a turn on it, so one person never sees two prompts at once: two
+concurrent reads that each ask a question and a write waiting for approval are put to the person one
+after another.
+
+Order: a prompt's place is its ticket (`ticket`), taken when it is asked for: an approval when its
+call is submitted (so a batch's approvals come in the batch's order), a question when it reaches the
+dispatcher. Waiting prompts are shown lowest ticket first, and a prompt that finds the person free first
+lets the other prompts asked at the same moment join the queue (one checkpoint), so the order does not
+depend on how the event loop happens to run tasks started together (trio shuffles them). A flood of
+questions from one server cannot push an approval far back: each server's waiting questions are bounded
+(`QuestionPolicy.waiting`).
+
+Time: a prompt's own patience (`ApprovalPolicy.timeout`, `QuestionPolicy.timeout`) counts from when it
+is shown, not while it waits its turn; a question's call has its clock paused for both (`_clock`).
+Withdrawing a prompt (its call was cancelled or ended) while it waits frees its place; while shown, it
+ends the prompt and the next one is shown.
+
+Cost: a heap push and pop and one checkpoint per prompt; nothing when no prompt is asked.
+"""
+
+from __future__ import annotations
+
+import heapq
+from contextlib import asynccontextmanager
+from itertools import count
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.lowlevel
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+__all__ = ["Person"]
+
+
+class Person:
+    """The person behind a dispatcher's approver and question handler: one prompt shown at a time."""
+
+    __slots__ = ("_busy", "_queue", "_shown", "_tickets")
+
+    def __init__(self) -> None:
+        self._tickets = count()
+        # The prompts waiting for their turn: (ticket, the event that lets it be shown), a heap.
+        self._queue: list[tuple[int, anyio.Event]] = []
+        self._busy = False
+        self._shown = 0
+
+    def ticket(self) -> int:
+        """A place in the queue, taken when a prompt is asked for (a lower ticket is shown first)."""
+        return next(self._tickets)
+
+    @asynccontextmanager
+    async def turn(self, ticket: int | None = None) -> AsyncIterator[None]:
+        """Wait for the person to be free and the prompt's turn, then hold the person for the block."""
+        ready = anyio.Event()
+        entry = (self.ticket() if ticket is None else ticket, ready)
+        heapq.heappush(self._queue, entry)
+        try:
+            # The prompts asked at this same moment join the queue before one of them is shown.
+            await anyio.lowlevel.checkpoint()
+            self._admit()
+            await ready.wait()
+        except BaseException:
+            if ready.is_set():  # its turn came as it was withdrawn: the next one's turn
+                self._busy = False
+                self._admit()
+            else:
+                self._queue.remove(entry)
+                heapq.heapify(self._queue)
+            raise
+        self._shown += 1
+        try:
+            yield
+        finally:
+            self._busy = False
+            self._admit()
+
+    def _admit(self) -> None:
+        if not self._busy and self._queue:
+            _, ready = heapq.heappop(self._queue)
+            self._busy = True
+            ready.set()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a prompt is being shown at this moment."""
+        return self._busy
+
+    @property
+    def waiting(self) -> int:
+        """How many prompts wait for their turn."""
+        return len(self._queue)
+
+    @property
+    def shown(self) -> int:
+        """How many prompts have been shown so far."""
+        return self._shown
