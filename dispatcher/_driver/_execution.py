@@ -599,28 +599,36 @@ class Executor:
         assert entry is not None
         retry = self._retry
         state = work.state
-        with self._cancel_scope() as scope:
+        recheck = state is not None and state.recheck
+        timeout = self._call_timeout
+        # Without an approval to ask at the start, nothing waits between here and the start: the call's
+        # only attempt gets its deadline as its scope is made (setting it afterwards costs as much again).
+        started = self._now()
+        once, keyed = self._once(entry, work)
+        deadline = started + timeout if once and timeout is not None and not recheck else math.inf
+        with self._cancel_scope(deadline=deadline) as scope:
             work.waiting(scope)
-            if state is not None and state.recheck and await self._approve_at_start(work):
-                return
-            if not work.start(started := self._now()):
+            if recheck:
+                if await self._approve_at_start(work):
+                    return
+                started = self._now()
+                once, keyed = self._once(entry, work)  # the idempotency keys may have changed meanwhile
+                if once and timeout is not None:
+                    scope.deadline = started + timeout
+            if not work.start(started):
                 return  # settled while it was on its way (its fleet hold lost)
             # The call's deadlines stop while a person answers its server's question (`_clock`).
             clock = start_clock(work.call)
-            # Only a call that carries its key is repeatable for its key (not one queued while its
-            # tool was read-only, which got none).
-            keyed = work.keyed and self._keyed(entry)
-            if retry is None or not eligible(retry, entry, keyed=keyed):
-                timeout = self._call_timeout
+            if once:
                 if timeout is not None:
-                    scope.deadline = started + timeout
                     clock.bound(scope)
                 last = await self._attempt(work, False, started, math.inf)
             else:
-                recheck = functools.partial(self._still_eligible, retry, entry, keyed)
+                assert retry is not None  # a call of a policy's retries has one
+                still = functools.partial(self._still_eligible, retry, entry, keyed)
                 # Read again as each repeat is sent, after any reconnect on its way (see `sent`).
-                work.repeat_check = recheck
-                retrier = Retrier(retry, self._budget(retry, entry.server), self._rng, entry.server, recheck=recheck)
+                work.repeat_check = still
+                retrier = Retrier(retry, self._budget(retry, entry.server), self._rng, entry.server, recheck=still)
                 last = await retrier.run(functools.partial(self._attempt, work, True), started)
             work.waiting(None)
             work.ended(last.status, last.error, self._now(), result=last.result, untrusted=last.untrusted)
@@ -634,6 +642,13 @@ class Executor:
             work.settle(Ending.CANCELLED, now)
         else:
             work.settle(Ending.TIMED_OUT, now, self._call_timeout)
+
+    def _once(self, entry: ToolEntry, work: PendingCall) -> tuple[bool, bool]:
+        """Whether a call gets one attempt only, and whether it is repeatable for its key (only a call
+        that carries its key is: not one queued while its tool was read-only, which got none)."""
+        keyed = work.keyed and self._keyed(entry)
+        retry = self._retry
+        return retry is None or not eligible(retry, entry, keyed=keyed), keyed
 
     def _still_eligible(self, policy: RetryPolicy, entry: ToolEntry, keyed: bool) -> str | None:
         """Why a call of `entry` may no longer be retried, reading its tool's entry again; None if it may."""
