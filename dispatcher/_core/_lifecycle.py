@@ -312,7 +312,8 @@ class CallRecord:
 
     def resolve(self, entry: ToolEntry, impl: ToolImpl | None = None) -> None:
         """Take the catalogue entry (and tool) the call resolved to, or follow its entry's new definition."""
-        self._expect(Phase.QUEUED, Phase.AWAITING_APPROVAL, what="resolve")
+        if self.phase is not Phase.QUEUED:
+            self._expect(Phase.QUEUED, Phase.AWAITING_APPROVAL, what="resolve")
         self.entry = entry
         # Until its own keys are known (its ticket's), a call's keys are its tool's whole domain: a
         # write rejected for its arguments or its key function conflicts with what its domain holds,
@@ -324,7 +325,8 @@ class CallRecord:
 
     def prepare(self, prepared: Any) -> None:
         """Keep the call's arguments, checked and converted for its tool."""
-        self._expect(Phase.QUEUED, what="prepare")
+        if self.phase is not Phase.QUEUED:
+            self._expect(Phase.QUEUED, what="prepare")
         self.prepared = prepared
 
     def carry_key(self, *, meta: dict[str, Any] | None = None) -> None:
@@ -348,7 +350,8 @@ class CallRecord:
 
     def enter(self, ticket: Ticket[Any], *, held: bool) -> None:
         """Take the call's place in the gate: waiting its turn, or `held` while its approval is asked."""
-        self._expect(Phase.QUEUED, what="enter")
+        if self.phase is not Phase.QUEUED:
+            self._expect(Phase.QUEUED, what="enter")
         self.ticket = ticket
         if held:
             self.phase = Phase.AWAITING_APPROVAL
@@ -365,7 +368,8 @@ class CallRecord:
 
     def admit(self) -> None:
         """The gate let the call start."""
-        self._expect(Phase.QUEUED, what="admit")
+        if self.phase is not Phase.QUEUED:
+            self._expect(Phase.QUEUED, what="admit")
         self.phase = Phase.ADMITTED
 
     def waiting(self, interrupt: Interrupt | None) -> None:
@@ -397,7 +401,8 @@ class CallRecord:
         """
         if self.phase is Phase.SETTLED:
             return False
-        self._expect(Phase.ADMITTED, what="start")
+        if self.phase is not Phase.ADMITTED:
+            self._expect(Phase.ADMITTED, what="start")
         self.phase = Phase.RUNNING
         self.started_at = now
         # The tool's implementation, awaited in this task, marks the send through this (`mark_sent`);
@@ -407,7 +412,8 @@ class CallRecord:
 
     def attempted(self) -> None:
         """An attempt starts (the first one with `start`)."""
-        self._expect(Phase.RUNNING, what="attempt")
+        if self.phase is not Phase.RUNNING:
+            self._expect(Phase.RUNNING, what="attempt")
         self.attempts += 1
 
     def sent(self) -> None:
@@ -542,6 +548,7 @@ class CallRecord:
         return True
 
     def _expect(self, *phases: Phase, what: str) -> None:
+        # The hot transitions test their usual phase inline and call this only when it is not that one.
         if self.phase not in phases:
             raise LifecycleError(f"call {self.call.id!r} cannot {what} while {self.phase.name}")
 

@@ -40,8 +40,8 @@ class CallClock:
         self.call = call
         self._scopes: list[anyio.CancelScope] = []
         self._paused = 0
-        # While paused: the time each scope had left when the pause began.
-        self._left: dict[int, float] = {}
+        # While paused: the time each scope had left when the pause began (None: never paused).
+        self._left: dict[int, float] | None = None
 
     @property
     def paused(self) -> bool:
@@ -56,8 +56,9 @@ class CallClock:
 
     def reset(self, scope: anyio.CancelScope, seconds: float) -> None:
         """Give `scope` `seconds` from now (or from the end of the pause, while paused)."""
-        if self._paused and id(scope) in self._left:
-            self._left[id(scope)] = seconds
+        left = self._left
+        if self._paused and left is not None and id(scope) in left:
+            left[id(scope)] = seconds
         else:
             scope.deadline = anyio.current_time() + seconds
 
@@ -65,6 +66,7 @@ class CallClock:
         """A question is with the person: stop every bound deadline (nested pauses count)."""
         self._paused += 1
         if self._paused == 1:
+            self._left = {}
             now = anyio.current_time()
             for scope in self._scopes:
                 self._stop(scope, now)
@@ -77,7 +79,7 @@ class CallClock:
         if self._paused:
             return
         now = anyio.current_time()
-        left, self._left = self._left, {}
+        left, self._left = self._left or {}, None
         for scope in self._scopes:
             remaining = left.get(id(scope))
             if remaining is not None:
@@ -94,9 +96,11 @@ class CallClock:
 
     def _stop(self, scope: anyio.CancelScope, now: float) -> None:
         deadline = scope.deadline
-        if scope.cancel_called or math.isinf(deadline) or id(scope) in self._left:
+        left = self._left
+        assert left is not None  # set by `pause`
+        if scope.cancel_called or math.isinf(deadline) or id(scope) in left:
             return  # already cut off (a pause cannot revive it), or not bounded
-        self._left[id(scope)] = max(0.0, deadline - now)
+        left[id(scope)] = max(0.0, deadline - now)
         scope.deadline = math.inf
 
 

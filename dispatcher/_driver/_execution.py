@@ -49,7 +49,7 @@ from ._coordination import admitted_runner, budget_factory
 from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible, is_transient
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Awaitable, Callable, Iterable
 
     from anyio.abc import TaskGroup
     from mcp.types import CallToolResult
@@ -111,6 +111,10 @@ class Executor:
         """The batches that have calls without a result."""
         self._tg: TaskGroup | None = None
         self._open = False
+        # The running loop's clock, read without looking up the backend at each reading (`start`).
+        self._now: Callable[[], float] = anyio.current_time
+        self._cancel_scope: Callable[..., anyio.CancelScope] = anyio.CancelScope
+        self._checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint
 
     @property
     def idle(self) -> bool:
@@ -126,6 +130,12 @@ class Executor:
         """Run calls in `tg` from now on."""
         self._tg = tg
         self._open = True
+        # The backend's own clock, cancel scopes and checkpoint: what anyio's functions of those names
+        # call, after looking the backend up again at every call.
+        backend = anyio.lowlevel.current_token().backend_class
+        self._now = backend.current_time
+        self._cancel_scope = backend.create_cancel_scope
+        self._checkpoint = backend.checkpoint
 
     def close(self) -> None:
         """Take no more calls; the outstanding ones end as CANCELLED."""
@@ -146,11 +156,11 @@ class Executor:
         queue = self._queue
         names: dict[object, Resolution] = {}
         works = []
-        now = anyio.current_time()
+        now = self._now()
         for position, call in enumerate(calls, start=1):
             works.append(queue(batch, call, names, now))
             if not position % _SLICE_CHECK:
-                now = anyio.current_time()
+                now = self._now()
         self._pump()
         return works
 
@@ -162,7 +172,7 @@ class Executor:
         caller is cancelled meanwhile, the calls already queued are cancelled and awaited.
         """
         queue = self._queue
-        clock = anyio.current_time
+        clock = self._now
         now = clock()
         until = now + _SLICE
         names: dict[object, Resolution] = {}
@@ -202,7 +212,7 @@ class Executor:
         """
         self.check_open()
         if now is None:
-            now = anyio.current_time()
+            now = self._now()
         work = PendingCall(call, batch, now)
         batch._add(work)
         name = call.name
@@ -302,7 +312,7 @@ class Executor:
             keys = call_keys(entry, arguments)
         except KeyRuleError as exc:
             self.gate.withdraw(ticket)
-            work.settle(Ending.REJECTED, anyio.current_time(), f"invalid conflict keys: {exc}")
+            work.settle(Ending.REJECTED, self._now(), f"invalid conflict keys: {exc}")
             return
         work.resolve(entry)
         hooks = work.hooks
@@ -346,7 +356,7 @@ class Executor:
             work.waiting(None)
             if denial is not None:
                 self.gate.withdraw(ticket)
-                work.settle(Ending.DENIED, anyio.current_time(), denial)
+                work.settle(Ending.DENIED, self._now(), denial)
                 break
             entry = work.entry
             assert entry is not None
@@ -392,13 +402,13 @@ class Executor:
             )
         if denial is None:
             return False
-        work.settle(Ending.DENIED, anyio.current_time(), denial)
+        work.settle(Ending.DENIED, self._now(), denial)
         return True
 
     def cancel(self, works: Iterable[PendingCall]) -> None:
         """Cancel calls that have not ended: queued ones settle now, running ones are interrupted."""
         withdrew = False
-        now = anyio.current_time()
+        now = self._now()
         for work in works:
             if work.phase is Phase.SETTLED:
                 continue
@@ -469,7 +479,7 @@ class Executor:
         self._skipping = True
         withdrew = False
         try:
-            now = anyio.current_time()
+            now = self._now()
             works = batch._works
             for later in works[failed.position + 1 :]:
                 ticket = later.ticket
@@ -517,7 +527,7 @@ class Executor:
         while True:
             try:
                 if not self._open:
-                    work.settle(Ending.CLOSED, anyio.current_time())
+                    work.settle(Ending.CLOSED, self._now())
                 else:
                     await self._run_admitted(work)
             except anyio.get_cancelled_exc_class():
@@ -531,7 +541,7 @@ class Executor:
             except BaseException:
                 # KeyboardInterrupt, SystemExit (or a bug) ends the dispatcher's block: the call still gets
                 # its result, or a caller waiting for it, shielded, would wait forever.
-                work.settle(Ending.CLOSED, anyio.current_time())
+                work.settle(Ending.CLOSED, self._now())
                 raise
             finally:
                 done_sending()
@@ -543,10 +553,10 @@ class Executor:
                 self._pump()
             del work, ticket  # hold no finished call while the loop runs
             try:
-                await _absorb_stray()
+                await _absorb_stray(self._checkpoint)
             except BaseException:
                 if following is not None:  # the dispatcher is closing: the call taken ends with it
-                    following.item.settle(Ending.CLOSED, anyio.current_time())
+                    following.item.settle(Ending.CLOSED, self._now())
                     gate.finish(following)
                 raise
             if following is None:
@@ -555,7 +565,7 @@ class Executor:
 
     def _cut_short(self, work: PendingCall, closing: bool) -> None:
         """Settle a call whose task a cancellation ended before the call settled."""
-        now = anyio.current_time()
+        now = self._now()
         if closing:
             work.settle(Ending.CLOSED, now)
         elif work.cancel_requested:
@@ -583,47 +593,62 @@ class Executor:
         by another has a scope of its own, since a timed-out attempt must leave the call running.
         """
         if work.cancel_requested:
-            work.settle(Ending.CANCELLED, anyio.current_time(), "before it started")
+            work.settle(Ending.CANCELLED, self._now(), "before it started")
             return
         entry = work.entry
         assert entry is not None
         retry = self._retry
         state = work.state
-        with anyio.CancelScope() as scope:
+        recheck = state is not None and state.recheck
+        timeout = self._call_timeout
+        # Without an approval to ask at the start, nothing waits between here and the start: the call's
+        # only attempt gets its deadline as its scope is made (setting it afterwards costs as much again).
+        started = self._now()
+        once, keyed = self._once(entry, work)
+        deadline = started + timeout if once and timeout is not None and not recheck else math.inf
+        with self._cancel_scope(deadline=deadline) as scope:
             work.waiting(scope)
-            if state is not None and state.recheck and await self._approve_at_start(work):
-                return
-            if not work.start(started := anyio.current_time()):
+            if recheck:
+                if await self._approve_at_start(work):
+                    return
+                started = self._now()
+                once, keyed = self._once(entry, work)  # the idempotency keys may have changed meanwhile
+                if once and timeout is not None:
+                    scope.deadline = started + timeout
+            if not work.start(started):
                 return  # settled while it was on its way (its fleet hold lost)
             # The call's deadlines stop while a person answers its server's question (`_clock`).
             clock = start_clock(work.call)
-            # Only a call that carries its key is repeatable for its key (not one queued while its
-            # tool was read-only, which got none).
-            keyed = work.keyed and self._keyed(entry)
-            if retry is None or not eligible(retry, entry, keyed=keyed):
-                timeout = self._call_timeout
+            if once:
                 if timeout is not None:
-                    scope.deadline = started + timeout
                     clock.bound(scope)
                 last = await self._attempt(work, False, started, math.inf)
             else:
-                recheck = functools.partial(self._still_eligible, retry, entry, keyed)
+                assert retry is not None  # a call of a policy's retries has one
+                still = functools.partial(self._still_eligible, retry, entry, keyed)
                 # Read again as each repeat is sent, after any reconnect on its way (see `sent`).
-                work.repeat_check = recheck
-                retrier = Retrier(retry, self._budget(retry, entry.server), self._rng, entry.server, recheck=recheck)
+                work.repeat_check = still
+                retrier = Retrier(retry, self._budget(retry, entry.server), self._rng, entry.server, recheck=still)
                 last = await retrier.run(functools.partial(self._attempt, work, True), started)
             work.waiting(None)
-            work.ended(last.status, last.error, anyio.current_time(), result=last.result, untrusted=last.untrusted)
+            work.ended(last.status, last.error, self._now(), result=last.result, untrusted=last.untrusted)
             return
         # The scope was cancelled before the call settled: by `cancel`, or at its only attempt's deadline.
         work.waiting(None)
-        now = anyio.current_time()
+        now = self._now()
         if work.phase is not Phase.RUNNING:
             work.settle(Ending.CANCELLED, now, "while waiting for approval")
         elif work.cancel_requested:
             work.settle(Ending.CANCELLED, now)
         else:
             work.settle(Ending.TIMED_OUT, now, self._call_timeout)
+
+    def _once(self, entry: ToolEntry, work: PendingCall) -> tuple[bool, bool]:
+        """Whether a call gets one attempt only, and whether it is repeatable for its key (only a call
+        that carries its key is: not one queued while its tool was read-only, which got none)."""
+        keyed = work.keyed and self._keyed(entry)
+        retry = self._retry
+        return retry is None or not eligible(retry, entry, keyed=keyed), keyed
 
     def _still_eligible(self, policy: RetryPolicy, entry: ToolEntry, keyed: bool) -> str | None:
         """Why a call of `entry` may no longer be retried, reading its tool's entry again; None if it may."""
@@ -666,7 +691,7 @@ class Executor:
             # A final outcome (an answer in hand) goes straight to its settling, with no checkpoint
             # where a cancellation could replace the answer by "cancelled while running" (UNKNOWN);
             # the call's task absorbs a stray cancellation once the call has settled (`_run`).
-            await _absorb_stray()
+            await _absorb_stray(self._checkpoint)
         return outcome
 
     @staticmethod
@@ -690,7 +715,7 @@ class Executor:
         """Invoke the tool once, cut off at the call timeout or at `limit` (the retry deadline)."""
         call_timeout = self._call_timeout
         deadline = limit if call_timeout is None else min(limit, start + call_timeout)
-        with anyio.CancelScope(deadline=deadline) as scope:
+        with self._cancel_scope(deadline=deadline) as scope:
             clock = current_clock()
             if clock is not None:
                 clock.bound(scope)
@@ -708,7 +733,7 @@ class Executor:
         return Attempt(CallStatus.TIMEOUT, error=f"no result within call_timeout={call_timeout}s", transient=True)
 
 
-async def _absorb_stray() -> None:
+async def _absorb_stray(checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint) -> None:
     """Let a cancellation the tool left on its own task land here, and absorb it (asyncio only).
 
     A tool may cancel the task it runs in (`asyncio.current_task().cancel()`, now or scheduled with
@@ -720,7 +745,7 @@ async def _absorb_stray() -> None:
     not the tool's and propagates.
     """
     try:
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
     except anyio.get_cancelled_exc_class():
         if anyio.current_effective_deadline() == -math.inf:  # a scope around this task is cancelled
             raise
