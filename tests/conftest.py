@@ -7,7 +7,6 @@ figures, summed over pytest-xdist workers, tests/chaos/session.py's.
 from __future__ import annotations
 
 import gc
-import sys
 from typing import Any
 
 import pytest
@@ -43,8 +42,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     They live to the end of the session anyway; frozen, the cyclic collector stops walking them, so a
     `gc.collect()` (the benchmark smoke tests call one before each timed run, the memory tests many) costs
     about a millisecond instead of about 0.4 s of CPU. Objects the tests create are collected as before.
-    Only once hypothesis is imported (any large run imports it): its import checks with `gc.get_referrers`,
-    which does not see frozen objects, that the random generators it is handed are referenced elsewhere.
+    hypothesis is imported first (its pytest plugin imports it at the end of every run anyway): its import
+    checks with `gc.get_referrers`, which does not see frozen objects, that the random generators it is
+    handed are referenced elsewhere.
     """
-    if "hypothesis" in sys.modules:
-        gc.freeze()
+    import hypothesis  # noqa: F401
+
+    gc.freeze()
