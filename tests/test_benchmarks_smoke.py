@@ -233,6 +233,7 @@ def test_peers_without_the_extra_says_how_to_install_it(monkeypatch: pytest.Monk
         peers.run(peers.Config(calls=1, sleep_calls=1, repeat=1), QUIET)
 
 
+@pytest.mark.subprocess
 def test_report_json_and_plots(tmp_path: Path) -> None:
     """Results render as a table and are written as JSON with machine info, which reads back as the same run."""
     results = [batches.run(batches.Config(batches=5, repeat=1), QUIET)]
@@ -253,6 +254,7 @@ def test_report_json_and_plots(tmp_path: Path) -> None:
     assert save_plots(results, tmp_path) == []
 
 
+@pytest.mark.subprocess
 def test_quick_run_gives_no_verdicts(tmp_path: Path) -> None:
     """A quick run prints and saves the targets' figures but says neither met nor NOT MET."""
     results = [
@@ -282,6 +284,7 @@ def test_quick_run_gives_no_verdicts(tmp_path: Path) -> None:
     assert all(target["met"] is None for target in document["workloads"]["mcp"]["targets"])
 
 
+@pytest.mark.subprocess
 def test_results_never_land_in_tracked_files() -> None:
     """The default results directory is ignored by git, so `make bench` leaves the checkout unchanged."""
     git = shutil.which("git")
@@ -301,6 +304,7 @@ def test_results_never_land_in_tracked_files() -> None:
     assert tracked.stdout == "", tracked.stdout
 
 
+@pytest.mark.subprocess
 def test_command_line(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`python -m benchmarks --only overhead --repeat 1 --output DIR` prints the table and writes DIR only."""
     tiny(monkeypatch, "overhead", overhead.Config(calls=20))
@@ -311,6 +315,7 @@ def test_command_line(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkey
         main(["--only", "nonsense"])
 
 
+@pytest.mark.subprocess
 def test_quick_command_line_gives_no_verdicts(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

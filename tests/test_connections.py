@@ -151,6 +151,7 @@ async def test_in_process_server(mode: Mode) -> None:
 
 
 @MODES
+@pytest.mark.subprocess
 async def test_stdio_subprocess_crash_and_reconnect(mode: Mode, tmp_path: pathlib.Path) -> None:
     """A stdio server that dies mid-call: that call FAILS, and the next call starts a fresh process."""
     # Every process exits abruptly on its second tools/call; notes live in a folder across processes.
@@ -492,6 +493,7 @@ _GUIDE = pathlib.Path(SOURCE_ROOT) / "docs" / "mcp.md"
         ),
     ],
 )
+@pytest.mark.subprocess
 def test_the_guide_runs_as_written(index: int, expected: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """Each example of docs/mcp.md runs and prints what the guide says it prints."""
     blocks = re.findall(r"```python\n(.*?)```", _GUIDE.read_text(), re.DOTALL)
