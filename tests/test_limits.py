@@ -62,6 +62,7 @@ async def quiet(d: Dispatcher, server: str) -> int:
 
 @all_clocks()
 @MODES
+@pytest.mark.slow
 async def test_a_storm_costs_one_listing_per_interval_in_process(mode: Mode) -> None:
     """5,000 announcements spread over time cost at most one listing per interval, one at a time."""
     server = LimitsServer()
@@ -78,6 +79,7 @@ async def test_a_storm_costs_one_listing_per_interval_in_process(mode: Mode) -> 
 
 @pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
 @MODES
+@pytest.mark.slow
 async def test_slow_listings_take_a_bounded_share_of_the_time(mode: Mode) -> None:
     """A server whose listing takes 0.5 s, announcing for 10 s, is listed with a rest after each listing."""
     server = LimitsServer(list_delay=0.5)

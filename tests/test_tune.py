@@ -228,6 +228,7 @@ def test_doubling() -> None:
 
 @pytest.mark.anyio
 @virtual_time()
+@pytest.mark.slow
 async def test_recommendation_lands_at_the_saturation_knee() -> None:
     """A server that saturates at 8 in flight: throughput stops at 8 / latency, and 8 is recommended."""
     workspace = Workspace(latency=0.05, saturation=8)
