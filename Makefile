@@ -1,4 +1,5 @@
-# Entry points: `make bench` (the benchmark suite), `make test` (lint, types, tests), `make package-check`
+# Entry points: `make bench` (the benchmark suite), `make test` (lint, types, tests), `make test-quick` (the
+# tests that start no process, need no Redis and are not slow: the edit loop), `make package-check`
 # (the wheel, installed into a clean venv and run), `make demo` (a scripted agent loop against the example
 # server) and `make architecture` (docs/architecture.md, regenerated from the code).
 # Each creates .venv on first use and reinstalls only when pyproject.toml changes.
@@ -7,7 +8,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: architecture bench bench-quick demo test lint typecheck pytest stress package-check node-servers adk clean
+.PHONY: architecture bench bench-quick demo test test-quick lint typecheck pytest stress package-check node-servers adk clean
+
+# pytest-xdist workers for the suite. Most tests wait (servers starting, processes, timeouts) rather than
+# compute, so four workers beat two on a 2-core machine; `worksteal` evens out the files of long tests.
+# `make test WORKERS=0` runs it in one process. -rfE lists each failure and error at the end.
+WORKERS ?= 4
+PYTEST := $(BIN)/python -m pytest -q -rfE -n $(WORKERS) --dist worksteal
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,7 +47,11 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP) node-servers
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
+
+# The edit loop: the tests not marked subprocess, redis or slow (tests/README.md says what each means).
+test-quick: $(STAMP)
+	$(PYTEST) -m "not subprocess and not redis and not slow"
 
 # The reference MCP servers from npm that the tests run over stdio (server-everything), pinned in .ci/node
 # and installed into .node/; nothing is fetched once they are there.

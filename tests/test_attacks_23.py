@@ -396,6 +396,7 @@ async def _wait_for(condition: Callable[[], bool]) -> None:
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
+@pytest.mark.subprocess
 async def test_cancelling_a_batch_mid_send(transport: str, tmp_path: pathlib.Path) -> None:
     """Over stdio and HTTP: the write the server runs reads UNKNOWN, the write queued behind it NEVER_RAN."""
     calls = [
@@ -443,6 +444,7 @@ async def test_the_oracle_catches_a_key_sent_to_a_tool_that_drops_it(monkeypatch
     assert applied == ["x", "x"]  # what the test above checks never happens
 
 
+@pytest.mark.subprocess
 async def test_a_key_survives_a_server_process_killed_mid_write(tmp_path: pathlib.Path) -> None:
     """Over stdio, a keyed write whose server process is killed while it runs is retried on a fresh process
     with the same key (the ledgers of both processes show it)."""

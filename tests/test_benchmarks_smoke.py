@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -40,10 +41,20 @@ def check_well_formed(result: WorkloadResult) -> None:
     json.dumps(result.to_json())
 
 
+def tiny(monkeypatch: pytest.MonkeyPatch, name: str, config: object) -> None:
+    """Give the command line's workload `name` a small `config` for both its full and its quick run.
+
+    The command-line tests check the command line (its options, its output, what it writes); the full and
+    quick sizes are run by make bench and make bench-quick (which CI runs).
+    """
+    monkeypatch.setitem(WORKLOADS, name, dataclasses.replace(WORKLOADS[name], full=config, quick=config))
+
+
 def medians(result: WorkloadResult, case: str) -> dict[str, float]:
     return {row.variant: row.stat.median for row in result.rows if row.case == case}
 
 
+@pytest.mark.slow
 def test_overhead() -> None:
     """The overhead workload times the dispatcher and every reference on both backends."""
     result = overhead.run(overhead.Config(calls=20, repeat=1), QUIET)
@@ -81,6 +92,7 @@ def test_parallel_reads_never_beat_the_ideal() -> None:
     assert [point["limit"] for point in result.series["makespan"]] == [2, "none"]
 
 
+@pytest.mark.slow
 def test_mixed_turns_order_the_strategies() -> None:
     """Mixed turns: all-at-once <= dispatcher, the dispatcher never beats the ideal, serial is slowest."""
     # Two wall-clock runs are compared: 50 ms calls keep the strategies about 150 ms apart, and the median
@@ -128,6 +140,7 @@ def test_many_small_batches() -> None:
     assert [target.threshold for target in result.targets] == [1.0, 1.0]
 
 
+@pytest.mark.slow
 def test_scale_reports_time_and_memory_per_call() -> None:
     """The scale workload gives time per call for each size and a positive memory figure per call."""
     config = scale.Config(sizes=(10, 1000, 1500), repeat=1, min_calls_per_sample=10, backends=("asyncio",))
@@ -150,6 +163,7 @@ def test_scale_reports_time_and_memory_per_call() -> None:
     ]
 
 
+@pytest.mark.slow
 def test_executors_compares_with_the_workers_and_with_another_run(tmp_path: Path) -> None:
     """The executors benchmark measures the dispatcher and the 16 workers on both backends, and renders a
     run beside another one (--json / --against)."""
@@ -168,6 +182,7 @@ def test_executors_compares_with_the_workers_and_with_another_run(tmp_path: Path
     assert beside.count("| asyncio |") == 6 and "Other run:" in beside
 
 
+@pytest.mark.slow
 def test_through_mcp_compares_at_the_same_concurrency() -> None:
     """In-process MCP: every target compares the dispatcher with direct calls at its own concurrency."""
     config = through_mcp.Config(
@@ -188,6 +203,7 @@ def test_through_mcp_compares_at_the_same_concurrency() -> None:
     assert all(t.threshold == 1.05 and "min-max" in t.detail for t in result.targets)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(peers.missing() is not None, reason=f"the peers workload {peers.missing()}")
 def test_peers() -> None:
     """The peers workload runs the same calls through every framework and reports each as a ratio to the dispatcher."""
@@ -217,6 +233,7 @@ def test_peers_without_the_extra_says_how_to_install_it(monkeypatch: pytest.Monk
         peers.run(peers.Config(calls=1, sleep_calls=1, repeat=1), QUIET)
 
 
+@pytest.mark.subprocess
 def test_report_json_and_plots(tmp_path: Path) -> None:
     """Results render as a table and are written as JSON with machine info, which reads back as the same run."""
     results = [batches.run(batches.Config(batches=5, repeat=1), QUIET)]
@@ -237,6 +254,7 @@ def test_report_json_and_plots(tmp_path: Path) -> None:
     assert save_plots(results, tmp_path) == []
 
 
+@pytest.mark.subprocess
 def test_quick_run_gives_no_verdicts(tmp_path: Path) -> None:
     """A quick run prints and saves the targets' figures but says neither met nor NOT MET."""
     results = [
@@ -266,6 +284,7 @@ def test_quick_run_gives_no_verdicts(tmp_path: Path) -> None:
     assert all(target["met"] is None for target in document["workloads"]["mcp"]["targets"])
 
 
+@pytest.mark.subprocess
 def test_results_never_land_in_tracked_files() -> None:
     """The default results directory is ignored by git, so `make bench` leaves the checkout unchanged."""
     git = shutil.which("git")
@@ -285,8 +304,10 @@ def test_results_never_land_in_tracked_files() -> None:
     assert tracked.stdout == "", tracked.stdout
 
 
-def test_command_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+@pytest.mark.subprocess
+def test_command_line(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`python -m benchmarks --only overhead --repeat 1 --output DIR` prints the table and writes DIR only."""
+    tiny(monkeypatch, "overhead", overhead.Config(calls=20))
     main(["--only", "overhead", "--repeat", "1", "--output", str(tmp_path / "out")])
     assert "us/call" in capsys.readouterr().out
     assert (tmp_path / "out" / "latest.json").is_file()
@@ -294,8 +315,12 @@ def test_command_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Non
         main(["--only", "nonsense"])
 
 
-def test_quick_command_line_gives_no_verdicts(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.subprocess
+def test_quick_command_line_gives_no_verdicts(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`--quick` says on stderr and on the report's first screen that it gives no verdicts, and gives none."""
+    tiny(monkeypatch, "batches", batches.Config(batches=20))
     main(["--quick", "--only", "batches", "--repeat", "1", "--no-save"])
     captured = capsys.readouterr()
     assert NO_VERDICTS in captured.err

@@ -107,6 +107,7 @@ async def test_demo_writes_the_session_as_a_chrome_trace(tmp_path: Path) -> None
     assert lines[-1].endswith(str(path))
 
 
+@pytest.mark.subprocess
 def test_make_demo_runs_the_module() -> None:
     """`python -m dispatcher.examples.demo` runs to the model's last word, on either backend."""
     done = subprocess.run(

@@ -233,6 +233,7 @@ async def test_the_note_stays_outside_the_untrusted_wrapper() -> None:
 # Over stdio and HTTP -----------------------------------------------------------------------------
 
 
+@pytest.mark.subprocess
 async def test_a_timeout_mid_call_over_stdio_is_unknown(tmp_path: pathlib.Path) -> None:
     """Over stdio, a write cut off by the call timeout reads UNKNOWN, and the server's ledger shows it started."""
     ledger = tmp_path / "ledger.jsonl"
@@ -243,6 +244,7 @@ async def test_a_timeout_mid_call_over_stdio_is_unknown(tmp_path: pathlib.Path) 
     assert started(ledger) == ["append_note"]
 
 
+@pytest.mark.subprocess
 async def test_a_server_that_dies_mid_call_is_unknown(tmp_path: pathlib.Path) -> None:
     """Over stdio, a server that exits on receiving a write: FAILED, UNKNOWN; the next call reconnects and runs."""
     ledger = tmp_path / "ledger.jsonl"
@@ -258,6 +260,7 @@ async def test_a_server_that_dies_mid_call_is_unknown(tmp_path: pathlib.Path) ->
     assert after.effect is Effect.RAN
 
 
+@pytest.mark.subprocess
 async def test_a_timeout_mid_call_over_http_is_unknown(tmp_path: pathlib.Path) -> None:
     """Over streamable HTTP, a write cut off by the call timeout reads UNKNOWN; a read on the same server RAN."""
     async with HttpWorkspace(tmp_path / "ledger.jsonl", "--latency", "30") as server, Dispatcher(call_timeout=2.0) as d:

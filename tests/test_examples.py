@@ -397,6 +397,7 @@ def test_cli_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
 # -- transports --------------------------------------------------------------------------------
 
 
+@pytest.mark.subprocess
 async def test_stdio_subprocess(tmp_path: pathlib.Path) -> None:
     """The workspace runs as a stdio subprocess, with its knobs and folder set from the command line."""
     params = StdioServerParameters(
@@ -451,6 +452,7 @@ async def test_serve_http_answers_without_delayed_ack_stalls() -> None:
     assert min(durations) < 0.035, sorted(durations)
 
 
+@pytest.mark.subprocess
 async def test_http_subprocess_prints_its_url() -> None:
     """With --http --port 0 the process prints MCP_URL=... and serves there until terminated."""
     command = [sys.executable, "-m", "dispatcher.examples.workspace", "--http", "--port", "0"]

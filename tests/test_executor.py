@@ -188,6 +188,7 @@ def _call_tasks() -> int:
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 @pytest.mark.parametrize("limit", [1, 16])
+@pytest.mark.slow
 async def test_a_long_batch_has_no_more_call_tasks_than_its_limit(anyio_backend: Any, limit: int) -> None:
     """20,000 calls that never wait, and as many that wait a turn: only admitted calls get a task, so the
     tasks of calls never outnumber max_concurrency, however long the batch (twice it at most for one turn

@@ -464,6 +464,7 @@ def test_names_uris_and_mime_types_in_descriptions_stay_on_one_line() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.subprocess
 async def test_over_stdio_definitions_are_marked_and_media_stay_inside() -> None:
     """The same server as a stdio subprocess: marked definitions, and the PDF inside the Anthropic wrapper."""
     async with poisoned(server=poisoned_server.stdio()) as dispatcher:

@@ -133,6 +133,7 @@ def _server() -> MCPServer[Any]:
     return server
 
 
+@pytest.mark.slow
 async def test_a_finished_batch_of_local_calls_is_freed_by_reference_counting() -> None:
     """OK, tool-error, failed, timed-out and retried local calls leave nothing for the cyclic collector."""
     retry = RetryPolicy(attempts=2, wait_initial=0.0, wait_max=0.0, jitter=False)

@@ -66,6 +66,7 @@ async def first_turn(
 
 @TRANSPORTS
 @pytest.mark.parametrize("per_batch", [False, True], ids=["dispatcher-guard", "batch-guard"])
+@pytest.mark.subprocess
 async def test_an_untrusted_catalogue_trips_the_guard_in_the_first_turn(transport: Transport, per_batch: bool) -> None:
     """Read private data, then an open-world write, in the first batch: the write is asked, naming the server."""
     statuses, asked, guard = await first_turn(transport, per_batch=per_batch)
@@ -78,6 +79,7 @@ async def test_an_untrusted_catalogue_trips_the_guard_in_the_first_turn(transpor
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_a_trusted_server_definitions_do_not_trip_the_guard(transport: Transport) -> None:
     """The same turn with the server trusted: its definitions are the user's choice, the write runs unasked."""
     statuses, asked, guard = await first_turn(transport, trusted=True)
@@ -143,6 +145,7 @@ def test_note_catalogue_counts_untrusted_servers_only() -> None:
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_the_poisoned_weather_tool_cannot_take_the_notes_unasked(transport: Transport) -> None:
     """weather's description asks for every note in `context`: after the read, the call to it is asked first."""
     hostile = HostileServer()

@@ -92,6 +92,7 @@ async def following(client: Client, *, task_status: Any = anyio.TASK_STATUS_IGNO
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_weather_is_poisoned_at_first_sight(transport: Transport) -> None:
     """The first listing already carries the injection, in the description, title and argument description."""
     async with Client(target(HostileServer(), transport)) as client:
@@ -135,6 +136,7 @@ def check_pdf(data: bytes) -> str:
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_media_are_valid_files_that_carry_an_injection(transport: Transport) -> None:
     """`media` answers a well-formed PNG and PDF saying the injection, the PDF under a hostile file name."""
     async with Client(target(HostileServer(), transport)) as client:
@@ -158,6 +160,7 @@ async def test_media_are_valid_files_that_carry_an_injection(transport: Transpor
 
 @TRANSPORTS
 @MODES
+@pytest.mark.subprocess
 async def test_a_new_poisoned_tool_appears_mid_session_and_is_announced(transport: Transport, mode: str) -> None:
     """mutate(change="new") adds `helper`, an injection in its description, and announces tools/list_changed."""
     changes = Changes()
@@ -176,6 +179,7 @@ async def test_a_new_poisoned_tool_appears_mid_session_and_is_announced(transpor
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_a_new_poisoned_tool_appears_between_runs(transport: Transport, tmp_path: Path) -> None:
     """With a state file, the first run offers no `helper`; every later run lists it from the start."""
     state = tmp_path / "runs"
@@ -198,6 +202,7 @@ async def test_a_new_poisoned_tool_appears_between_runs(transport: Transport, tm
 
 @TRANSPORTS
 @MODES
+@pytest.mark.subprocess
 async def test_flood_is_a_storm_of_list_changed(transport: Transport, mode: str) -> None:
     """flood(count) sends that many tools/list_changed for nothing changed (legacy: each one arrives)."""
     hostile, changes = HostileServer(), Changes()
@@ -225,6 +230,7 @@ async def test_flood_is_a_storm_of_list_changed(transport: Transport, mode: str)
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_many_lists_a_huge_catalogue_of_callable_tools(transport: Transport) -> None:
     """many=5000 lists 5,000 more tools in one answer, each callable."""
     async with Client(target(HostileServer(many=5000), transport)) as client:
@@ -237,6 +243,7 @@ async def test_many_lists_a_huge_catalogue_of_callable_tools(transport: Transpor
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_churn_renames_tools_at_every_listing(transport: Transport) -> None:
     """Each listing offers new churn_* names; only the latest ones answer."""
     hostile = HostileServer(churn=True)
@@ -279,6 +286,7 @@ async def test_announce_changes_a_tool_when_the_test_says(mode: str) -> None:
     assert accepted.description is not None and "evil.example" in accepted.description
 
 
+@pytest.mark.subprocess
 async def test_a_change_during_an_approval_over_stdio() -> None:
     """Over stdio the test's hook calls mutate through the same client: each description is a new definition."""
     async with Client(target(HostileServer(), "stdio")) as client:
@@ -318,6 +326,7 @@ async def test_on_list_holds_the_listing_so_the_hostile_server_wins_or_loses_a_r
     assert hostile.listings == 1
 
 
+@pytest.mark.subprocess
 async def test_both_servers_offer_the_bare_name_over_stdio() -> None:
     """Connected at once, the hostile subprocess offers the bank's bare and qualified names as its own."""
     from .test_security_names import Bank

@@ -204,6 +204,7 @@ async def test_the_conflict_domain_shows_in_the_report() -> None:
     assert lines[3].split()[11] == "notes"
 
 
+@pytest.mark.subprocess
 def test_cli_domain_option(capsys: pytest.CaptureFixture[str]) -> None:
     """`inspect --domain D --json` registers the server under that domain and says so for every tool."""
     argv = ["inspect", "--stdio", WORKSPACE, "--env", PYTHONPATH, "--domain", "notes", "--json"]
@@ -229,6 +230,7 @@ def test_table_rendering() -> None:
 # The command line ------------------------------------------------------------------------------
 
 
+@pytest.mark.subprocess
 def test_cli_stdio_json(capsys: pytest.CaptureFixture[str]) -> None:
     """`inspect --stdio CMD --json` prints a JSON report of the subprocess server's tools."""
     status = main(["inspect", "--stdio", WORKSPACE, "--env", PYTHONPATH, "--trusted", "--json", "--mode", "legacy"])
@@ -304,6 +306,7 @@ def test_cli_usage(capsys: pytest.CaptureFixture[str]) -> None:
     assert "one of the arguments --stdio --url is required" in capsys.readouterr().err
 
 
+@pytest.mark.subprocess
 def test_console_script_and_module_entry_point() -> None:
     """`dispatcher` is a console script for the same main, and `python -m dispatcher` runs it too."""
     pyproject = tomllib.loads((pathlib.Path(SOURCE_ROOT) / "pyproject.toml").read_text())
@@ -337,6 +340,7 @@ async def test_what_a_server_sends_cannot_drive_the_terminal() -> None:
     assert "'look\\x1b[31mup'" in text  # in the invalid-name warning, escaped
 
 
+@pytest.mark.subprocess
 def test_the_cli_package_surface() -> None:
     """`dispatcher.cli` exports the command line, inspect and machine_info; tune stays in dispatcher.tuning."""
     import dispatcher.cli
@@ -462,6 +466,7 @@ async def test_against_an_earlier_report_says_which_parts_changed() -> None:
     assert not unchanged.differs and "every tool unchanged" in render_table(unchanged)
 
 
+@pytest.mark.subprocess
 def test_cli_pins_between_runs_over_stdio(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A stdio server that adds a poisoned tool on its second run: inspect --pins says so and exits 3."""
     state, report = tmp_path / "runs", tmp_path / "report.json"
@@ -578,6 +583,7 @@ def test_override_items_parse_into_add_mcp_server_overrides() -> None:
         parse_overrides(["a=readOnly", "a=idempotent"])
 
 
+@pytest.mark.subprocess
 def test_cli_override_for_inspect(capsys: pytest.CaptureFixture[str]) -> None:
     """`inspect --override` over stdio: the JSON shows the tool concurrent; a bad item exits 2."""
     argv = ["inspect", "--stdio", WORKSPACE, "--env", PYTHONPATH, "--json"]

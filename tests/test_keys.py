@@ -356,6 +356,7 @@ async def test_the_fail_fast_count_catches_dependents_that_ran(monkeypatch: pyte
 
 @pytest.mark.parametrize("transport", ["in-process", "stdio"])
 @pytest.mark.parametrize("how", ["accept_changes", "on_definition_change"])
+@pytest.mark.subprocess
 async def test_a_queued_read_whose_tool_turns_destructive_waits_its_exclusive_turn_and_is_approved(
     transport: str, how: str, tmp_path: pathlib.Path
 ) -> None:

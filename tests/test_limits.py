@@ -62,6 +62,7 @@ async def quiet(d: Dispatcher, server: str) -> int:
 
 @all_clocks()
 @MODES
+@pytest.mark.slow
 async def test_a_storm_costs_one_listing_per_interval_in_process(mode: Mode) -> None:
     """5,000 announcements spread over time cost at most one listing per interval, one at a time."""
     server = LimitsServer()
@@ -78,6 +79,7 @@ async def test_a_storm_costs_one_listing_per_interval_in_process(mode: Mode) -> 
 
 @pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
 @MODES
+@pytest.mark.slow
 async def test_slow_listings_take_a_bounded_share_of_the_time(mode: Mode) -> None:
     """A server whose listing takes 0.5 s, announcing for 10 s, is listed with a rest after each listing."""
     server = LimitsServer(list_delay=0.5)
@@ -97,6 +99,7 @@ async def test_slow_listings_take_a_bounded_share_of_the_time(mode: Mode) -> Non
 
 
 @MODES
+@pytest.mark.subprocess
 async def test_a_storm_over_stdio_costs_one_listing_per_interval(mode: Mode) -> None:
     """Over stdio too, a storm of announcements is listed at a bounded rate."""
     async with Dispatcher() as d:
@@ -110,6 +113,7 @@ async def test_a_storm_over_stdio_costs_one_listing_per_interval(mode: Mode) -> 
 
 
 @HTTP_MODES
+@pytest.mark.slow
 async def test_a_storm_over_http_leaves_other_servers_calls_alone(mode: Mode) -> None:
     """A storm from one HTTP server is listed at a bounded rate while a batch on another server runs through."""
     stormy = LimitsServer()
@@ -154,6 +158,7 @@ def target(transport: Transport, *options: str, **kwargs: int) -> Any:
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_misspelt_names_against_a_huge_catalogue_cost_bounded_work(
     transport: Transport, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -213,6 +218,7 @@ async def test_a_huge_name_is_suggested_for_from_its_start() -> None:
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_a_churning_server_keeps_names_and_tombstones_bounded(transport: Transport) -> None:
     """Each listing a fresh set of 200 names: tombstones stay at MAX_TOMBSTONES, the oldest dropped."""
     async with Dispatcher() as d:
@@ -273,6 +279,7 @@ async def check_answer_cap(d: Dispatcher, name: str) -> None:
 
 
 @MODES
+@pytest.mark.subprocess
 async def test_an_answer_over_the_cap_fails_alone_over_stdio(mode: Mode) -> None:
     """Over stdio, an answer larger than max_answer_bytes fails that call alone; the process keeps serving."""
     async with Dispatcher() as d:
@@ -289,6 +296,7 @@ async def test_an_answer_over_the_cap_fails_alone_over_http(mode: Mode) -> None:
 
 
 @MODES
+@pytest.mark.subprocess
 async def test_a_notification_over_the_cap_is_dropped_over_stdio(mode: Mode) -> None:
     """A huge log notification is dropped; the call that sent it gets its answer."""
     async with Dispatcher() as d:
@@ -297,6 +305,7 @@ async def test_a_notification_over_the_cap_is_dropped_over_stdio(mode: Mode) -> 
     assert result.ok and texts([result]) == ["shouted"]
 
 
+@pytest.mark.subprocess
 async def test_a_tool_list_over_the_cap_fails_connect_with_a_clear_error() -> None:
     """A listing page larger than the cap is refused: connect says why."""
     from dispatcher import ServerConnectionError
@@ -306,6 +315,7 @@ async def test_a_tool_list_over_the_cap_fails_connect_with_a_clear_error() -> No
             await d.connect("many", stdio("--many"), max_answer_bytes=100_000)
 
 
+@pytest.mark.subprocess
 async def test_without_a_cap_the_answer_comes_through() -> None:
     """The oracle: with max_answer_bytes=None the same answer reaches the caller, so the check above is the cap's."""
     async with Dispatcher() as d:
@@ -314,6 +324,7 @@ async def test_without_a_cap_the_answer_comes_through() -> None:
     assert result.ok and len(texts([result])[0]) == 200_000
 
 
+@pytest.mark.subprocess
 async def test_the_default_cap_admits_a_megabyte_and_is_validated() -> None:
     """The default (16 MiB) lets ordinary large answers through; a cap that is not an int >= 1024 is refused."""
     from dispatcher import ConfigurationError

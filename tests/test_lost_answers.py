@@ -97,6 +97,7 @@ def check(results: list[ToolResult], lines: list[str], keyed: bool, rate: float)
 
 @pytest.mark.parametrize("keyed", [True, False], ids=["keys", "no-keys"])
 @pytest.mark.parametrize("rate", [0.1, 0.3])
+@pytest.mark.subprocess
 async def test_lost_answers_over_stdio(rate: float, keyed: bool) -> None:
     """Over stdio: with keys, each write applied once; without, none repeated and every lost one UNKNOWN."""
     async with Dispatcher(retry=RETRY, call_timeout=30) as d:
@@ -105,6 +106,7 @@ async def test_lost_answers_over_stdio(rate: float, keyed: bool) -> None:
 
 
 @pytest.mark.parametrize("keyed", [True, False], ids=["keys", "no-keys"])
+@pytest.mark.subprocess
 async def test_lost_answers_over_http(tmp_path: pathlib.Path, keyed: bool) -> None:
     """Over streamable HTTP, at 30% lost answers: the same guarantees."""
     async with HttpWorkspace(tmp_path / "ledger.jsonl", *options(0.3, keyed, seed=5)) as server:

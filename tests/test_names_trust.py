@@ -58,6 +58,7 @@ ORDERS = pytest.mark.parametrize("order", ["hostile-first", "bank-first", "concu
 
 @TRANSPORTS
 @ORDERS
+@pytest.mark.subprocess
 async def test_an_untrusted_server_never_holds_a_bare_name_the_bank_offers(transport: Transport, order: str) -> None:
     """Whatever the order or timing of connect, `transfer` never reaches the untrusted server's tool."""
     bank = Bank()
@@ -87,6 +88,7 @@ async def test_an_untrusted_server_never_holds_a_bare_name_the_bank_offers(trans
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_a_trusted_tool_listed_later_withdraws_the_bare_name(transport: Transport) -> None:
     """A trusted server that adds `transfer` after the untrusted one took the name makes it unusable, not the bank's."""
     bank = Bank()
@@ -171,6 +173,7 @@ async def test_the_oracle_catches_an_untrusted_bare_name(monkeypatch: pytest.Mon
 
 @TRANSPORTS
 @ORDERS
+@pytest.mark.subprocess
 async def test_qualified_names_do_not_depend_on_order(transport: Transport, order: str) -> None:
     """With qualified_names=True every MCP tool is server__tool, whatever the order; local functions keep theirs."""
     bank = Bank()

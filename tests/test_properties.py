@@ -50,6 +50,7 @@ def check_order(calls: list[ToolCall], recorder: Recorder) -> None:
     limit_a=st.one_of(st.none(), st.integers(1, 2)),
     trusted_b=st.booleans(),
 )
+@pytest.mark.slow
 async def test_random_batches_keep_every_invariant(
     anyio_backend: Any, specs: list[tuple[str, str, int]], limit: int | None, limit_a: int | None, trusted_b: bool
 ) -> None:

@@ -287,6 +287,7 @@ def test_settings_are_checked() -> None:
 
 
 @MODES
+@pytest.mark.subprocess
 async def test_over_stdio_each_question_names_the_calls_it_may_be(
     mode: Literal["auto", "legacy"], virtual_clock: bool, anyio_backend_name: str
 ) -> None:

@@ -44,6 +44,7 @@ def _loud(report: dict[str, Any], stderr: str) -> list[str]:
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.subprocess
 def test_the_example_server_and_a_dispatcher_leave_logging_alone(backend: str) -> None:
     """Root level and handlers, SDK loggers unchanged; no INFO record reaches the root; nothing on stderr."""
     report, stderr = _probe(backend)
@@ -52,6 +53,7 @@ def test_the_example_server_and_a_dispatcher_leave_logging_alone(backend: str) -
     assert _loud(report, stderr) == []
 
 
+@pytest.mark.subprocess
 def test_the_check_catches_a_server_that_configures_the_root_logger() -> None:
     """A bare MCPServer() sets the root to INFO with a handler: the same check then fails."""
     report, stderr = _probe("asyncio", "--unguarded")

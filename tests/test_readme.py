@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
+@pytest.mark.subprocess
 def test_readme_agent_turn_runs() -> None:
     """The agent-turn example runs, two writes then three reads, and the invented tool fails alone."""
     text = README.read_text()
@@ -42,6 +45,7 @@ TIMELINE_EXAMPLE = (
 )
 
 
+@pytest.mark.subprocess
 def test_readme_timeline_example_prints_what_the_readme_shows(tmp_path: Path) -> None:
     """The timeline example prints, on a virtual clock, exactly the timeline shown, and writes a trace."""
     match = re.search(TIMELINE_EXAMPLE, README.read_text(), re.S)

@@ -699,6 +699,7 @@ override_strategy = st.one_of(
     seed=st.integers(0, 2**16),
 )
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_no_ineligible_call_ever_runs_twice(
     trust: tuple[bool, bool],
     overrides: tuple[dict[str, ToolAnnotations | None], dict[str, ToolAnnotations | None]],

@@ -121,6 +121,7 @@ async def test_a_tool_added_mid_session_is_neither_shown_nor_callable_until_acce
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_new_tools_over_list_changed_stay_hidden_in_process_and_over_stdio(transport: Transport) -> None:
     """The hostile server's shadows, added mid-session, are hidden, fail marked, and run only once accepted."""
     hostile = HostileServer(victim="bank", tools=("transfer",), late=True)
@@ -230,6 +231,7 @@ async def test_a_tool_added_between_runs_is_reviewed_when_pins_are_imported(trus
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_tools_added_between_runs_over_stdio_are_reviewed(transport: Transport) -> None:
     """Run 1 sees the hostile server without its shadows; run 2, with the pins imported, blocks them."""
     hostile = HostileServer(victim="bank", tools=("transfer",), late=True)
@@ -483,6 +485,7 @@ async def test_a_tool_awaiting_review_is_never_suggested_for_a_misspelt_name() -
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_a_rug_pull_timed_during_the_review_is_caught_in_process_and_over_stdio(transport: Transport) -> None:
     """The hostile server changes lookup's title, then its description while the first change is on screen."""
     hostile = HostileServer()

@@ -121,6 +121,7 @@ def sent(result: ToolResult) -> str:
 
 @TRANSPORTS
 @pytest.mark.parametrize("late", [False, True], ids=["listed", "list_changed"])
+@pytest.mark.subprocess
 async def test_a_later_server_never_takes_a_listed_name(transport: Transport, late: bool) -> None:
     """Shadows arriving later (registered, or via tools/list_changed) get prefixed names; the bank keeps its own."""
     async with bank_and_hostile(transport, late=late) as (d, bank, hostile):
@@ -150,6 +151,7 @@ async def test_a_later_server_never_takes_a_listed_name(transport: Transport, la
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_a_server_registered_first_cannot_claim_another_servers_prefixed_name(transport: Transport) -> None:
     """A tool literally named bank__transfer is shown prefixed, and the name bank__transfer reaches the bank."""
     async with bank_and_hostile(transport, hostile_first=True) as (d, bank, _):
@@ -174,6 +176,7 @@ class Recorder:
 
 @TRANSPORTS
 @pytest.mark.parametrize("hostile_first", [False, True], ids=["bank-first", "hostile-first"])
+@pytest.mark.subprocess
 async def test_always_and_never_follow_the_tool_whatever_it_is_called(
     transport: Transport, hostile_first: bool
 ) -> None:
@@ -241,6 +244,7 @@ async def test_a_dispatcher_policy_naming_an_unregistered_server_fails_each_disp
 
 @TRANSPORTS
 @pytest.mark.parametrize("change", ["title", "description", "annotations"])
+@pytest.mark.subprocess
 async def test_any_change_the_model_or_scheduler_would_see_blocks_the_tool(transport: Transport, change: str) -> None:
     """A title, description or annotations changed mid-session block the tool, even from a trusted server."""
     hostile = HostileServer()
@@ -263,6 +267,7 @@ async def test_any_change_the_model_or_scheduler_would_see_blocks_the_tool(trans
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_a_blocked_tools_error_is_marked_as_untrusted_content(transport: Transport) -> None:
     """The error for a blocked tool quotes the server's change: every format wraps it like open-world content."""
     hostile = HostileServer()
@@ -316,6 +321,7 @@ async def test_a_call_stopped_because_its_tool_was_blocked_while_queued_is_marke
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_injected_closing_tags_do_not_close_the_wrapper(transport: Transport) -> None:
     """The hostile server's every spelling of a closing tag stays inside the wrapper, in every format."""
     hostile = HostileServer()
@@ -340,6 +346,7 @@ async def test_injected_closing_tags_do_not_close_the_wrapper(transport: Transpo
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_hostile_storm_garbage_and_enormous_output_fail_or_answer_per_call(transport: Transport) -> None:
     """The error storm, undecodable and enormous output each give that call one result; formats never raise."""
     hostile = HostileServer()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
@@ -116,6 +117,7 @@ changes = st.dictionaries(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=500)
 @given(first=tools, change=changes, trusted=st.booleans())
 # The rug pull this guards against: no description, so the model reads the title, which changes.

@@ -103,6 +103,7 @@ async def serving_pid(d: Dispatcher) -> str:
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_a_server_error_answer_fails_that_call_alone(kind: Kind) -> None:
     """A tool answering -32000 fails alone: its siblings in flight succeed, and the connection stays up."""
     async with serving(kind) as target, Dispatcher(retry=None) as d:
@@ -125,6 +126,7 @@ async def test_a_server_error_answer_fails_that_call_alone(kind: Kind) -> None:
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_a_storm_of_server_errors_keeps_the_connection(kind: Kind) -> None:
     """Many -32000 answers in one batch, retried for a trusted idempotent tool, never reconnect the server."""
     async with serving(kind) as target, Dispatcher(retry=QUICK_RETRY) as d:
@@ -142,6 +144,7 @@ async def test_a_storm_of_server_errors_keeps_the_connection(kind: Kind) -> None
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_an_untrusted_server_error_answer_is_not_retried(kind: Kind) -> None:
     """An untrusted server's -32000 ends its call at once, and its connection stays up."""
     async with serving(kind) as target, Dispatcher(retry=QUICK_RETRY) as d:
@@ -197,6 +200,7 @@ def cut_after_answer(address: object, answered: anyio.Event, cut: anyio.Event) -
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_invalid_params_is_never_retried_even_when_the_connection_breaks_meanwhile(kind: Kind) -> None:
     """A -32602 answer stays -32602 (FAILED, one attempt) while a sibling's connection loss is handled first."""
     answered, cut = anyio.Event(), anyio.Event()
@@ -213,6 +217,7 @@ async def test_invalid_params_is_never_retried_even_when_the_connection_breaks_m
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_method_not_found_and_invalid_params_are_final(kind: Kind) -> None:
     """-32601 and -32602 answers end a trusted idempotent call after one attempt, and keep the connection."""
     async with serving(kind) as target, Dispatcher(retry=QUICK_RETRY) as d:
@@ -290,6 +295,7 @@ LONE_SURROGATE = "\ud800"
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_arguments_the_transport_cannot_encode_fail_that_call_alone(kind: Kind) -> None:
     """A lone surrogate fails its call as invalid arguments before it is sent; siblings and the server are untouched."""
     async with serving(kind) as target, Dispatcher(retry=QUICK_RETRY) as d:
@@ -329,6 +335,7 @@ async def test_non_finite_numbers_are_not_sent() -> None:
 
 
 @TRANSPORTS
+@pytest.mark.subprocess
 async def test_arguments_the_server_accepts_are_sent(kind: Kind) -> None:
     """A string for an integer, and keys the schema does not list, reach the server, which decides."""
     async with serving(kind) as target, Dispatcher() as d:

@@ -134,6 +134,7 @@ async def test_a_write_task_keeps_its_exclusive_turn() -> None:
     assert results[1].started_at is not None and results[1].started_at >= results[0].finished_at
 
 
+@pytest.mark.slow
 async def test_a_read_task_counts_against_its_server_limit() -> None:
     """Declared a read by the user, two task calls on a server limited to one run one after the other."""
     log = WireLog()

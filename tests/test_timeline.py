@@ -290,7 +290,8 @@ def _check_trace_shape(trace: dict[str, Any]) -> list[dict[str, Any]]:
     return list(events)
 
 
-async def test_chrome_trace_of_a_session() -> None:
+@BACKENDS
+async def test_chrome_trace_of_a_session(virtual_clock: bool) -> None:
     """A session's trace: one process per batch, one named thread per call, run and wait spans in µs."""
     (first, second), recorded = await _run_turns(TURN, TURN[1:3])
     for timeline in (Timeline.from_results(first, second), Timeline.from_events(*recorded)):
@@ -302,13 +303,20 @@ async def test_chrome_trace_of_a_session() -> None:
         runs = [e for e in events if e["ph"] == "X" and e["cat"] != "wait"]
         assert len(runs) == 7  # every call that ran, in both batches
         c1 = next(e for e in runs if e["args"]["call_id"] == "c1")
-        assert c1["ts"] < 100_000 and c1["dur"] == pytest.approx(LATENCY * 1e6, rel=0.9)
+        if virtual_clock:  # exact: c1 starts the session and runs its latency
+            assert c1["ts"] == pytest.approx(0, abs=1) and c1["dur"] == pytest.approx(LATENCY * 1e6, abs=1)
+        else:  # a loaded machine delays a start and stretches a run (seen: 98 ms for 50), never shortens one
+            assert c1["ts"] < 2_000_000 and LATENCY * 1e6 * 0.9 <= c1["dur"] < LATENCY * 1e6 + 2_000_000
         waits = [e for e in events if e.get("cat") == "wait"]
         assert {e["args"]["call_id"] for e in waits} >= {"c2", "c3", "c4", "c5"}
         never = [e for e in events if e["ph"] == "i" and e["args"].get("call_id") == "c6"]
         assert [e["cat"] for e in never] == ["failed"]
-        # The second batch is on the same clock, after the first.
-        assert min(e["ts"] for e in runs if e["pid"] == 2) > max(e["ts"] + e["dur"] for e in runs if e["pid"] == 1)
+        # The second batch is on the same clock, after the first (on the virtual one, at the very instant).
+        second, first_end = (
+            min(e["ts"] for e in runs if e["pid"] == 2),
+            max(e["ts"] + e["dur"] for e in runs if e["pid"] == 1),
+        )
+        assert second > first_end or (virtual_clock and second == first_end)
 
 
 def test_hostile_labels_cannot_reach_the_terminal_or_break_the_picture() -> None:
@@ -344,6 +352,11 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch
         Timeline([]).plot()
 
 
+# The drawing does not depend on the clock; on a real one, a loaded machine moves the bars until two calls'
+# marks touch and read as one band (seen on trio beside other jobs), so it runs on the virtual clock.
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")]
+)
 async def test_plot_draws_a_row_per_call_in_status_colours(tmp_path: Path) -> None:
     """The PNG has the figure's size, a row per call, the waiting grey and the status colours in its pixels."""
     pytest.importorskip("matplotlib")

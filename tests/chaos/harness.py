@@ -98,6 +98,14 @@ class Figures:
         data["fault_kinds"] = dict(sorted(self.fault_kinds.items()))
         return data
 
+    def add(self, data: dict[str, Any]) -> None:
+        """Add the figures of another process (an `as_json` from a pytest-xdist worker)."""
+        for name, value in data.items():
+            if name == "fault_kinds":
+                self.fault_kinds.update(value)
+            else:
+                setattr(self, name, getattr(self, name) + value)
+
 
 FIGURES = Figures()
 

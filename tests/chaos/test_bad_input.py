@@ -119,6 +119,7 @@ def counter(text: str, n: int = 1) -> int:
         max_size=12,
     )
 )
+@pytest.mark.slow
 async def test_fuzzed_arguments_fail_their_own_call_only(anyio_backend: Any, batch: list[tuple[str, Any]]) -> None:
     """Malformed, non-JSON, huge and mistyped arguments each fail their own call clearly; good calls succeed."""
     workspace = Workspace()
@@ -239,6 +240,7 @@ async def test_duplicate_ids_and_bad_items_are_refused_before_anything_runs(anyi
     assert result.ok
 
 
+@pytest.mark.slow
 async def test_a_hundred_thousand_calls_in_one_batch(anyio_backend: Any) -> None:
     """A 100,000-call batch of reads, writes, unknown tools and bad arguments: every result, in order."""
     size = 100_000

@@ -52,6 +52,7 @@ def check(calls: list[ToolCall], results: list[ToolResult]) -> None:
 
 
 @MODES
+@pytest.mark.subprocess
 async def test_bad_answers_fail_their_own_call(anyio_backend: Any, mode: Mode) -> None:
     """Every kind of malformed answer ends its own call clearly; the good calls beside them succeed."""
     before = [pid for pid, _, _ in harness.live_children()]
@@ -84,6 +85,7 @@ async def test_bad_answers_fail_their_own_call(anyio_backend: Any, mode: Mode) -
 
 
 @MODES
+@pytest.mark.subprocess
 async def test_an_enormous_answer_over_stdio(anyio_backend: Any, mode: Mode) -> None:
     """A 20 MB result over a stdio pipe arrives whole under a cap set above it, and the calls beside it succeed.
 
@@ -106,6 +108,7 @@ async def test_an_enormous_answer_over_stdio(anyio_backend: Any, mode: Mode) -> 
 
 
 @MODES
+@pytest.mark.subprocess
 async def test_a_server_that_exits_mid_call(anyio_backend: Any, mode: Mode) -> None:
     """A server process that exits while answering: its calls fail as lost, and the next batch starts a new one."""
     before = [pid for pid, _, _ in harness.live_children()]
@@ -127,6 +130,7 @@ async def test_a_server_that_exits_mid_call(anyio_backend: Any, mode: Mode) -> N
 
 
 @MODES
+@pytest.mark.subprocess
 async def test_a_line_that_is_not_utf8_does_not_wedge_the_connection(anyio_backend: Any, mode: Mode) -> None:
     """After bytes that are not UTF-8 stop the SDK reading a stdio server, the dispatcher replaces the connection.
 

@@ -279,6 +279,7 @@ async def play(seed: int, transport: Transport, fault: Fault, tmp: pathlib.Path)
 
 
 @pytest.mark.parametrize(("transport", "fault"), CASES)
+@pytest.mark.subprocess
 async def test_servers_failing_mid_batch(
     anyio_backend: Any, transport: Transport, fault: Fault, tmp_path: pathlib.Path, request: pytest.FixtureRequest
 ) -> None:
