@@ -598,6 +598,8 @@ class _Link:
     def __init__(self, coordinator: RedisCoordinator) -> None:
         self._url = coordinator.url
         self._recheck = coordinator.recheck
+        # Set once aclose begins: requests still on their way then fail as CoordinationError.
+        self.closing = False
         self._options: dict[str, Any] = {
             "socket_timeout": coordinator.timeout,
             "socket_connect_timeout": coordinator.timeout,
@@ -612,6 +614,17 @@ class _Link:
 
     async def aclose(self) -> None:
         raise NotImplementedError
+
+    def _translated(self, exc: Exception, redis_error: type[Exception]) -> BaseException:
+        """What a request's failure raises: a CoordinationError where it is Redis' or the closing's.
+
+        redis-py reading a socket closed under it (the coordinator closing while a call's release is on
+        its way) raises ValueError or AttributeError from its parser; that must fail the request, not the
+        dispatcher's task group. Any other exception outside a closing is a defect, raised as it is.
+        """
+        if self.closing or isinstance(exc, redis_error | OSError | ValueError):
+            return self._failure(exc)
+        return exc
 
     def _failure(self, exc: BaseException) -> CoordinationError:
         where = safe_url(self._url)
@@ -650,12 +663,10 @@ class _AsyncioLink(_Link):
     async def run(self, script: str, keys: list[str], args: list[Any]) -> Any:
         from redis.exceptions import RedisError
 
-        # ValueError too: redis-py reading a socket closed under it (the coordinator closing while a
-        # worker's release is on its way), which must fail that request, not the dispatcher's task group.
         try:
             return await self._scripts[script](keys=keys, args=args)
-        except (RedisError, OSError, ValueError) as exc:
-            raise self._failure(exc) from exc
+        except Exception as exc:
+            raise self._translated(exc, RedisError) from exc
 
     async def listen(self, channel: str, deliver: Callable[[str], None]) -> None:
         while True:
@@ -677,6 +688,7 @@ class _AsyncioLink(_Link):
                         pass
 
     async def aclose(self) -> None:
+        self.closing = True
         try:
             await self._client.aclose()
         finally:
@@ -702,14 +714,12 @@ class _ThreadLink(_Link):
     async def run(self, script: str, keys: list[str], args: list[Any]) -> Any:
         from redis.exceptions import RedisError
 
-        # ValueError too: redis-py reading a socket closed under it (the coordinator closing while a
-        # worker's release is on its way), which must fail that request, not the dispatcher's task group.
         try:
             return await anyio.to_thread.run_sync(
                 partial(self._scripts[script], keys=keys, args=args), limiter=self._limiter
             )
-        except (RedisError, OSError, ValueError) as exc:
-            raise self._failure(exc) from exc
+        except Exception as exc:
+            raise self._translated(exc, RedisError) from exc
 
     async def listen(self, channel: str, deliver: Callable[[str], None]) -> None:
         while True:
@@ -734,6 +744,7 @@ class _ThreadLink(_Link):
                         pass
 
     async def aclose(self) -> None:
+        self.closing = True
         await anyio.to_thread.run_sync(self._client.close, limiter=self._limiter)
 
 

@@ -327,3 +327,25 @@ async def test_a_script_call_broken_off_by_a_closed_socket_fails_that_request_on
                 scripts["release"] = closed  # the release below meets the closed socket
         with pytest.raises(CoordinationError, match="ValueError: I/O operation on closed file"):
             await link.run("release", coordinator._keys("ws"), [*coordinator._args("ws"), "x:0", "0"])
+
+
+async def test_a_request_broken_by_the_closing_fails_as_a_coordination_error() -> None:
+    """redis-py's parser failing on a socket closed under it fails that request, never the caller's task.
+
+    A call's release can be on its way while its coordinator closes; redis-py then raises ValueError or
+    AttributeError ('NoneType' object has no attribute 'readline') from the socket it lost. Outside a
+    closing such an exception is a defect and comes out as it is.
+    """
+    from dispatcher.fleet._redis import _ThreadLink
+
+    link = _ThreadLink(RedisCoordinator("redis://127.0.0.1:1", servers=FENCED, lease_ttl=TTL, recheck=0.1))
+
+    def broken(**_: Any) -> None:
+        raise AttributeError("'NoneType' object has no attribute 'readline'")
+
+    link._scripts["release"] = broken  # type: ignore[assignment]
+    with pytest.raises(AttributeError):
+        await link.run("release", [], [])
+    link.closing = True
+    with pytest.raises(CoordinationError, match="AttributeError"):
+        await link.run("release", [], [])
