@@ -52,22 +52,20 @@ tools and local functions are shown as declared.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import functools
 import hashlib
 import hmac
 import json
 import re
 import secrets
-import unicodedata
-import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._core import _checks as checks
 from ._core._calls import CallStatus, Effect, ToolCall
+from ._media import anthropic_media, block_text, content, openai_chat_media, openai_responses_media
+from ._schemas import MAX_EXPANDED, expanded_size, map_texts, plain, without_refs
+from ._text import visible
 
 if TYPE_CHECKING:
     from ._core._calls import ToolResult
@@ -212,15 +210,15 @@ def _shown_tool(tool: ToolEntry, limit: int) -> tuple[str | None, dict[str, Any]
     marking = _marking(tool, limit)
     text = tool.description or tool.title or None
     if marking is None:
-        description, schema = text, _plain(tool.input_schema)
+        description, schema = text, plain(tool.input_schema)
     else:
-        description, schema = marking.description(text), _map_texts(tool.input_schema, marking.schema_text)
+        description, schema = marking.description(text), map_texts(tool.input_schema, marking.schema_text)
     if not isinstance(schema, dict):
         schema = {}
     if tool.filled_arguments:
         _hide(schema, tool.filled_arguments)
-    if marking is not None and _expanded_size(schema) > _MAX_EXPANDED:
-        schema = _without_refs(schema)
+    if marking is not None and expanded_size(schema) > MAX_EXPANDED:
+        schema = without_refs(schema)
     # Both APIs require an object schema at the top; MCP requires it too, but not every server complies.
     schema.setdefault("type", "object")
     return description, schema
@@ -236,144 +234,8 @@ def _hide(schema: dict[str, Any], names: frozenset[str]) -> None:
         schema["required"] = [name for name in required if name not in names]
 
 
-# The most nodes an untrusted schema may have once its references are inlined. Frameworks inline them
-# (LangChain's bind_tools, some pydantic-ai model profiles), and a 1 KB schema whose definitions each
-# refer twice to the one before expands to gigabytes: past this many, its references are left out (the
-# parts they stood for accept anything, and the server checks the arguments).
-_MAX_EXPANDED = 10_000
-_REFERENCE_MAPS = ("$defs", "definitions")
-
-
-def _expanded_size(schema: Any) -> int:
-    """How many nodes `schema` has with every local ``$ref`` inlined (a cycle counts once), at most one more
-    than `_MAX_EXPANDED`: each reference's size is computed once, so this costs the schema's own size. A
-    reference to anything but a part of the schema counts as over the limit."""
-    limit = _MAX_EXPANDED + 1
-    sizes: dict[str, int] = {}
-    visiting: set[str] = set()
-
-    def size(value: Any) -> int:
-        if isinstance(value, Mapping):
-            total = 1
-            if "$ref" in value:
-                ref = value["$ref"]
-                if not isinstance(ref, str) or _pointer(schema, ref) is None:
-                    # Not a part of this schema (another document, a URL, a dangling pointer): a
-                    # framework that inlines references raises for it (LangChain does, failing every
-                    # tool of the agent), or fetches it. It counts as too large.
-                    return limit
-                if ref not in visiting:
-                    if ref not in sizes:
-                        visiting.add(ref)
-                        sizes[ref] = size(_pointer(schema, ref))
-                        visiting.discard(ref)
-                    total += sizes[ref]
-            for item in value.values():
-                total += size(item)
-                if total >= limit:
-                    return limit
-            return total
-        if isinstance(value, list | tuple):
-            return min(limit, 1 + sum(size(item) for item in value))
-        return 1
-
-    return size(schema)
-
-
-def _pointer(schema: Any, ref: str) -> Any:
-    """What a local JSON pointer (``#/$defs/name``) designates in `schema`, or None."""
-    if ref != "#" and not ref.startswith("#/"):
-        return None
-    value = schema
-    for part in ref.split("/")[1:]:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(value, Mapping):
-            value = value.get(part)
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
-            value = value[int(part)]
-        else:
-            return None
-    return value
-
-
-def _without_refs(value: Any) -> Any:
-    """`value` without references and the definitions they point to."""
-    if isinstance(value, Mapping):
-        return {key: _without_refs(item) for key, item in value.items() if key != "$ref" and key not in _REFERENCE_MAPS}
-    if isinstance(value, list):
-        return [_without_refs(item) for item in value]
-    return value
-
-
-def _plain(value: Any) -> Any:
-    """A deep copy made of dicts and lists, safe to mutate and to serialise."""
-    if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(item) for item in value]
-    return value
-
-
 def _without_none(**fields: Any) -> dict[str, Any]:
     return {key: value for key, value in fields.items() if value is not None}
-
-
-# Keywords whose string values are schema machinery, kept as they are; values the model must copy are kept
-# too. Every other string in an untrusted schema is text for the model to read, and is marked.
-_SCHEMA_WORDS = frozenset(
-    {
-        "type",
-        "format",
-        "pattern",
-        "required",
-        "$ref",
-        "$id",
-        "$schema",
-        "$anchor",
-        "$dynamicRef",
-        "$dynamicAnchor",
-        "contentEncoding",
-        "contentMediaType",
-        "dependentRequired",
-    }
-)
-_SCHEMA_VALUES = frozenset({"enum", "const", "default", "examples"})
-# Maps from names the schema defines (property names, definitions) to schemas: the names are kept.
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
-
-
-def _map_texts(schema: Any, mark: Callable[[str], str]) -> Any:
-    """A plain copy of `schema` in which `mark` replaced every text for the model (see `tool_schema`)."""
-
-    def walk(value: Any, key: str | None) -> Any:
-        if key in _SCHEMA_WORDS:
-            return keyword(value, key)
-        if isinstance(value, Mapping):
-            if key in _SCHEMA_MAPS:
-                return {str(name): walk(item, None) for name, item in value.items()}
-            return {
-                str(name): _plain(item) if name in _SCHEMA_VALUES else walk(item, str(name))
-                for name, item in value.items()
-            }
-        if isinstance(value, list | tuple):
-            return [walk(item, key) for item in value]
-        if isinstance(value, str):
-            return mark(value)
-        return value
-
-    def keyword(value: Any, key: str) -> Any:
-        # A keyword's value is a string, a list of strings, or (dependentRequired) a map of such lists:
-        # anything else under a keyword (``"type": {"description": ...}``) is text in disguise, and
-        # every string in it is marked like any other.
-        if isinstance(value, Mapping):
-            if key == "dependentRequired":
-                return {str(name): keyword(item, "required") for name, item in value.items()}
-            return walk(value, None)
-        if isinstance(value, list | tuple):
-            return [item if isinstance(item, str) else walk(item, None) for item in value]
-        return value
-
-    return walk(schema, None)
 
 
 _KEY = secrets.token_bytes(32)
@@ -429,13 +291,13 @@ def _marking(tool: ToolEntry, limit: int) -> _Marking | None:
 
     def collect(item: str) -> str:
         if item not in shown:
-            shown[item] = _visible(item, limit, newlines=True)
+            shown[item] = visible(item, limit, newlines=True)
         return item
 
     text = tool.description or tool.title
     if text:
         collect(text)
-    _map_texts(tool.input_schema, collect)
+    map_texts(tool.input_schema, collect)
     # Keyed by the texts as shown, so one definition always gets one boundary; the key keeps it unguessable.
     seen = "\x00".join([server or "", name, *(text for text, _ in shown.values())])
     lowered = seen.lower()
@@ -446,56 +308,6 @@ def _marking(tool: ToolEntry, limit: int) -> _Marking | None:
         if boundary not in lowered:  # cannot happen by chance; a guarantee costs one check
             return _Marking(f"{_UNTRUSTED_TAG}-{boundary}", server, name, limit, shown)
         counter += 1
-
-
-# Characters a reader does not see, or that break a line without a newline, are written out in untrusted
-# definitions: control and format characters (bidirectional overrides, zero-width characters, the Unicode
-# "tag" characters that can carry hidden ASCII), line and paragraph separators, unassigned and private-use
-# code points, lone surrogates, and the variation selectors (which can hide data after any character).
-_VARIATION_SELECTORS = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]")
-
-
-def _visible(text: str, limit: int, *, newlines: bool) -> tuple[str, int | None]:
-    """The first `limit` characters of `text`, with its invisible characters written out (``\\u202e``).
-
-    A written-out character takes 6 or 10 characters, so the result is at most ten times `limit` long;
-    it costs a few passes in C over those characters, whatever the length of the text.
-
-    Returns:
-        The text as shown, and None, or where it was cut (how many of the text's characters are shown).
-    """
-    head = text[:limit]
-    cut = None if len(text) <= limit else limit
-    if head.isascii() and head.isprintable():  # the common case
-        return head, cut
-    if unicodedata.category(head[0])[0] == "M":
-        # A combining mark first has no character of the text to combine with, only what precedes the
-        # text: the ">" of a marking's opening tag, which NFC (as a model's tokenizer may apply) turns
-        # into U+226F with it, so that the tag no longer reads as one. It is written out.
-        head = _escape(head[0]) + head[1:]
-    hidden = [char for char in set(head) if not _plain_char(char, newlines)]
-    if len(hidden) > 8:  # str.translate looks a mapping up per character; str.replace runs in C
-        return head.translate({ord(char): _escape(char) for char in hidden}), cut
-    for char in hidden:
-        head = head.replace(char, _escape(char))
-    return head, cut
-
-
-@functools.lru_cache(maxsize=4096)
-def _plain_char(char: str, newlines: bool) -> bool:
-    if char == "\n":
-        return newlines
-    if char == "\t" or char == " ":
-        return True
-    if _VARIATION_SELECTORS.match(char):
-        return False
-    category = unicodedata.category(char)
-    return category[0] != "C" and category not in ("Zl", "Zp")
-
-
-def _escape(char: str) -> str:
-    code = ord(char)
-    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 # Calls ---------------------------------------------------------------------------------------------
@@ -619,7 +431,7 @@ def result_text(result: ToolResult) -> str:
     """
     answer = result.result
     if answer is not None:
-        text = "\n".join(_block_text(block) for block in answer.content)
+        text = "\n".join(block_text(block) for block in answer.content)
         if not text and answer.structured_content is not None:
             text = json.dumps(answer.structured_content, ensure_ascii=False, default=str)
         if text:
@@ -711,7 +523,7 @@ def anthropic_results(
     """
     blocks = []
     for result in results:
-        media = [part for block in _content(result) if (part := _anthropic_media(block)) is not None]
+        media = [part for block in content(result) if (part := anthropic_media(block)) is not None]
         parts = _presented(result, untrusted, media, carries_media=True, prefix_errors=False)
         block: dict[str, Any] = {
             "type": "tool_result",
@@ -745,7 +557,7 @@ def openai_chat_results(
     attached: list[str] = []
     parts: list[dict[str, Any]] = []
     for result in results:
-        media = [part for block in _content(result) if (part := _openai_chat_media(block)) is not None]
+        media = [part for block in content(result) if (part := openai_chat_media(block)) is not None]
         [text] = _presented(result, untrusted, media, carries_media=False, prefix_errors=True)
         messages.append({"role": "tool", "tool_call_id": result.call.id, "content": text})
         if media and not result.untrusted_content:
@@ -774,7 +586,7 @@ def openai_responses_results(
     """
     items = []
     for result in results:
-        media = [part for block in _content(result) if (part := _openai_responses_media(block)) is not None]
+        media = [part for block in content(result) if (part := openai_responses_media(block)) is not None]
         parts = _presented(result, untrusted, media, carries_media=True, prefix_errors=True)
         output = parts[0] if len(parts) == 1 else [_text_part(part, "input_text") for part in parts]
         items.append({"type": "function_call_output", "call_id": result.call.id, "output": output})
@@ -824,162 +636,3 @@ def _presented(
 
 def _text_part(part: Any, kind: str) -> Any:
     return {"type": kind, "text": part} if isinstance(part, str) else part
-
-
-# Media: content blocks that the APIs accept as what they are ------------------------------------------
-
-_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
-_PDF = "application/pdf"
-_AUDIO_FORMATS = {
-    "audio/wav": "wav",
-    "audio/x-wav": "wav",
-    "audio/wave": "wav",
-    "audio/mpeg": "mp3",
-    "audio/mp3": "mp3",
-}
-
-
-def _content(result: ToolResult) -> list[Any]:
-    return list(result.result.content) if result.result is not None else []
-
-
-def _media(block: Any) -> tuple[str, str, str] | None:
-    """``(kind, mime type, base64 data)`` of an image, audio or binary resource block, else None.
-
-    Data that is not well-formed base64 of what its MIME type says (checked by the file's signature)
-    is None too: an API rejects the whole request for one such block, so a server could otherwise
-    fail every result of the turn with one bad image. Such a block stays described in the text.
-    """
-    kind = getattr(block, "type", None)
-    if kind in ("image", "audio"):
-        found = kind, str(block.mime_type or ""), "".join(str(block.data).split())
-    elif kind == "resource" and isinstance(blob := getattr(block.resource, "blob", None), str):
-        mime = str(block.resource.mime_type or "")
-        found = ("image" if mime in _IMAGE_TYPES else "file"), mime, "".join(blob.split())
-    else:
-        return None
-    return found if _is_what_it_says(found[1], found[2]) else None
-
-
-def _is_what_it_says(mime: str, data: str) -> bool:
-    """Whether base64 `data` decodes strictly and starts with the signature of its MIME type."""
-    check = _SIGNATURES.get(mime)
-    if check is None:
-        return True  # not sent as media by any API: only described
-    try:
-        raw = binascii.a2b_base64(data, strict_mode=True)
-    except (binascii.Error, ValueError):
-        return False
-    return check(raw)
-
-
-_SIGNATURES: dict[str, Callable[[bytes], bool]] = {
-    "image/png": lambda raw: raw.startswith(b"\x89PNG\r\n\x1a\n"),
-    "image/jpeg": lambda raw: raw.startswith(b"\xff\xd8\xff"),
-    "image/gif": lambda raw: raw.startswith((b"GIF87a", b"GIF89a")),
-    "image/webp": lambda raw: raw.startswith(b"RIFF") and raw[8:12] == b"WEBP",
-    _PDF: lambda raw: raw.startswith(b"%PDF-"),
-    **dict.fromkeys(
-        ("audio/wav", "audio/x-wav", "audio/wave"), lambda raw: raw.startswith(b"RIFF") and raw[8:12] == b"WAVE"
-    ),
-    **dict.fromkeys(
-        ("audio/mpeg", "audio/mp3"),
-        lambda raw: raw.startswith(b"ID3") or (len(raw) > 1 and raw[0] == 0xFF and raw[1] & 0xE0 == 0xE0),
-    ),
-}
-
-
-def _filename(block: Any) -> str:
-    """A file name for an embedded PDF, made from the last segment of its URI and safe anywhere.
-
-    The URI is the server's choice: only letters, digits and ``._-`` are kept (no path, no leading dot),
-    at most 64 characters, ending in ``.pdf``.
-    """
-    uri = str(getattr(getattr(block, "resource", None), "uri", "") or "")
-    last = re.split(r"[?#]", uri, maxsplit=1)[0].rstrip("/").rsplit("/", 1)[-1]
-    stem = _NOT_FILENAME.sub("_", urllib.parse.unquote(last)).strip("._-")
-    stem = stem[:-4] if stem.lower().endswith(".pdf") else stem
-    return f"{stem[:60].rstrip('._-') or 'file'}.pdf"
-
-
-_NOT_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def _anthropic_media(block: Any) -> dict[str, Any] | None:
-    found = _media(block)
-    if found is None:
-        return None
-    kind, mime, data = found
-    if kind == "image" and mime in _IMAGE_TYPES:
-        return {"type": "image", "source": {"type": "base64", "media_type": mime, "data": data}}
-    if mime == _PDF:
-        return {"type": "document", "source": {"type": "base64", "media_type": mime, "data": data}}
-    return None  # audio and other files: the text describes them
-
-
-def _openai_chat_media(block: Any) -> dict[str, Any] | None:
-    found = _media(block)
-    if found is None:
-        return None
-    kind, mime, data = found
-    if kind == "image" and mime in _IMAGE_TYPES:
-        return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}}
-    if kind == "audio" and mime in _AUDIO_FORMATS:
-        return {"type": "input_audio", "input_audio": {"data": data, "format": _AUDIO_FORMATS[mime]}}
-    if mime == _PDF:
-        return {"type": "file", "file": {"filename": _filename(block), "file_data": f"data:{mime};base64,{data}"}}
-    return None
-
-
-def _openai_responses_media(block: Any) -> dict[str, Any] | None:
-    found = _media(block)
-    if found is None:
-        return None
-    kind, mime, data = found
-    if kind == "image" and mime in _IMAGE_TYPES:
-        return {"type": "input_image", "image_url": f"data:{mime};base64,{data}", "detail": "auto"}
-    if mime == _PDF:
-        return {"type": "input_file", "filename": _filename(block), "file_data": f"data:{mime};base64,{data}"}
-    return None
-
-
-def _block_text(block: Any) -> str:
-    kind = getattr(block, "type", None)
-    if kind == "text":
-        return str(block.text)
-    if kind in ("image", "audio"):
-        return f"[{kind}: {_named(block.mime_type)}, {_decoded_size(block.data)} bytes]"
-    if kind == "resource_link":
-        mime = f", {_named(block.mime_type)}" if block.mime_type else ""
-        return f"[resource link: {_named(block.name)} <{_named(block.uri)}>{mime}]"
-    if kind == "resource":
-        resource = block.resource
-        text = getattr(resource, "text", None)
-        if isinstance(text, str):
-            return f"[resource <{_named(resource.uri)}>]\n{text}"
-        mime = f", {_named(resource.mime_type)}" if resource.mime_type else ""
-        return f"[resource <{_named(resource.uri)}>{mime}, {_decoded_size(resource.blob)} bytes]"
-    return f"[{_named(kind or type(block).__name__)} content]"
-
-
-_NAME_LIMIT = 200
-_BRACKETS = str.maketrans({"<": "%3C", ">": "%3E", "[": "%5B", "]": "%5D"})
-
-
-def _named(value: object) -> str:
-    """A name, URI or MIME type a server chose, as one line that closes nothing: at most 200 characters of it."""
-    text = str(value)
-    shown, cut = _visible(text, _NAME_LIMIT, newlines=False)
-    shown = shown.translate(_BRACKETS)
-    return f"{shown}... ({len(text)} characters)" if cut is not None else shown
-
-
-def _decoded_size(data: str) -> int:
-    """The size of base64 data once decoded, without decoding it when it is well formed."""
-    compact = "".join(data.split())
-    if len(compact) % 4 == 0:
-        return len(compact) // 4 * 3 - len(compact) + len(compact.rstrip("="))
-    try:
-        return len(base64.b64decode(compact + "=" * (-len(compact) % 4)))
-    except (binascii.Error, ValueError):
-        return len(compact) * 3 // 4
