@@ -190,3 +190,27 @@ async def test_the_sdks_own_read_timeout_cuts_an_untrusted_servers_limit() -> No
         results = await dispatcher.dispatch(_calls(8))
         assert all(result.status.value == "timeout" for result in results)
         assert dispatcher.server_limit("ws") == 4
+
+
+def _huge_retry_after_server() -> MCPServer[Any]:
+    server = MCPServer("huge")
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def lookup(key: str) -> str:
+        """Rate limited, with a Retry-After too large for a float in its data (JSON's ints have no bound)."""
+        await anyio.sleep(0.01)
+        raise MCPError(code=-32000, message="rate limit exceeded", data={"retryAfter": 10**400})
+
+    return server
+
+
+@pytest.mark.anyio
+async def test_a_trusted_servers_retry_after_too_large_for_a_float_is_ignored() -> None:
+    """The overload still counts and the call keeps the server's error (not an OverflowError of the parser)."""
+    async with Dispatcher(max_concurrency=None, retry=None) as dispatcher:
+        await dispatcher.connect(
+            "huge", _huge_retry_after_server(), trusted=True, max_concurrency=AdaptiveLimit(initial=8, max_wait=2.0)
+        )
+        results = await dispatcher.dispatch(_calls(8, "lookup", {"key": "k"}))
+        assert all(result.error == "the server answered with error -32000: rate limit exceeded" for result in results)
+        assert dispatcher.server_limit("huge") == 4
