@@ -226,14 +226,40 @@ def _shown_tool(tool: ToolEntry, limit: int) -> tuple[str | None, dict[str, Any]
     return description, schema
 
 
-def _hide(schema: dict[str, Any], names: frozenset[str]) -> None:
-    """Leave the arguments the dispatcher fills in out of a schema (its properties and required list)."""
+def _hide(schema: dict[str, Any], names: frozenset[str], depth: int = 0) -> None:
+    """Leave the arguments the dispatcher fills in out of a schema (its properties and required list).
+
+    Also out of the subschemas that describe the same arguments object (``allOf``, ``anyOf``, ``oneOf``,
+    ``if``/``then``/``else``, ``dependentRequired``), where a server may declare or require them too.
+    """
     properties = schema.get("properties")
     if isinstance(properties, dict):
         schema["properties"] = {name: value for name, value in properties.items() if name not in names}
     required = schema.get("required")
     if isinstance(required, list):
         schema["required"] = [name for name in required if name not in names]
+    dependent = schema.get("dependentRequired")
+    if isinstance(dependent, dict):
+        schema["dependentRequired"] = {
+            name: [item for item in value if item not in names] if isinstance(value, list) else value
+            for name, value in dependent.items()
+            if name not in names
+        }
+    if depth >= _HIDE_DEPTH:
+        return
+    for keyword in ("allOf", "anyOf", "oneOf"):
+        branches = schema.get(keyword)
+        for branch in branches if isinstance(branches, list) else ():
+            if isinstance(branch, dict):
+                _hide(branch, names, depth + 1)
+    for keyword in ("if", "then", "else"):
+        branch = schema.get(keyword)
+        if isinstance(branch, dict):
+            _hide(branch, names, depth + 1)
+
+
+# How deep `_hide` follows the subschemas of the arguments object (a hostile schema nests them at will).
+_HIDE_DEPTH = 32
 
 
 # The most nodes an untrusted schema may have once its references are inlined. Frameworks inline them
