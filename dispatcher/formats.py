@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._core import _checks as checks
-from ._core._calls import CallStatus, Effect, ToolCall
+from ._core._calls import CallStatus, Effect, ToolCall, quoted_id
 
 if TYPE_CHECKING:
     from ._core._calls import ToolResult
@@ -670,7 +670,7 @@ def result_note(result: ToolResult) -> str | None:
         # The id is the model's own (quoted as Python does, so no character of it can start a new line).
         return (
             f"[dispatcher: this call was not run, so nothing of it happened: it depends on call "
-            f"{result.depends_on!r}, which did not succeed. Settle what happened to that call first; then "
+            f"{quoted_id(result.depends_on)}, which did not succeed. Settle what happened to that call first; then "
             "send this call again if it is still wanted.]"
         )
     return None
