@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._core import _checks as checks
-from ._core._calls import CallStatus, Effect, ToolCall
+from ._core._calls import CallStatus, Effect, ToolCall, quoted_id
 from ._media import anthropic_media, block_text, content, openai_chat_media, openai_responses_media
 from ._schemas import MAX_EXPANDED, expanded_size, map_texts, plain, without_refs
 from ._text import visible
@@ -224,14 +224,40 @@ def _shown_tool(tool: ToolEntry, limit: int) -> tuple[str | None, dict[str, Any]
     return description, schema
 
 
-def _hide(schema: dict[str, Any], names: frozenset[str]) -> None:
-    """Leave the arguments the dispatcher fills in out of a schema (its properties and required list)."""
+def _hide(schema: dict[str, Any], names: frozenset[str], depth: int = 0) -> None:
+    """Leave the arguments the dispatcher fills in out of a schema (its properties and required list).
+
+    Also out of the subschemas that describe the same arguments object (``allOf``, ``anyOf``, ``oneOf``,
+    ``if``/``then``/``else``, ``dependentRequired``), where a server may declare or require them too.
+    """
     properties = schema.get("properties")
     if isinstance(properties, dict):
         schema["properties"] = {name: value for name, value in properties.items() if name not in names}
     required = schema.get("required")
     if isinstance(required, list):
         schema["required"] = [name for name in required if name not in names]
+    dependent = schema.get("dependentRequired")
+    if isinstance(dependent, dict):
+        schema["dependentRequired"] = {
+            name: [item for item in value if item not in names] if isinstance(value, list) else value
+            for name, value in dependent.items()
+            if name not in names
+        }
+    if depth >= _HIDE_DEPTH:
+        return
+    for keyword in ("allOf", "anyOf", "oneOf"):
+        branches = schema.get(keyword)
+        for branch in branches if isinstance(branches, list) else ():
+            if isinstance(branch, dict):
+                _hide(branch, names, depth + 1)
+    for keyword in ("if", "then", "else"):
+        branch = schema.get(keyword)
+        if isinstance(branch, dict):
+            _hide(branch, names, depth + 1)
+
+
+# How deep `_hide` follows the subschemas of the arguments object (a hostile schema nests them at will).
+_HIDE_DEPTH = 32
 
 
 def _without_none(**fields: Any) -> dict[str, Any]:
@@ -456,7 +482,7 @@ def result_note(result: ToolResult) -> str | None:
         # The id is the model's own (quoted as Python does, so no character of it can start a new line).
         return (
             f"[dispatcher: this call was not run, so nothing of it happened: it depends on call "
-            f"{result.depends_on!r}, which did not succeed. Settle what happened to that call first; then "
+            f"{quoted_id(result.depends_on)}, which did not succeed. Settle what happened to that call first; then "
             "send this call again if it is still wanted.]"
         )
     return None

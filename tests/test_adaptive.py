@@ -179,6 +179,10 @@ def test_the_bounds_check_catches_a_controller_that_leaves_them() -> None:
         ("Server overloaded, try again in 1500 ms", None, True, 1.5),
         ("no note named 'x'", None, False, None),
         ("retry-after: nan", {"retry_after": float("inf")}, True, None),
+        # Nonsense in a server's data: an int too large for a float, a bool, a negative or NaN string.
+        ("rate limit", {"retryAfter": 10**400}, True, None),
+        ("rate limit", {"retryAfter": True, "retry_after": "-3", "retry-after": "nan"}, True, None),
+        ("rate limit, retry after " + "9" * 400 + " s", None, True, None),
     ],
 )
 def test_overload_words_and_retry_after(text: str, data: object, overloaded: bool, wait: float | None) -> None:

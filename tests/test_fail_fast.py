@@ -333,3 +333,20 @@ async def test_random_batches_skip_exactly_the_dependents(anyio_backend: Any, sp
     assert [r.depends_on for r in results] == depends  # the earliest call each depended on
     ran = sorted(str(call.arguments["path"]) for call in calls if call.id not in expected)  # type: ignore[index]
     assert sorted(path for _, path in files.ran) == ran  # 0 conflicting calls ran, 0 independent ones skipped
+
+
+async def test_a_huge_call_id_is_quoted_cut_in_every_dependent_calls_error_and_note() -> None:
+    """A failed write whose id (the model's) is 100 000 characters: each call that depended on it is told of
+    it in a few hundred characters, not a copy of the id each, and depends_on still holds the id whole."""
+    files = Files()
+    huge = "\x1b" + "x" * 100_000
+    async with Dispatcher(fail_fast=True) as d:
+        files.register(d, keyed=False)
+        batch = calls(("write", "bad"), ("read", "a"), ("write", "b"), ("read", "c"))
+        results = await d.dispatch([ToolCall(huge, batch[0].name, batch[0].arguments), *batch[1:]])
+    assert skipped(results) == ["c1", "c2", "c3"]
+    for result in results[1:]:
+        assert result.depends_on in (huge, "c2") and result.error is not None
+        assert len(result.error) < 400 and "(100001 characters)" in result.error, result.error[:500]
+        text = anthropic_results([result])[0]["content"]
+        assert len(text) < 1200 and "\x1b" not in text, text[:1500]

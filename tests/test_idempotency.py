@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from dispatcher import (
     IdempotencyKeys,
     RetryPolicy,
     ToolCall,
+    ToolEntry,
 )
 from dispatcher.examples import Workspace
 from dispatcher.formats import anthropic_tools, openai_chat_tools, openai_responses_tools, tool_schema
@@ -232,3 +234,40 @@ async def test_without_keys_the_argument_is_the_models() -> None:
         assert "idempotency_key" in tool_schema(entry)["required"]
         [result] = await d.dispatch([ToolCall("c", "charge", {"amount": 1, "idempotency_key": "mine"})])
     assert result.ok and seen == ["mine"], result.error
+
+
+def test_the_key_argument_is_hidden_where_else_the_schema_declares_or_requires_it() -> None:
+    """A schema that declares or requires the key in allOf/anyOf/oneOf, if/then/else or dependentRequired
+    (twice, nested): the model's schema mentions it nowhere, and every other argument stays."""
+    key = {"type": "string"}
+    branch = {"properties": {"idempotency_key": key, "note": key}, "required": ["idempotency_key", "idempotency_key"]}
+    schema = {
+        "type": "object",
+        "properties": {"amount": {"type": "integer"}, "idempotency_key": key},
+        "required": ["amount", "idempotency_key", "idempotency_key"],
+        "allOf": [branch, {"anyOf": [branch, {"oneOf": [branch]}]}],
+        "if": branch,
+        "then": branch,
+        "else": {"required": ["idempotency_key"]},
+        "dependentRequired": {"amount": ["idempotency_key", "note"], "idempotency_key": ["amount"]},
+    }
+    entry = ToolEntry(
+        "charge",
+        "ledger",
+        "charge",
+        ToolAnnotations(),
+        trusted=True,
+        input_schema=schema,
+        filled_arguments=frozenset({"idempotency_key"}),
+    )
+    shown = [
+        tool_schema(entry),
+        anthropic_tools([entry])[0]["input_schema"],
+        openai_chat_tools([entry])[0]["function"]["parameters"],
+        openai_responses_tools([entry])[0]["parameters"],
+    ]
+    for each in shown:
+        assert "idempotency_key" not in json.dumps(each), each
+        assert each["required"] == ["amount"] and each["dependentRequired"] == {"amount": ["note"]}, each
+        assert each["allOf"][0]["properties"] == {"note": key}, each
+    assert "idempotency_key" in json.dumps(entry.input_schema)  # the server's own schema is kept

@@ -10,9 +10,11 @@ from typing import Any
 
 import anyio
 import pytest
+from mcp import Client
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+from mcp.shared.exceptions import MCPError
+from mcp.types import REQUEST_TIMEOUT, ToolAnnotations
 from trio.testing import MockClock
 
 from benchmarks._virtual import VirtualEventLoop
@@ -146,3 +148,69 @@ async def test_max_concurrency_auto_is_accepted_and_nonsense_refused() -> None:
         assert dispatcher.server_limit("ws") == 4
         with pytest.raises(ConfigurationError, match="no MCP server named 'nope'"):
             dispatcher.server_limit("nope")
+
+
+def _answers_timeout_server() -> MCPServer[Any]:
+    server = MCPServer("liar")
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def lookup(key: str) -> str:
+        """Answers at once with the SDK's timeout code, as if it had timed out."""
+        await anyio.sleep(0.01)
+        raise MCPError(code=REQUEST_TIMEOUT, message="Request 'tools/call' timed out")
+
+    return server
+
+
+@pytest.mark.anyio
+async def test_an_untrusted_server_answering_the_timeout_code_does_not_cut_its_limit() -> None:
+    """A -32001 the server answers with at once is its word: an untrusted server's limit stays where it was."""
+    read = {"lookup": ToolAnnotations(read_only_hint=True)}
+    async with Dispatcher(max_concurrency=None, retry=None) as dispatcher:
+        await dispatcher.connect(
+            "liar", _answers_timeout_server(), overrides=read, max_concurrency=AdaptiveLimit(initial=8)
+        )
+        for _ in range(3):
+            results = await dispatcher.dispatch(_calls(8, "lookup", {"key": "k"}))
+            assert all(result.status.value == "timeout" for result in results)
+        limit = dispatcher.server_limit("liar")
+        assert limit is not None and limit >= 8
+
+
+@pytest.mark.anyio
+async def test_the_sdks_own_read_timeout_cuts_an_untrusted_servers_limit() -> None:
+    """A user's client whose read timeout elapses: observed, not said, so even an untrusted server's limit is cut."""
+    workspace = Workspace(latency=5.0)
+    read = {READ: ToolAnnotations(read_only_hint=True)}
+    async with (
+        Client(workspace.server, read_timeout_seconds=1.0) as client,
+        Dispatcher(max_concurrency=None, retry=None) as dispatcher,
+    ):
+        await dispatcher.add_mcp_server("ws", client, overrides=read, max_concurrency=AdaptiveLimit(initial=8))
+        results = await dispatcher.dispatch(_calls(8))
+        assert all(result.status.value == "timeout" for result in results)
+        assert dispatcher.server_limit("ws") == 4
+
+
+def _huge_retry_after_server() -> MCPServer[Any]:
+    server = MCPServer("huge")
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def lookup(key: str) -> str:
+        """Rate limited, with a Retry-After too large for a float in its data (JSON's ints have no bound)."""
+        await anyio.sleep(0.01)
+        raise MCPError(code=-32000, message="rate limit exceeded", data={"retryAfter": 10**400})
+
+    return server
+
+
+@pytest.mark.anyio
+async def test_a_trusted_servers_retry_after_too_large_for_a_float_is_ignored() -> None:
+    """The overload still counts and the call keeps the server's error (not an OverflowError of the parser)."""
+    async with Dispatcher(max_concurrency=None, retry=None) as dispatcher:
+        await dispatcher.connect(
+            "huge", _huge_retry_after_server(), trusted=True, max_concurrency=AdaptiveLimit(initial=8, max_wait=2.0)
+        )
+        results = await dispatcher.dispatch(_calls(8, "lookup", {"key": "k"}))
+        assert all(result.error == "the server answered with error -32000: rate limit exceeded" for result in results)
+        assert dispatcher.server_limit("huge") == 4

@@ -12,6 +12,7 @@ import shlex
 import subprocess
 import sys
 from dataclasses import replace
+from typing import Any
 
 import anyio
 import pytest
@@ -1158,3 +1159,30 @@ def test_cli_tune_override_mistakes_are_usage_errors(capsys: pytest.CaptureFixtu
     assert (
         "unknown hint 'fast'; the hints are readOnly, destructive, idempotent and openWorld" in capsys.readouterr().err
     )
+
+
+def _failing_server() -> MCPServer[Any]:
+    server: MCPServer[Any] = MCPServer("failing")
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def lookup(key: str) -> str:
+        """Always fails."""
+        await anyio.sleep(0.05)
+        raise ToolError("boom")
+
+    return server
+
+
+@pytest.mark.anyio
+@virtual_time()
+async def test_online_on_a_tool_that_always_fails_reports_no_settled_limit() -> None:
+    """Every call fails: the online run ends without error, and the text does not call its last limit settled."""
+    report = await tune(
+        _failing_server(), [ToolCall("x", "lookup", {"key": "k"})], [1, 2, 4], trusted=True, calls=20, online=True
+    )
+    assert report.recommended is None and report.online is not None
+    assert report.online.measured.calls == 0 and report.online.measured.errors > 0
+    text = render_table(report)
+    assert "online limit (max_concurrency=AdaptiveLimit(ceiling=4)): no call of its run succeeded" in text, text
+    assert "settled at" not in text and "nan" not in text, text
+    json.dumps(report.to_json(), allow_nan=False)

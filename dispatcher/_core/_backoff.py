@@ -11,7 +11,12 @@ __all__ = ["ceiling", "check_waits", "is_number"]
 
 def is_number(value: object) -> bool:
     """Whether `value` is an int or float (not a bool, not NaN)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return not math.isnan(value)
+    except OverflowError:
+        return False  # an int too large for a float (JSON's and Python's ints have no bound): no seconds
 
 
 def check_waits(wait_initial: object, wait_max: object) -> None:

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
     from mcp.types import CallToolResult
 
-__all__ = ["CallStatus", "Effect", "ToolCall", "ToolResult"]
+__all__ = ["CallStatus", "Effect", "ToolCall", "ToolResult", "quoted_id"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,3 +148,17 @@ class ToolResult:
     def run_time(self) -> float:
         """Seconds between start and end, 0.0 for a call that never started."""
         return 0.0 if self.started_at is None else self.finished_at - self.started_at
+
+
+# The most characters of a call id that the dispatcher's own messages quote. The id is the model's: one of
+# megabytes, quoted in the error and the note of every call that depended on it, would be multiplied
+# into the model's next prompt.
+_QUOTED_ID = 100
+
+
+def quoted_id(call_id: str) -> str:
+    """A call id as the dispatcher's messages quote it: as Python quotes it (no character of it can start a
+    new line), cut at 100 characters."""
+    if len(call_id) <= _QUOTED_ID:
+        return repr(call_id)
+    return f"{call_id[:_QUOTED_ID]!r}... ({len(call_id)} characters)"

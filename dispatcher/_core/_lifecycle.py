@@ -56,7 +56,7 @@ import enum
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from ._calls import CallStatus, Effect, ToolResult
+from ._calls import CallStatus, Effect, ToolResult, quoted_id
 from ._errors import LifecycleError, ToolUnavailableError
 from ._gate import ROOT_KEYS, conflicts
 
@@ -605,7 +605,7 @@ class FailFast:
         else:
             how = f"failed ({result.status.value})"
         tool = result.tool or result.call.name
-        why = f"it depends on call {result.call.id!r} ({tool}), which {how}"
+        why = f"it depends on call {quoted_id(result.call.id)} ({tool}), which {how}"
         # Kept in position order (failures mostly settle in it, so this is an append), so that a call
         # depending on several is told of the earliest, whatever order they ended in.
         bisect.insort(self._failed, (record.position, record.keys, Dependency(result.call.id, why)), key=_at)

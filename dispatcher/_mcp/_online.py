@@ -23,8 +23,9 @@ time. A trusted server's words count too:
   calls, up to `AdaptiveLimit.max_wait`.
 
 Timeouts count for every server: the call's own timeout (`call_timeout`), its idle timeout and the
-SDK's read timeout (-32001). Cancellation by the caller and failures that say nothing about load (a bad
-request, a lost connection, a blocked tool) count for nothing. Only calls of read-only tools move the
+SDK's read timeout (-32001; from an untrusted server only the SDK's own, not an error it answered with
+that code). Cancellation by the caller and failures that say nothing about load (a bad request, a lost
+connection, a blocked tool) count for nothing. Only calls of read-only tools move the
 limit (writes run alone whatever it is); calls that run as MCP tasks are not latency samples (their
 time is the task's, not the server's queue).
 """
@@ -181,7 +182,7 @@ def classify_error(exc: Exception, trusted: bool) -> tuple[Signal, float | None]
     if not isinstance(exc, MCPError):
         return Signal.OTHER, None
     code = exc.error.code
-    if code == REQUEST_TIMEOUT:
+    if code == REQUEST_TIMEOUT and (trusted or _timed_out_here(exc)):
         return Signal.TIMEOUT, None
     if not trusted or code == ANSWER_TOO_LARGE:
         return Signal.OTHER, None
@@ -189,3 +190,13 @@ def classify_error(exc: Exception, trusted: bool) -> tuple[Signal, float | None]
     if code in _SERVER_ERRORS or code in _HTTP_OVERLOAD or says_overloaded(message):
         return Signal.OVERLOAD, retry_after(message, exc.error.data)
     return Signal.OTHER, None
+
+
+def _timed_out_here(exc: MCPError) -> bool:
+    """Whether a -32001 is the SDK's own read timeout, not an error the server answered with that code.
+
+    The SDK raises its timeout ``from None``; a server's error answer is raised as it came. An untrusted
+    server could otherwise cut its own limit by answering -32001 at once, which is its word, not a
+    timeout the dispatcher observed.
+    """
+    return exc.__suppress_context__ and exc.__cause__ is None

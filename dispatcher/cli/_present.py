@@ -184,6 +184,13 @@ def _tune_conclusion(report: TuneReport) -> list[str]:
 
 def _online_line(online: OnlineResult) -> str:
     measured = online.measured
+    if measured.calls == 0:
+        # Failures are no throughput (as in the sweep): where the limit ended says nothing of the server.
+        why = f" ({measured.error})" if measured.error else ""
+        return (
+            f"online limit (max_concurrency=AdaptiveLimit(ceiling={online.setting.ceiling})): no call of its "
+            f"run succeeded{why}, so where it ended ({online.settled}) says nothing"
+        )
     return (
         f"online limit (max_concurrency=AdaptiveLimit(ceiling={online.setting.ceiling})): settled at "
         f"{online.settled} (from {online.low} to {online.high} over the second half of the run, "
