@@ -137,6 +137,7 @@ class Dispatcher:
         self._fail_fast = checks.flag("fail_fast", fail_fast)
         self._catalog = Catalog(qualified=checks.flag("qualified_names", qualified_names))
         self._servers = ServerRegistry(self._catalog)
+        self._coordinator = coordinator
         self._executor = Executor(
             self._catalog,
             max_concurrency=max_concurrency,
@@ -387,7 +388,7 @@ class Dispatcher:
                 tool the server does not have.
         """
         self._check_not_closed()
-        idempotency = _check_idempotency(idempotency)
+        idempotency = self._check_idempotency(name, idempotency)
         overrides = self._check_server(name, max_concurrency, overrides)
         limit, online = self._server_limit_setting(name, max_concurrency, trusted)
         server = self._servers.reserve(
@@ -508,7 +509,7 @@ class Dispatcher:
         connect_timeout = checks.seconds("connect_timeout", connect_timeout, none="no bound")
         policy = check_reconnect(reconnect)
         self._check_task_timeout(task_timeout)
-        idempotency = _check_idempotency(idempotency)
+        idempotency = self._check_idempotency(name, idempotency)
         idle_timeout = checks.seconds("idle_timeout", idle_timeout, none="no idle bound")
         max_answer_bytes = checks.whole("max_answer_bytes", max_answer_bytes, minimum=1024, none="no limit")
         server = self._servers.reserve(
@@ -550,6 +551,22 @@ class Dispatcher:
                 raise ServerConnectionError(f"could not connect to server {name!r}: {_describe(exc)}") from exc
             raise
         return self._server_entries(name)
+
+    def _check_idempotency(self, name: str, idempotency: object) -> IdempotencyKeys | None:
+        keys = _check_idempotency(idempotency)
+        # A fleet coordinator that fences the server says where its token goes: a key sent in the same
+        # place would be overwritten by the token, and the server could not deduplicate the retries.
+        fencing = getattr(self._coordinator, "fencing", None)
+        if keys is None or fencing is None:
+            return keys
+        argument, meta = fencing(name)
+        if (keys.argument is not None and keys.argument == argument) or (keys.meta is not None and keys.meta == meta):
+            where = f"argument {argument!r}" if keys.argument is not None else f"_meta entry {meta!r}"
+            raise ConfigurationError(
+                f"server {name!r} takes its idempotency key and its fleet fencing token in the same {where}: "
+                "the token would overwrite the key; give IdempotencyKeys and FleetServer different names"
+            )
+        return keys
 
     def _check_task_timeout(self, task_timeout: object) -> None:
         task_timeout = checks.seconds("task_timeout", task_timeout, none="the call timeout alone")

@@ -359,6 +359,16 @@ class RedisCoordinator:
                 await self._flush_budgets(link)
                 await link.aclose()
 
+    def fencing(self, server: str) -> tuple[str | None, str | None]:
+        """Where `server`'s requests carry their fencing token: (argument, `_meta` entry), None where not.
+
+        `Dispatcher.connect` reads it to refuse an idempotency key declared in the same place.
+        """
+        config = self.servers.get(server)
+        if config is None:
+            return None, None
+        return config.fence_argument, config.fence_meta
+
     # The Coordinator protocol ---------------------------------------------------------------------
 
     @asynccontextmanager

@@ -414,3 +414,23 @@ def test_a_fenced_resource_refuses_the_stale_writer_in_every_interleaving() -> N
     assert stale_effects(FencedResource, writers) == []
     # The oracle: checked only on arrival, a write still running when a newer one arrives takes effect after it.
     assert "arrive1 arrive2 effect1" in stale_effects(ArrivalOnly, writers)
+
+
+@pytest.mark.parametrize("place", ["argument", "meta"])
+async def test_a_key_and_a_fencing_token_in_the_same_place_are_refused(place: str) -> None:
+    """The token would overwrite the key, and the server could not deduplicate retries: connect refuses.
+
+    Different names for the two are accepted.
+    """
+    name = "io.example/fence" if place == "meta" else "fence"
+    fenced = (
+        FleetServer(shared_state=True, fence_meta=name)
+        if place == "meta"
+        else FleetServer(shared_state=True, fence_argument=name)
+    )
+    coordinator = RedisCoordinator("redis://127.0.0.1:1", servers={"ws": fenced}, lease_ttl=TTL, recheck=0.1)
+    async with Dispatcher(coordinator=coordinator) as dispatcher:
+        with pytest.raises(ConfigurationError, match="the token would overwrite the key"):
+            await dispatcher.connect("ws", Workspace().server, idempotency=IdempotencyKeys(**{place: name}))
+        other = "io.example/key" if place == "meta" else "key"
+        await dispatcher.connect("ws", Workspace().server, idempotency=IdempotencyKeys(**{place: other}))
