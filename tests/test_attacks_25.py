@@ -82,3 +82,133 @@ async def test_a_question_handler_that_dispatches_a_call_needing_approval_does_n
     assert result.status is CallStatus.OK, result.error
     assert asked == ["question", "approve lookup"]
     assert seen == ["accept [('meal', 'veg'), ('name', 'Ada'), ('seats', 2)]"]
+
+
+async def test_prompts_of_cancelled_batches_leave_the_queue_and_the_next_prompt_is_shown() -> None:
+    """A hung approval on screen and a question queued behind it: cancelling each batch frees the person."""
+    shown: list[str] = []
+    seen: list[str] = []
+
+    async def approve(request: ApprovalRequest) -> bool:
+        shown.append(f"approve {request.call.id}")
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async def ask(question: Question) -> Answer:
+        assert question.call is not None
+        shown.append(f"question {question.call.id}")
+        return Answer.accept({"name": "Ada"})
+
+    async def fetch() -> str:
+        return "page"
+
+    dispatcher = Dispatcher(
+        approve=approve, ask_user=ask, approval=ApprovalPolicy(open_world=True, timeout=None), call_timeout=None
+    )
+    async with dispatcher:
+        await dispatcher.connect("travel", asking_server(seen), trusted=True, mode="legacy")
+        dispatcher.add_function(fetch, annotations=LOOKUP)
+        person = dispatcher._person
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                hung, queued = anyio.CancelScope(), anyio.CancelScope()
+
+                async def run(scope: anyio.CancelScope, call: ToolCall) -> None:
+                    with scope:
+                        await dispatcher.dispatch([call])
+
+                tg.start_soon(run, hung, ToolCall("w", "fetch", {}))
+                await anyio.wait_all_tasks_blocked()
+                tg.start_soon(run, queued, ToolCall("r", "book", {}))
+                await anyio.wait_all_tasks_blocked()
+                assert shown == ["approve w"] and person.waiting == 1
+                queued.cancel()  # the question's call is gone while the question waits its turn
+                await anyio.wait_all_tasks_blocked()
+                assert person.waiting == 0
+                hung.cancel()  # and the approval on screen is withdrawn with its batch
+                await anyio.wait_all_tasks_blocked()
+                assert not person.busy
+            (result,) = await dispatcher.dispatch([ToolCall("r2", "book", {})])
+    assert result.status is CallStatus.OK, result.error
+    assert shown == ["approve w", "question r2"]  # never asked about the call that was gone
+
+
+async def test_closing_the_dispatcher_while_a_prompt_is_on_screen_ends_it() -> None:
+    """A close while the approver hangs (no timeout) and a question waits: the close returns, nothing is left."""
+    shown: list[str] = []
+    results: list[Any] = []
+
+    async def approve(request: ApprovalRequest) -> bool:
+        shown.append(f"approve {request.call.id}")
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async def ask(question: Question) -> Answer:
+        shown.append("question")
+        return Answer.accept({"name": "Ada"})
+
+    async def fetch() -> str:
+        return "page"
+
+    dispatcher = Dispatcher(
+        approve=approve, ask_user=ask, approval=ApprovalPolicy(open_world=True, timeout=None), call_timeout=None
+    )
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            async with dispatcher:
+                await dispatcher.connect("travel", asking_server(), trusted=True, mode="legacy")
+                dispatcher.add_function(fetch, annotations=LOOKUP)
+
+                async def run(call: ToolCall) -> None:
+                    results.extend(await dispatcher.dispatch([call]))
+
+                tg.start_soon(run, ToolCall("w", "fetch", {}))
+                await anyio.wait_all_tasks_blocked()
+                tg.start_soon(run, ToolCall("r", "book", {}))
+                await anyio.wait_all_tasks_blocked()
+    assert shown == ["approve w"]
+    assert [(result.call.id, result.status) for result in results] == [
+        ("w", CallStatus.CANCELLED),
+        ("r", CallStatus.CANCELLED),
+    ]
+    assert not dispatcher._person.busy and dispatcher._person.waiting == 0
+
+
+async def test_a_cancelled_batch_s_question_is_not_shown_when_its_approval_is_withdrawn() -> None:
+    """One batch, a hung approval on screen and its read's question queued behind: cancelling it asks nothing."""
+    shown: list[str] = []
+
+    async def approve(request: ApprovalRequest) -> bool:
+        shown.append(f"approve {request.call.id}")
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async def ask(question: Question) -> Answer:
+        shown.append("question")
+        return Answer.accept({"name": "Ada"})
+
+    async def fetch() -> str:
+        return "page"
+
+    dispatcher = Dispatcher(
+        approve=approve, ask_user=ask, approval=ApprovalPolicy(open_world=True, timeout=None), call_timeout=None
+    )
+    async with dispatcher:
+        await dispatcher.connect("travel", asking_server(), trusted=True, mode="legacy")
+        dispatcher.add_function(fetch, annotations=LOOKUP)
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                scope = anyio.CancelScope()
+
+                async def run() -> None:
+                    with scope:
+                        await dispatcher.dispatch([ToolCall("w", "fetch", {}), ToolCall("r", "book", {})])
+
+                tg.start_soon(run)
+                await anyio.wait_all_tasks_blocked()
+                assert shown == ["approve w"] and dispatcher._person.waiting == 1
+                scope.cancel()
+            for _ in range(5):
+                await anyio.wait_all_tasks_blocked()
+                await anyio.sleep(0.01)
+    assert shown == ["approve w"]

@@ -596,7 +596,7 @@ class Executor:
             if not work.start(started := anyio.current_time()):
                 return  # settled while it was on its way (its fleet hold lost)
             # The call's deadlines stop while a person answers its server's question (`_clock`).
-            clock = start_clock(work.call)
+            clock = start_clock(work.call, scope)
             # Only a call that carries its key is repeatable for its key (not one queued while its
             # tool was read-only, which got none).
             keyed = work.keyed and self._keyed(entry)

@@ -332,9 +332,12 @@ class Asker:
             for flight in owners:
                 flight.open.add(opened)
             try:
-                if all(flight.ended for flight in owners):
+                if all(_gone(flight) for flight in owners):
                     return "its call ended before it was asked"
                 async with self._person.turn(ticket):
+                    # The prompt before it may have been withdrawn by the same cancellation as its call.
+                    if all(_gone(flight) for flight in owners):
+                        return "its call ended before it was asked"
                     return await self._observed(question, owners)
             finally:
                 for flight in owners:
@@ -370,6 +373,11 @@ class Asker:
                 return f"ask_user answered {type(got).__name__} instead of an Answer"
             return got
         return f"no answer within {timeout}s (QuestionPolicy.timeout)"
+
+
+def _gone(flight: Flight) -> bool:
+    """Whether nobody waits for a flight's call any more: it ended, or it is being cancelled."""
+    return flight.ended or (flight.clock is not None and flight.clock.cancelled)
 
 
 def _reply(question: Question, answer: Answer | str) -> ElicitResult:
