@@ -212,3 +212,83 @@ async def test_a_cancelled_batch_s_question_is_not_shown_when_its_approval_is_wi
                 await anyio.wait_all_tasks_blocked()
                 await anyio.sleep(0.01)
     assert shown == ["approve w"]
+
+
+class Screen:
+    """The person: records what is shown, at most how many at once, and answers after `wait` seconds."""
+
+    def __init__(self, wait: float = 0.01) -> None:
+        self.wait = wait
+        self.shown: list[str] = []
+        self.showing = 0
+        self.most_at_once = 0
+
+    async def _show(self, what: str) -> None:
+        self.shown.append(what)
+        self.showing += 1
+        self.most_at_once = max(self.most_at_once, self.showing)
+        try:
+            await anyio.sleep(self.wait)
+        finally:
+            self.showing -= 1
+
+    async def approve(self, request: ApprovalRequest) -> bool:
+        await self._show(f"approve {request.call.id}")
+        return True
+
+    async def ask(self, question: Question) -> Answer:
+        assert question.call is not None
+        await self._show(f"question {question.call.id} {'trusted' if question.trusted else 'untrusted'}")
+        return Answer.accept({"name": "Ada"})
+
+
+async def test_two_batches_dispatched_together_show_their_approvals_one_at_a_time_each_in_its_order() -> None:
+    """Concurrent batches on one dispatcher: never two prompts at once, each batch's approvals in its order."""
+    screen = Screen()
+
+    async def fetch() -> str:
+        return "page"
+
+    async with Dispatcher(approve=screen.approve, approval=POLICY, call_timeout=None) as dispatcher:
+        dispatcher.add_function(fetch, annotations=LOOKUP)
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for batch in "ab":
+                    calls = [ToolCall(f"{batch}{n}", "fetch", {}) for n in range(4)]
+                    tg.start_soon(dispatcher.dispatch, calls)
+    assert screen.most_at_once == 1
+    assert sorted(screen.shown) == [f"approve {b}{n}" for b in "ab" for n in range(4)]
+    first = screen.shown[0].split()[1][0]
+    second = "b" if first == "a" else "a"
+    assert screen.shown == [f"approve {b}{n}" for b in (first, second) for n in range(4)]
+
+
+async def test_a_flood_of_questions_from_concurrent_reads_cannot_bury_an_approval() -> None:
+    """Eight reads asking at once: at most `waiting` are queued, one shown at a time; the approval gets its turn."""
+    screen = Screen(wait=0.2)  # long enough that no read's question is answered before all have asked
+    seen: list[str] = []
+
+    async def fetch() -> str:
+        return "page"
+
+    dispatcher = Dispatcher(approve=screen.approve, ask_user=screen.ask, approval=POLICY, call_timeout=None)
+    async with dispatcher:
+        await dispatcher.connect("travel", asking_server(seen), trusted=True, mode="legacy")
+        await dispatcher.connect("shady", asking_server(seen), trusted=False, mode="legacy")
+        dispatcher.add_function(fetch, annotations=LOOKUP)
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for n in range(8):
+                    tg.start_soon(dispatcher.dispatch, [ToolCall(f"r{n}", "book", {})])
+                await anyio.wait_all_tasks_blocked()
+                tg.start_soon(dispatcher.dispatch, [ToolCall("w", "fetch", {})])
+            # The untrusted server's question is shown as such (its call needs approval: it counts as destructive).
+            (untrusted,) = await dispatcher.dispatch([ToolCall("u", "shady__book", {})])
+    assert untrusted.status is CallStatus.OK, untrusted.error
+    assert screen.most_at_once == 1
+    questions = [what for what in screen.shown if what.startswith("question r")]
+    assert all(what.endswith(" trusted") for what in questions)
+    assert sum(text.startswith("cancel") for text in seen) == 8 - len(questions)  # the rest was refused
+    # Behind the questions already waiting (at most `QuestionPolicy.waiting`, 4), no further.
+    assert screen.shown.index("approve w") <= 4
+    assert screen.shown[-2:] == ["approve u", "question u untrusted"]
