@@ -137,7 +137,7 @@ class DispatcherToolNode(ToolNode):
         self.dispatcher = dispatcher
         self.messages_key = messages_key
         self._interrupt = approvals == "interrupt"
-        self._approve = approve if self._interrupt or approve is None else _no_interrupt(approve)
+        self._approve = approve if self._interrupt or approve is None else no_interrupt(approve, "DispatcherToolNode")
         self._approval = approval
         self._guard = guard
 
@@ -308,18 +308,19 @@ def _unanswered(messages: Sequence[Any]) -> list[Any]:
     return [call for call in last.tool_calls if call["id"] not in answered] if last is not None else []
 
 
-def _no_interrupt(
-    approve: Callable[[ApprovalRequest], Awaitable[bool]],
-) -> Callable[[ApprovalRequest], Awaitable[bool]]:
-    """`approve` for ``approvals="dispatcher"``: an ``interrupt()`` in it denies the call, saying what to use."""
+def no_interrupt(approve: Approve, adapter: str) -> Approve:
+    """`approve` for ``approvals="dispatcher"``: an ``interrupt()`` in it denies the call, saying what to use.
+
+    The approver is asked inside the dispatcher's batch, where ``GraphInterrupt`` cannot reach the graph.
+    """
 
     async def asked(request: ApprovalRequest) -> bool:
         try:
             return await approve(request)
         except GraphInterrupt:
             raise ConfigurationError(
-                "the approver called interrupt(), which pauses the graph only with "
-                "DispatcherToolNode(approvals='interrupt', approve=...); with approvals='dispatcher' the call is denied"
+                f"the approver called interrupt(), which pauses the graph only with {adapter}(approvals='interrupt', "
+                "approve=...); with approvals='dispatcher' the call is denied"
             ) from None
 
     return asked
