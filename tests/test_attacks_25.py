@@ -292,3 +292,36 @@ async def test_a_flood_of_questions_from_concurrent_reads_cannot_bury_an_approva
     # Behind the questions already waiting (at most `QuestionPolicy.waiting`, 4), no further.
     assert screen.shown.index("approve w") <= 4
     assert screen.shown[-2:] == ["approve u", "question u untrusted"]
+
+
+async def test_the_claude_permission_callback_takes_its_turn_with_the_servers_questions() -> None:
+    """A Claude CLI permission prompt while a server's question is on screen waits for it: one prompt at a time."""
+    pytest.importorskip("claude_agent_sdk")
+    from claude_agent_sdk import PermissionResultAllow, ToolPermissionContext
+
+    from dispatcher.integrations.claude_agent_sdk import claude_options
+
+    screen = Screen(wait=1.0)
+
+    async def save() -> str:
+        return "saved"
+
+    dispatcher = Dispatcher(approve=screen.approve, ask_user=screen.ask, call_timeout=None)
+    async with dispatcher:
+        await dispatcher.connect("travel", asking_server(), trusted=True, mode="legacy")
+        dispatcher.add_function(save, annotations=ToolAnnotations(read_only_hint=False))
+        can_use = claude_options(dispatcher)["can_use_tool"]
+        answers: list[Any] = []
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(dispatcher.dispatch, [ToolCall("r", "book", {})])
+                await anyio.wait_all_tasks_blocked()
+                assert screen.showing == 1
+
+                async def permission() -> None:
+                    answers.append(await can_use("mcp__dispatcher__save", {}, ToolPermissionContext(tool_use_id="w")))
+
+                tg.start_soon(permission)
+    assert screen.most_at_once == 1
+    assert screen.shown == ["question r trusted", "approve w"]
+    assert [type(answer) for answer in answers] == [PermissionResultAllow]
