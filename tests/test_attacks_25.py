@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
 import trio.testing
+from mcp import StdioServerParameters
 from mcp.types import ToolAnnotations
 
 from dispatcher import Answer, ApprovalPolicy, CallStatus, Dispatcher, Question, ToolCall
@@ -17,6 +20,8 @@ if TYPE_CHECKING:
     from dispatcher import ApprovalRequest
 
 pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # A read that talks to the open world: asked about under `ApprovalPolicy(open_world=True)`, and reads overlap,
 # so the scheduler's own order never makes a nested call wait for the call whose prompt dispatched it.
@@ -325,3 +330,48 @@ async def test_the_claude_permission_callback_takes_its_turn_with_the_servers_qu
     assert screen.most_at_once == 1
     assert screen.shown == ["question r trusted", "approve w"]
     assert [type(answer) for answer in answers] == [PermissionResultAllow]
+
+
+async def test_a_question_of_a_call_that_ask_user_dispatched_nests_in_the_question_on_screen() -> None:
+    """ask_user running a tool whose server asks its own question: the inner one is shown, not stuck behind."""
+    shown: list[str] = []
+    seen: list[str] = []
+
+    async def ask(question: Question) -> Answer:
+        assert question.call is not None
+        shown.append(question.call.id)
+        if question.call.id == "outer":
+            (inner,) = await dispatcher.dispatch([ToolCall("inner", "book", {})])
+            return Answer.accept({"name": "Ada"}) if inner.status is CallStatus.OK else Answer.decline()
+        return Answer.accept({"name": "Bob"})
+
+    dispatcher = Dispatcher(ask_user=ask, call_timeout=None)
+    async with dispatcher:
+        await dispatcher.connect("travel", asking_server(seen), trusted=True, mode="legacy")
+        with anyio.fail_after(30):  # QuestionPolicy.timeout (300 s) would end the wait, the outer answer lost
+            (result,) = await dispatcher.dispatch([ToolCall("outer", "book", {})])
+    assert result.status is CallStatus.OK, result.error
+    assert shown == ["outer", "inner"]
+    assert [text.split()[0] for text in seen] == ["accept", "accept"] and "Ada" in seen[1] and "Bob" in seen[0]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a subprocess costs seconds: one backend is enough
+async def test_over_stdio_a_question_of_a_call_that_ask_user_dispatched_nests_in_the_question_on_screen() -> None:
+    """Over stdio the question arrives in the connection's task: it still nests in the question on screen."""
+    shown: list[str] = []
+
+    async def ask(question: Question) -> Answer:
+        shown.append(",".join(sorted(call.id for call in question.calls)))
+        if len(shown) == 1:
+            (inner,) = await dispatcher.dispatch([ToolCall("inner", "book", {})])
+            return Answer.accept({"name": "Ada"}) if inner.status is CallStatus.OK else Answer.decline()
+        return Answer.accept({"name": "Bob"})
+
+    params = StdioServerParameters(command=sys.executable, args=["-m", "tests.asking_server"], cwd=str(ROOT))
+    dispatcher = Dispatcher(ask_user=ask, call_timeout=60)
+    async with dispatcher:
+        await dispatcher.connect("travel", params, trusted=True, connect_timeout=60, mode="legacy")
+        with anyio.fail_after(50):  # stuck behind itself, the outer question would wait for call_timeout
+            (result,) = await dispatcher.dispatch([ToolCall("outer", "book", {})])
+    assert result.status is CallStatus.OK, result.error
+    assert shown == ["outer", "inner,outer"]  # on legacy the inner question may be either call's

@@ -42,7 +42,7 @@ import anyio.lowlevel
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-__all__ = ["Person"]
+__all__ = ["Person", "held_turn"]
 
 
 class _Turn:
@@ -53,6 +53,15 @@ class _Turn:
 
 # The turn the prompt being handled in this task holds, if any (its handler's own prompts nest in it).
 _holding: ContextVar[_Turn | None] = ContextVar("dispatcher_person_turn", default=None)
+
+
+def held_turn() -> object:
+    """The turn the prompt handled in this task holds (None: none), for a prompt that will come from elsewhere.
+
+    A server's question arrives in its connection's task, not in the call's: the call takes this when it
+    starts, and its question nests in that turn while it is on screen.
+    """
+    return _holding.get()
 
 
 class Person:
@@ -78,13 +87,13 @@ class Person:
         return _holding.get() in self._on_screen
 
     @asynccontextmanager
-    async def turn(self, ticket: int | None = None, *, nested: bool = False) -> AsyncIterator[None]:
+    async def turn(self, ticket: int | None = None, *, within: object = None) -> AsyncIterator[None]:
         """Wait for the person to be free and the prompt's turn, then hold the person for the block.
 
-        A prompt asked from inside the handling of the prompt on screen (`holding`, or `nested`: the
-        caller knows it was) is shown at once, inside that prompt.
+        A prompt asked from inside the handling of the prompt on screen (`holding`, or `within` that
+        turn: a `held_turn` the caller took where the prompt's cause began) is shown at once, inside it.
         """
-        if nested or self.holding():
+        if (within is not None and within in self._on_screen) or self.holding():
             self._shown += 1
             await anyio.lowlevel.checkpoint()
             async with self._showing():

@@ -49,7 +49,7 @@ from mcp.types import ElicitRequestURLParams, ElicitResult
 from .._core._errors import ConfigurationError
 from .._driver._clock import current_clock
 from .._driver._observe import current_attempt
-from .._driver._person import Person
+from .._driver._person import Person, held_turn
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -210,6 +210,8 @@ class Flight:
     ended: bool = False
     # The observed attempt it runs in (the events of its questions go there), or None.
     observed: tuple[Observer, ToolCall, CallState] | None = None
+    # The person's turn its call was dispatched within (a prompt's handler dispatched it), or None.
+    within: object = None
 
 
 @dataclass(eq=False)
@@ -232,7 +234,9 @@ class Flights:
     def flying(self) -> Iterator[Flight]:
         """Register the call this task runs for the duration of the block (the send and its answer)."""
         clock = current_clock()
-        flight = Flight(clock.call if clock is not None else None, clock, observed=current_attempt())
+        flight = Flight(
+            clock.call if clock is not None else None, clock, observed=current_attempt(), within=held_turn()
+        )
         self._flights.append(flight)
         try:
             yield flight
@@ -334,7 +338,8 @@ class Asker:
             try:
                 if all(_gone(flight) for flight in owners):
                     return "its call ended before it was asked"
-                async with self._person.turn(ticket):
+                within = next((flight.within for flight in owners if flight.within is not None), None)
+                async with self._person.turn(ticket, within=within):
                     # The prompt before it may have been withdrawn by the same cancellation as its call.
                     if all(_gone(flight) for flight in owners):
                         return "its call ended before it was asked"
