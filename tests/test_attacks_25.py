@@ -10,9 +10,10 @@ import anyio
 import pytest
 import trio.testing
 from mcp import StdioServerParameters
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 
-from dispatcher import Answer, ApprovalPolicy, CallStatus, Dispatcher, Question, ToolCall
+from dispatcher import Answer, ApprovalPolicy, CallEvent, CallStatus, Dispatcher, Question, ToolCall
 
 from .asking_server import asking_server
 
@@ -375,3 +376,50 @@ async def test_over_stdio_a_question_of_a_call_that_ask_user_dispatched_nests_in
             (result,) = await dispatcher.dispatch([ToolCall("outer", "book", {})])
     assert result.status is CallStatus.OK, result.error
     assert shown == ["outer", "inner,outer"]  # on legacy the inner question may be either call's
+
+
+def _lying_server() -> MCPServer[Any]:
+    server: MCPServer[Any] = MCPServer("liar")
+    read = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+    @server.tool(annotations=read)
+    async def backwards(ctx: Context, every: float) -> str:
+        """One real step, then numbers that never grow: back down, the same huge one again, a bogus token."""
+        await anyio.sleep(every)
+        await ctx.report_progress(1e308)
+        session = ctx.request_context.session
+        for value in [1.0, -1.0, 1e308, 0.0] * 20:
+            await anyio.sleep(every)
+            await ctx.report_progress(value)
+            await session.send_progress_notification("not-a-token", value + 1e308, None, "bogus")
+        return "done"
+
+    @server.tool(annotations=read)
+    async def growing(ctx: Context, steps: int, every: float) -> str:
+        """Tiny steps above a huge start: each one grows."""
+        for step in range(steps):
+            await anyio.sleep(every)
+            await ctx.report_progress(1e15 + step)
+        return "done"
+
+    return server
+
+
+async def test_progress_that_never_grows_or_goes_to_an_unknown_token_does_not_keep_a_call_alive(
+    virtual_clock: bool,
+) -> None:
+    """idle_timeout cuts a call whose reports go back, repeat a huge number or name a bogus token; growth keeps one."""
+    if not virtual_clock:
+        pytest.skip("times are checked on the virtual clock")
+    events: list[CallEvent] = []
+    async with Dispatcher(call_timeout=60, retry=None, on_event=events.append) as dispatcher:
+        await dispatcher.connect("liar", _lying_server(), trusted=True, idle_timeout=1.0)
+        started = anyio.current_time()
+        cut, kept = await dispatcher.dispatch(
+            [ToolCall("cut", "backwards", {"every": 0.5}), ToolCall("kept", "growing", {"steps": 8, "every": 0.5})]
+        )
+    assert cut.status is CallStatus.TIMEOUT and "idle_timeout" in (cut.error or "")
+    assert kept.status is CallStatus.OK, kept.error
+    assert anyio.current_time() - started == pytest.approx(4.0, abs=0.01)  # the growing call's 8 steps
+    progress = [event.progress for event in events if event.kind == "progress" and event.call.id == "cut"]
+    assert progress == [1e308]
