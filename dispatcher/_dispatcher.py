@@ -19,7 +19,7 @@ from ._core._catalog import Catalog, ToolEntry
 from ._core._errors import ConfigurationError, DispatcherClosedError, ServerConnectionError
 from ._core._idempotency import IdempotencyKeys
 from ._core._keys import check_domain, check_key_functions
-from ._driver._approval import ApprovalPolicy, SessionGuard
+from ._driver._approval import ApprovalPolicy, ApprovalRequest, SessionGuard
 from ._driver._batch import Batch
 from ._driver._execution import Executor
 from ._driver._hooks import CallHooks
@@ -193,6 +193,22 @@ class Dispatcher:
     def approver(self) -> Approver | None:
         """The approver of batches that set none of their own (None: nothing is asked)."""
         return self._approve
+
+    async def ask_approval(
+        self, approver: Approver | None, request: ApprovalRequest, approval: ApprovalPolicy | None = None
+    ) -> str | None:
+        """Ask `approver` about `request` as a batch would, in turn with the dispatcher's other prompts.
+
+        For code that asks on the dispatcher's behalf (a framework's own permission hook): the prompt
+        waits for the person to be free of approvals and servers' questions, the policy's `timeout`
+        counts from when it is shown, and failures and odd answers deny the call (`ApprovalPolicy.ask`).
+
+        Returns:
+            None when the call is approved, else why it is denied.
+        """
+        policy = approval if approval is not None else self._approval
+        async with self._person.turn():
+            return await policy.ask(approver, request)
 
     @property
     def abandoned_threads(self) -> int:

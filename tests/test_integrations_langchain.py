@@ -468,3 +468,23 @@ async def test_tools_registered_after_the_agent_was_built_are_bound_and_run() ->
     answers = _answers(state)
     assert answers["n"].content == "noted hi" and answers["n"].status == "success"
     assert answers["w"].content == "write:w"
+
+
+async def test_an_interrupting_approver_without_approvals_interrupt_is_denied_saying_what_to_use() -> None:
+    """approvals="dispatcher" cannot pause the agent: the denial names approvals="interrupt", not GraphInterrupt."""
+    recorder = Recorder()
+
+    async def approve(request: ApprovalRequest) -> bool:
+        return bool(interrupt(request.reason))
+
+    config: Any = {"configurable": {"thread_id": "t"}}
+    async with _dispatcher(recorder) as dispatcher:
+        middleware = DispatcherMiddleware(dispatcher, approve=approve)
+        agent = create_agent(
+            _model([("w1", "write", {"key": "w1"})]), middleware=[middleware], checkpointer=InMemorySaver()
+        )
+        with anyio.fail_after(BOUND):
+            state = await agent.ainvoke({"messages": [("user", "go")]}, config)
+    answer = _answers(state)["w1"]
+    assert answer.status == "error" and "DispatcherMiddleware(approvals='interrupt'" in str(answer.content)
+    assert recorder.executions == []

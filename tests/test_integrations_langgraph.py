@@ -253,3 +253,21 @@ async def test_an_interrupting_approver_in_a_graph_of_your_own() -> None:
     answers = {m.tool_call_id: (m.status, m.content) for m in state["messages"] if isinstance(m, ToolMessage)}
     assert answers == {"w1": ("error", "not run: the user denied it"), "r1": ("success", "read:r1")}
     assert _ran(recorder) == ["r1"]
+
+
+async def test_an_interrupting_approver_without_approvals_interrupt_is_denied_saying_what_to_use() -> None:
+    """approvals="dispatcher" cannot pause the graph: the denial names approvals="interrupt", not GraphInterrupt."""
+    recorder = Recorder()
+
+    async def approve(request: ApprovalRequest) -> bool:
+        return bool(interrupt(request.reason))
+
+    config: Any = {"configurable": {"thread_id": "t"}}
+    async with _dispatcher(recorder) as dispatcher:
+        node = DispatcherToolNode(dispatcher, approve=approve)
+        agent = create_react_agent(_model([("w1", "write", {"key": "w1"})]), tools=node, checkpointer=InMemorySaver())
+        with anyio.fail_after(BOUND):
+            state = await agent.ainvoke({"messages": [("user", "go")]}, config)
+    [answer] = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    assert answer.status == "error" and "approvals='interrupt'" in str(answer.content)
+    assert recorder.executions == []

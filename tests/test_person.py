@@ -65,7 +65,7 @@ def _unqueued(monkeypatch: pytest.MonkeyPatch) -> None:
     """The oracle's broken channel: every prompt is shown at once."""
 
     @asynccontextmanager
-    async def turn(self: Person, ticket: int | None = None) -> AsyncIterator[None]:
+    async def turn(self: Person, ticket: int | None = None, *, within: object = None) -> AsyncIterator[None]:
         await anyio.lowlevel.checkpoint()
         yield
 

@@ -119,7 +119,7 @@ async def test_concurrent_reads_put_one_question_at_a_time(serial: bool, monkeyp
     if not serial:
 
         @asynccontextmanager
-        async def unqueued(self: Any, ticket: int | None = None) -> AsyncIterator[None]:
+        async def unqueued(self: Any, ticket: int | None = None, *, within: object = None) -> AsyncIterator[None]:
             await anyio.lowlevel.checkpoint()
             yield
 

@@ -34,14 +34,25 @@ __all__ = ["CallClock", "current_clock", "start_clock"]
 class CallClock:
     """The deadlines of one call (see the module docstring); `call` is the call they bound."""
 
-    __slots__ = ("_left", "_paused", "_scopes", "call")
+    __slots__ = ("_interrupt", "_left", "_paused", "_scopes", "call")
 
-    def __init__(self, call: ToolCall | None) -> None:
+    def __init__(self, call: ToolCall | None, interrupt: anyio.CancelScope | None = None) -> None:
         self.call = call
+        # The scope whose cancellation ends the call (its caller, its batch, the dispatcher's close).
+        self._interrupt = interrupt
         self._scopes: list[anyio.CancelScope] = []
         self._paused = 0
         # While paused: the time each scope had left when the pause began (None: never paused).
         self._left: dict[int, float] | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the call is being cancelled (or was cut at its deadline): nobody waits for it any more.
+
+        True from the moment of the cancellation, before the call's task has unwound: a question of
+        the call then asks nobody, even if the person became free in the same instant.
+        """
+        return self._interrupt is not None and self._interrupt.cancel_called
 
     @property
     def paused(self) -> bool:
@@ -107,9 +118,12 @@ class CallClock:
 _clock: ContextVar[CallClock | None] = ContextVar("dispatcher_clock", default=None)
 
 
-def start_clock(call: ToolCall | None) -> CallClock:
-    """A fresh clock for the call this task runs from now on (what `current_clock` returns here)."""
-    clock = CallClock(call)
+def start_clock(call: ToolCall | None, interrupt: anyio.CancelScope | None = None) -> CallClock:
+    """A fresh clock for the call this task runs from now on (what `current_clock` returns here).
+
+    `interrupt` is the scope that ends the call when cancelled (see `CallClock.cancelled`).
+    """
+    clock = CallClock(call, interrupt)
     _clock.set(clock)
     return clock
 

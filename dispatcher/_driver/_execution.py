@@ -618,7 +618,7 @@ class Executor:
             if not work.start(started):
                 return  # settled while it was on its way (its fleet hold lost)
             # The call's deadlines stop while a person answers its server's question (`_clock`).
-            clock = start_clock(work.call)
+            clock = start_clock(work.call, scope)
             if once:
                 if timeout is not None:
                     clock.bound(scope)

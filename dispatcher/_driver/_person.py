@@ -19,6 +19,12 @@ is shown, not while it waits its turn; a question's call has its clock paused fo
 Withdrawing a prompt (its call was cancelled or ended) while it waits frees its place; while shown, it
 ends the prompt and the next one is shown.
 
+Re-entrancy: a prompt asked from inside the handling of the prompt on screen (an approver or an
+`ask_user` that itself dispatches a call needing approval on the same dispatcher) is part of that prompt:
+it is shown at once, inside it, instead of queueing behind the prompt that waits for it (which would
+never end). The turn a task holds is a context variable, so it reaches the tasks the handler's dispatch
+starts (task groups copy the starting task's context), and it counts only while that turn is on screen.
+
 Cost: a heap push and pop and one checkpoint per prompt; nothing when no prompt is asked.
 """
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from itertools import count
 from typing import TYPE_CHECKING
 
@@ -35,13 +42,32 @@ import anyio.lowlevel
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-__all__ = ["Person"]
+__all__ = ["Person", "held_turn"]
+
+
+class _Turn:
+    """One prompt's turn on screen (what the tasks of its handler hold)."""
+
+    __slots__ = ()
+
+
+# The turn the prompt being handled in this task holds, if any (its handler's own prompts nest in it).
+_holding: ContextVar[_Turn | None] = ContextVar("dispatcher_person_turn", default=None)
+
+
+def held_turn() -> object:
+    """The turn the prompt handled in this task holds (None: none), for a prompt that will come from elsewhere.
+
+    A server's question arrives in its connection's task, not in the call's: the call takes this when it
+    starts, and its question nests in that turn while it is on screen.
+    """
+    return _holding.get()
 
 
 class Person:
     """The person behind a dispatcher's approver and question handler: one prompt shown at a time."""
 
-    __slots__ = ("_busy", "_queue", "_shown", "_tickets")
+    __slots__ = ("_busy", "_on_screen", "_queue", "_shown", "_tickets")
 
     def __init__(self) -> None:
         self._tickets = count()
@@ -49,14 +75,30 @@ class Person:
         self._queue: list[tuple[int, anyio.Event]] = []
         self._busy = False
         self._shown = 0
+        # The turns on screen: the queue's one, and any prompts nested in it.
+        self._on_screen: set[_Turn] = set()
 
     def ticket(self) -> int:
         """A place in the queue, taken when a prompt is asked for (a lower ticket is shown first)."""
         return next(self._tickets)
 
+    def holding(self) -> bool:
+        """Whether this task runs inside the handling of a prompt on screen (a prompt it asks nests in it)."""
+        return _holding.get() in self._on_screen
+
     @asynccontextmanager
-    async def turn(self, ticket: int | None = None) -> AsyncIterator[None]:
-        """Wait for the person to be free and the prompt's turn, then hold the person for the block."""
+    async def turn(self, ticket: int | None = None, *, within: object = None) -> AsyncIterator[None]:
+        """Wait for the person to be free and the prompt's turn, then hold the person for the block.
+
+        A prompt asked from inside the handling of the prompt on screen (`holding`, or `within` that
+        turn: a `held_turn` the caller took where the prompt's cause began) is shown at once, inside it.
+        """
+        if (within is not None and within in self._on_screen) or self.holding():
+            self._shown += 1
+            await anyio.lowlevel.checkpoint()
+            async with self._showing():
+                yield
+            return
         ready = anyio.Event()
         entry = (self.ticket() if ticket is None else ticket, ready)
         heapq.heappush(self._queue, entry)
@@ -75,10 +117,22 @@ class Person:
             raise
         self._shown += 1
         try:
-            yield
+            async with self._showing():
+                yield
         finally:
             self._busy = False
             self._admit()
+
+    @asynccontextmanager
+    async def _showing(self) -> AsyncIterator[None]:
+        turn = _Turn()
+        self._on_screen.add(turn)
+        token = _holding.set(turn)
+        try:
+            yield
+        finally:
+            _holding.reset(token)
+            self._on_screen.discard(turn)
 
     def _admit(self) -> None:
         if not self._busy and self._queue:

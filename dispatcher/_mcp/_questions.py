@@ -49,7 +49,7 @@ from mcp.types import ElicitRequestURLParams, ElicitResult
 from .._core._errors import ConfigurationError
 from .._driver._clock import current_clock
 from .._driver._observe import current_attempt
-from .._driver._person import Person
+from .._driver._person import Person, held_turn
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -210,6 +210,8 @@ class Flight:
     ended: bool = False
     # The observed attempt it runs in (the events of its questions go there), or None.
     observed: tuple[Observer, ToolCall, CallState] | None = None
+    # The person's turn its call was dispatched within (a prompt's handler dispatched it), or None.
+    within: object = None
 
 
 @dataclass(eq=False)
@@ -232,7 +234,9 @@ class Flights:
     def flying(self) -> Iterator[Flight]:
         """Register the call this task runs for the duration of the block (the send and its answer)."""
         clock = current_clock()
-        flight = Flight(clock.call if clock is not None else None, clock, observed=current_attempt())
+        flight = Flight(
+            clock.call if clock is not None else None, clock, observed=current_attempt(), within=held_turn()
+        )
         self._flights.append(flight)
         try:
             yield flight
@@ -332,9 +336,13 @@ class Asker:
             for flight in owners:
                 flight.open.add(opened)
             try:
-                if all(flight.ended for flight in owners):
+                if all(_gone(flight) for flight in owners):
                     return "its call ended before it was asked"
-                async with self._person.turn(ticket):
+                within = next((flight.within for flight in owners if flight.within is not None), None)
+                async with self._person.turn(ticket, within=within):
+                    # The prompt before it may have been withdrawn by the same cancellation as its call.
+                    if all(_gone(flight) for flight in owners):
+                        return "its call ended before it was asked"
                     return await self._observed(question, owners)
             finally:
                 for flight in owners:
@@ -370,6 +378,11 @@ class Asker:
                 return f"ask_user answered {type(got).__name__} instead of an Answer"
             return got
         return f"no answer within {timeout}s (QuestionPolicy.timeout)"
+
+
+def _gone(flight: Flight) -> bool:
+    """Whether nobody waits for a flight's call any more: it ended, or it is being cancelled."""
+    return flight.ended or (flight.clock is not None and flight.clock.cancelled)
 
 
 def _reply(question: Question, answer: Answer | str) -> ElicitResult:

@@ -133,8 +133,9 @@ def permission_callback(
             return PermissionResultAllow()
         approver = dispatcher.approver if isinstance(approve, _Default) else approve
         call = ToolCall(context.tool_use_id or tool_name, entry.name, arguments)
-        # The dispatcher's own asking: its timeout, and its answers for a failing or odd approver.
-        denial = await policy.ask(approver, ApprovalRequest(call, entry, reason))
+        # The dispatcher's own asking: in turn with its other prompts (one person, one prompt at a time),
+        # its timeout, and its answers for a failing or odd approver.
+        denial = await dispatcher.ask_approval(approver, ApprovalRequest(call, entry, reason), policy)
         if denial is None:
             return PermissionResultAllow()
         return PermissionResultDeny(message=denial)

@@ -66,6 +66,7 @@ from dispatcher import ApprovalPolicy, ApprovalRequest, CallStatus, Configuratio
 from dispatcher.formats import tool_description, tool_schema
 
 from ._common import model_text, plain_result
+from .langgraph import no_interrupt
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -148,7 +149,7 @@ class DispatcherMiddleware(AgentMiddleware[Any, Any, Any]):
         self.dispatcher = dispatcher
         self._name = name
         self._interrupt = approvals == "interrupt"
-        self._approve = approve
+        self._approve = approve if self._interrupt or approve is None else no_interrupt(approve, "DispatcherMiddleware")
         self._approval = approval
         self._guard = guard
         self._by_name: dict[str, _DispatcherTool] = {}

@@ -26,7 +26,10 @@ call keeps its place. With ``approvals="interrupt"`` the approver is called in t
 any call of the message runs, for each call the approval policy selects, in call order, so it may call
 LangGraph's ``interrupt()``: the graph pauses (it needs a checkpointer), and when it is resumed with
 ``Command(resume=answer)`` the approver gets the person's answer back from ``interrupt()`` and returns
-it. Nothing of the message has run before the pause, so resuming runs nothing twice.
+it. Nothing of the message has run before the pause, so resuming runs nothing twice. An approver given
+with ``approvals="dispatcher"`` that calls ``interrupt()`` cannot pause the graph (it is asked inside
+the dispatcher's batch, not in the node): its call is denied with a reason that says to use
+``approvals="interrupt"``, instead of the bare ``GraphInterrupt`` the model would read.
 
 The ``ToolMessage``s hold plain data only (``artifact`` is a dict of the result's status, tool,
 server, attempts and untrusted flag), so a checkpointer stores them without the dispatcher's classes.
@@ -47,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import BaseTool, StructuredTool
+from langgraph.errors import GraphInterrupt
 from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolRuntime
 
@@ -57,6 +61,8 @@ from ._common import model_text, plain_result
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
+
+    Approve = Callable[[ApprovalRequest], Awaitable[bool]]
 
     from langchain_core.runnables import RunnableConfig
     from langgraph.runtime import Runtime
@@ -131,7 +137,7 @@ class DispatcherToolNode(ToolNode):
         self.dispatcher = dispatcher
         self.messages_key = messages_key
         self._interrupt = approvals == "interrupt"
-        self._approve = approve
+        self._approve = approve if self._interrupt or approve is None else no_interrupt(approve, "DispatcherToolNode")
         self._approval = approval
         self._guard = guard
 
@@ -300,3 +306,21 @@ def _unanswered(messages: Sequence[Any]) -> list[Any]:
     answered = {message.tool_call_id for message in messages if isinstance(message, ToolMessage)}
     last = next((message for message in reversed(messages) if isinstance(message, AIMessage)), None)
     return [call for call in last.tool_calls if call["id"] not in answered] if last is not None else []
+
+
+def no_interrupt(approve: Approve, adapter: str) -> Approve:
+    """`approve` for ``approvals="dispatcher"``: an ``interrupt()`` in it denies the call, saying what to use.
+
+    The approver is asked inside the dispatcher's batch, where ``GraphInterrupt`` cannot reach the graph.
+    """
+
+    async def asked(request: ApprovalRequest) -> bool:
+        try:
+            return await approve(request)
+        except GraphInterrupt:
+            raise ConfigurationError(
+                f"the approver called interrupt(), which pauses the graph only with {adapter}(approvals='interrupt', "
+                "approve=...); with approvals='dispatcher' the call is denied"
+            ) from None
+
+    return asked
