@@ -100,6 +100,14 @@ def test_explanations_for_the_edges_of_the_range() -> None:
     assert stopped.endswith("the sweep stopped before the larger settings were measured.")
     assert "wider" not in stopped
     assert recommend([setting(8, 0, calls=0)])[:2] == (None, None)
+    # A sweep cut short after one setting says it compared nothing, not that 1 gives the best throughput.
+    assert recommend([setting(1, 20)], planned_top=64) == (
+        1,
+        1,
+        "only 1 was measured (20.0 calls/s), so there is no knee to find: the sweep stopped before the other "
+        "settings; give it more time.",
+    )
+    assert recommend([setting(8, 20)])[2].endswith("measure more than one setting to compare them.")
     # A knee well below the best throughput says what the best would cost per call, and lets the user choose.
     soft = [setting(1, 100, 0.004), setting(4, 300, 0.02), setting(16, 460, 0.034)]
     assert recommend(soft) == (
