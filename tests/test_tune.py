@@ -738,6 +738,23 @@ def test_a_server_that_fails_to_start_shows_its_last_words(capsys: pytest.Captur
     assert "the server's stderr ended with (--server-log PATH keeps all of it):\n  fatal: no config file\n" in err
 
 
+def test_a_bare_python_missing_a_module_gets_a_hint(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bare `python` that lacks the server's packages: the error says which one ran and what to give instead."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'anyio'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert main(["inspect", "--stdio", "python -m my_server", "--timeout", "20"]) == 1
+    err = capsys.readouterr().err
+    assert f"hint: 'python' ran as {fake}, the first on PATH; a missing module means" in err
+    assert "give the interpreter's full path" in err
+    # A full path names its interpreter already: no hint.
+    assert main(["inspect", "--stdio", f"{fake} -m my_server", "--timeout", "20"]) == 1
+    assert "hint:" not in capsys.readouterr().err
+
+
 def test_a_closed_pipe_ends_quietly(tmp_path: pathlib.Path) -> None:
     """`dispatcher inspect ... | head` with the reader gone: no traceback, nothing on stderr."""
     read, write = os.pipe()
