@@ -577,6 +577,19 @@ def test_cli_needs_a_server_and_a_workload(capsys: pytest.CaptureFixture[str]) -
     assert "one of the arguments --workload --synthetic is required" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("option", ["--max-time", "--duration", "--call-timeout"])
+def test_cli_time_options_take_positive_seconds(option: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A time option of 0 or text is a usage error that says to leave the option out, not to pass None."""
+    for value in ("0", "soon"):
+        with pytest.raises(SystemExit) as caught:
+            main(["tune", "--url", "http://127.0.0.1:9/mcp", "--synthetic", "reads", option, value])
+        assert caught.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {option}: takes " in err
+        assert "None" not in err
+        assert ("leave it out for no limit" if value == "0" else "a number of seconds, got 'soon'") in err
+
+
 def test_the_guide_example_runs(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The Python example of docs/tuning.md runs and recommends the knee it describes.
 
