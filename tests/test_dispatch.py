@@ -226,7 +226,8 @@ async def test_a_raising_local_function_is_a_tool_error() -> None:
 async def test_duplicate_ids_and_non_calls_are_rejected_before_anything_runs() -> None:
     """A batch with duplicate ids or a non-ToolCall item raises ValueError and runs nothing."""
     async with setup() as (dispatcher, recorder):
-        with pytest.raises(ValueError, match="duplicate call id 'x'"):
+        # The position counts from 0, and says so: the second of two calls is item 1.
+        with pytest.raises(ValueError, match=r"duplicate call id 'x' \(item 1, counting from 0\)"):
             await dispatcher.dispatch([call("x", "write"), call("x", "read")])
         with pytest.raises(BatchError, match="item 1 is a dict"):
             await dispatcher.dispatch([call("a", "write"), {"id": "b"}])  # type: ignore[list-item]

@@ -625,5 +625,17 @@ async def test_tools_that_need_mcp_tasks_are_flagged() -> None:
     by_tool = {tool.tool: tool for tool in report.tools}
     assert [w.code for w in by_tool["research"].warnings] == ["needs_tasks"]
     assert by_tool["quick"].warnings == () and by_tool["quick"].task_support == "optional"
-    assert "research: needs MCP tasks (execution.taskSupport is 'required')" in render_table(report)
+    assert "research: needs MCP tasks (execution.taskSupport is 'required'), but the server does not advertise" in (
+        render_table(report)
+    )
     assert report.to_json()["tools"][0]["task_support"] == "required"
+
+
+def test_a_server_that_serves_tasks_gets_no_needs_tasks_warning() -> None:
+    """The dispatcher runs a call as a task on a server that advertises tasks: nothing to warn about there."""
+    entries = [entry("research", None, trusted=True)]
+    required = {"research": "required"}
+    served, _ = analyze(entries, task_support=required, tasks_served=True)
+    assert served[0].warnings == () and served[0].task_support == "required"
+    refused, _ = analyze(entries, task_support=required, tasks_served=False)
+    assert [w.code for w in refused[0].warnings] == ["needs_tasks"]

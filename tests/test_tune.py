@@ -101,6 +101,14 @@ def test_explanations_for_the_edges_of_the_range() -> None:
     assert stopped.endswith("the sweep stopped before the larger settings were measured.")
     assert "wider" not in stopped
     assert recommend([setting(8, 0, calls=0)])[:2] == (None, None)
+    # A sweep cut short after one setting says it compared nothing, not that 1 gives the best throughput.
+    assert recommend([setting(1, 20)], planned_top=64) == (
+        1,
+        1,
+        "only 1 was measured (20.0 calls/s), so there is no knee to find: the sweep stopped before the other "
+        "settings; give it more time.",
+    )
+    assert recommend([setting(8, 20)])[2].endswith("measure more than one setting to compare them.")
     # A knee well below the best throughput says what the best would cost per call, and lets the user choose.
     soft = [setting(1, 100, 0.004), setting(4, 300, 0.02), setting(16, 460, 0.034)]
     assert recommend(soft) == (
@@ -573,6 +581,19 @@ def test_cli_needs_a_server_and_a_workload(capsys: pytest.CaptureFixture[str]) -
     assert "one of the arguments --workload --synthetic is required" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("option", ["--max-time", "--duration", "--call-timeout"])
+def test_cli_time_options_take_positive_seconds(option: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A time option of 0 or text is a usage error that says to leave the option out, not to pass None."""
+    for value in ("0", "soon"):
+        with pytest.raises(SystemExit) as caught:
+            main(["tune", "--url", "http://127.0.0.1:9/mcp", "--synthetic", "reads", option, value])
+        assert caught.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {option}: takes " in err
+        assert "None" not in err
+        assert ("leave it out for no limit" if value == "0" else "a number of seconds, got 'soon'") in err
+
+
 def test_the_guide_example_runs(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The Python example of docs/tuning.md runs and recommends the knee it describes.
 
@@ -735,6 +756,24 @@ def test_a_server_that_fails_to_start_shows_its_last_words(capsys: pytest.Captur
     err = capsys.readouterr().err
     assert err.startswith("dispatcher inspect: could not connect to server 'server'")
     assert "the server's stderr ended with (--server-log PATH keeps all of it):\n  fatal: no config file\n" in err
+
+
+@pytest.mark.subprocess
+def test_a_bare_python_missing_a_module_gets_a_hint(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bare `python` that lacks the server's packages: the error says which one ran and what to give instead."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'anyio'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert main(["inspect", "--stdio", "python -m my_server", "--timeout", "20"]) == 1
+    err = capsys.readouterr().err
+    assert f"hint: 'python' ran as {fake}, the first on PATH; a missing module means" in err
+    assert "give the interpreter's full path" in err
+    # A full path names its interpreter already: no hint.
+    assert main(["inspect", "--stdio", f"{fake} -m my_server", "--timeout", "20"]) == 1
+    assert "hint:" not in capsys.readouterr().err
 
 
 @pytest.mark.subprocess

@@ -214,7 +214,9 @@ class Batch:
         if not isinstance(call.id, str) or not call.id:
             raise BatchError(f"item {position} has an empty or non-string id: {call.id!r}")
         if call.id in (self._ids if seen is None else seen):
-            raise BatchError(f"duplicate call id {call.id!r} (item {position}); every call needs its own id")
+            raise BatchError(
+                f"duplicate call id {call.id!r} (item {position}, counting from 0); every call needs its own id"
+            )
 
     def results(self) -> list[ToolResult]:
         """The results in submission order.

@@ -34,7 +34,7 @@ from dispatcher._core._errors import ConfigurationError, DispatcherError
 from dispatcher._core._keys import rule as key_rule
 from dispatcher._core._trifecta import communicates_externally, ingests_untrusted_content, reads_private_data
 from dispatcher._dispatcher import Dispatcher
-from dispatcher._mcp._session import list_all_tools
+from dispatcher._mcp._session import list_all_tools, serves_tasks
 
 from ..tuning._connection import connected, describe_target
 
@@ -201,14 +201,16 @@ def _hints(annotations: ToolAnnotations | None) -> dict[str, bool | None]:
     return {spec: getattr(annotations, attr) if annotations is not None else None for spec, attr in HINTS}
 
 
-def _tool_findings(entry: ToolEntry, task_support: str | None = None) -> list[Finding]:
+def _tool_findings(entry: ToolEntry, task_support: str | None = None, *, tasks_served: bool = False) -> list[Finding]:
     findings: list[Finding] = []
-    if task_support == "required":
+    # The dispatcher runs such a call as a task when the server advertises task-augmented tools/call; only a
+    # server that requires tasks and does not advertise them refuses every call.
+    if task_support == "required" and not tasks_served:
         findings.append(
             Finding(
                 "needs_tasks",
-                "needs MCP tasks (execution.taskSupport is 'required'): the server refuses calls made without a "
-                "task, and the dispatcher makes none, so every call of this tool will fail",
+                "needs MCP tasks (execution.taskSupport is 'required'), but the server does not advertise "
+                "task-augmented tool calls, so the dispatcher cannot run it as a task: every call of it will fail",
             )
         )
     declared = entry.declared_annotations
@@ -313,6 +315,7 @@ def analyze(
     *,
     overrides: Mapping[str, ToolAnnotations] | None = None,
     task_support: Mapping[str, str | None] | None = None,
+    tasks_served: bool = False,
 ) -> tuple[tuple[ToolReport, ...], tuple[Finding, ...]]:
     """Report on catalogue entries: each tool, then the warnings about the toolset.
 
@@ -321,6 +324,8 @@ def analyze(
         pins: Their pins (tool name on the server -> hash), from `Dispatcher.export_pins`.
         overrides: The user's overrides they were registered with (by the server's tool name).
         task_support: Each tool's `execution.taskSupport`, by the server's tool name.
+        tasks_served: Whether the server advertises task-augmented `tools/call` (then a tool that requires
+            tasks runs as one, and gets no warning).
     """
     pins = pins or {}
     overrides = overrides or {}
@@ -334,7 +339,7 @@ def analyze(
             scheduling="concurrent" if entry.concurrent else "exclusive",
             # What a RetryPolicy acts on: the effective idempotentHint, which only trusted sources set.
             retryable=entry.idempotent,
-            warnings=tuple(_tool_findings(entry, task_support.get(entry.tool))),
+            warnings=tuple(_tool_findings(entry, task_support.get(entry.tool), tasks_served=tasks_served)),
             keys=key_rule(entry),
             title=entry.title,
             description=entry.description,
@@ -468,6 +473,7 @@ async def inspect_server(
     overrides = dict(overrides or {})
     failure: DispatcherError | None = None
     tasks: dict[str, str | None] = {}
+    tasks_served = False
     description = f"server {server!r} ({describe_target(target)})"
     async with connected(target, mode=mode, connect_timeout=connect_timeout, description=description) as client:
         async with Dispatcher() as dispatcher:
@@ -483,6 +489,7 @@ async def inspect_server(
                 for tool in await list_all_tools(client):
                     if tool.execution is not None and tool.execution.task_support is not None:
                         tasks[tool.name] = str(tool.execution.task_support)
+                tasks_served = serves_tasks(client)
             except DispatcherError as exc:
                 # Raised once the dispatcher is closed: its task group would wrap it in an exception group.
                 failure = exc
@@ -490,7 +497,7 @@ async def inspect_server(
         protocol = client.protocol_version
     if failure is not None:
         raise failure
-    tools, warnings = analyze(entries, hashes, overrides=overrides, task_support=tasks)
+    tools, warnings = analyze(entries, hashes, overrides=overrides, task_support=tasks, tasks_served=tasks_served)
     note = _unannotated(entries, overrides)
     removed: tuple[str, ...] = ()
     if pins is not None:

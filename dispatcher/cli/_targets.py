@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,7 +174,19 @@ class ServerTarget:
         if not lines:
             return ""
         tail = "\n".join(f"  {clean(line)[:300]}" for line in lines[-_TAIL:])
-        return f"the server's stderr ended with (--server-log PATH keeps all of it):\n{tail}"
+        return f"the server's stderr ended with (--server-log PATH keeps all of it):\n{tail}{self._module_hint(lines)}"
+
+    def _module_hint(self, lines: list[str]) -> str:
+        # A bare `python` is whichever comes first on PATH, often not the venv that has the server's packages.
+        program = self.stdio.command if self.stdio is not None else ""
+        if "/" in program or not any("No module named" in line for line in lines[-_TAIL:]):
+            return ""
+        where = shutil.which(program) or "not found on PATH"
+        return (
+            f"\nhint: {program!r} ran as {where}, the first on PATH; a missing module means that Python lacks the "
+            f"server's packages (or the name is misspelled): activate the venv that has them, or give the "
+            f"interpreter's full path, e.g. --stdio {shlex.quote(sys.executable + ' -m my_server')}"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import functools
 import json
@@ -22,7 +23,6 @@ from ._present import ProgressBar, print_lines, tune_lines
 from ._targets import UsageError, add_target_options, parse_overrides, target_from_args
 
 if TYPE_CHECKING:
-    import argparse
     from collections.abc import Awaitable, Callable
 
     from dispatcher._core._calls import ToolCall
@@ -30,6 +30,17 @@ if TYPE_CHECKING:
     from ..tuning._sweep import TuneReport
 
 __all__ = ["add_parser", "doubling"]
+
+
+def _seconds(text: str) -> float:
+    """A positive number of seconds, for the time options: leaving an option out is how to say "no limit"."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"takes a positive number of seconds, got {text!r}; leave it out for no limit")
+    return value
 
 
 def doubling(start: int, stop: int) -> list[int]:
@@ -97,14 +108,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     sweep.add_argument(
         "--max-time",
-        type=float,
+        type=_seconds,
         metavar="S",
         help="stop after S seconds in all and report the settings measured so far (exit status 124)",
     )
-    sweep.add_argument("--duration", type=float, metavar="S", help="measure each setting for at most S seconds")
+    sweep.add_argument("--duration", type=_seconds, metavar="S", help="measure each setting for at most S seconds")
     sweep.add_argument("--warmup", type=int, metavar="N", help="calls before measuring (default: twice the setting)")
     sweep.add_argument("--clients", type=int, metavar="N", help="callers offering calls (default: the largest setting)")
-    sweep.add_argument("--call-timeout", type=float, default=60.0, metavar="S", help="per call (default 60)")
+    sweep.add_argument("--call-timeout", type=_seconds, default=60.0, metavar="S", help="per call (default 60)")
     sweep.add_argument("--seed", type=int, default=0, help="seed of the synthetic mixed workload")
     sweep.add_argument(
         "--online",

@@ -73,6 +73,12 @@ def recommend(
         )
     best = max(measured, key=lambda s: s.throughput)
     top, low = measured[-1], measured[0]
+    if len(measured) == 1:
+        # One setting compares with nothing: it is the one known to work, not a knee.
+        head = f"only {top.limit} was measured ({_rate(top)}), so there is no knee to find"
+        if planned_top is not None and planned_top > top.limit:
+            return top.limit, top.limit, f"{head}: the sweep stopped before the other settings; give it more time."
+        return top.limit, top.limit, f"{head}: measure more than one setting to compare them."
     peak = max(power(s) for s in measured)
     chosen = next((s for s in measured if power(s) >= (1 - tolerance) * peak), low) if peak > 0 else low
     if len(measured) > 1 and _flat(low, best):
