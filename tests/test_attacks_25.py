@@ -356,6 +356,7 @@ async def test_a_question_of_a_call_that_ask_user_dispatched_nests_in_the_questi
     assert [text.split()[0] for text in seen] == ["accept", "accept"] and "Ada" in seen[1] and "Bob" in seen[0]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a subprocess costs seconds: one backend is enough
 async def test_over_stdio_a_question_of_a_call_that_ask_user_dispatched_nests_in_the_question_on_screen() -> None:
     """Over stdio the question arrives in the connection's task: it still nests in the question on screen."""

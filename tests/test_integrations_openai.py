@@ -179,6 +179,32 @@ async def test_needs_approval_set_on_a_tool_holds_the_rest_of_the_turn_and_resum
     assert recorder.violations == []
 
 
+async def test_calls_approved_through_the_sdk_are_not_asked_again_by_the_dispatchers_approver() -> None:
+    """`needs_approval=True` and a dispatcher approver: a call the person approved in the SDK is not asked
+    again; a write of the turn the SDK did not hold is still put to the dispatcher's approver."""
+    asked: list[str] = []
+
+    async def approve(request: ApprovalRequest) -> bool:
+        asked.append(request.call.id)
+        return True
+
+    recorder = Recorder()
+    async with _dispatcher(recorder, approve=approve) as dispatcher:
+        tools = DispatcherTools(dispatcher)
+        _tool(tools, "write").needs_approval = True
+        turn = [function_call("log", {"key": "l0"}, call_id="l0"), *TURN]
+        agent = Agent(name="a", model=_model(turn), tools=tools.tools, hooks=tools.hooks)
+        first = await _run(agent)
+        held = {item.raw_item.call_id: item for item in first.interruptions}
+        assert sorted(held) == ["l1", "r1", "w1", "w2"]
+        state = first.to_state()
+        for item in held.values():
+            state.approve(item)
+        second = await _run(agent, state)
+    assert _outputs(second) == {"l0": "log:l0", "w1": "write:w1", "l1": "log:l1", "r1": "read:r1", "w2": "write:w2"}
+    assert asked == ["l0"], "a call approved through the SDK was asked about again"
+
+
 async def test_a_callable_needs_approval_that_selects_one_call() -> None:
     """A `needs_approval` function selecting w2: the calls before it run, w2 and the read after it wait."""
 

@@ -18,7 +18,8 @@ hold of the two SDK settings that stop a call before it reaches the tool:
   its output is the rejecting guardrail's;
 - ``needs_approval`` set on one of these tools (True, or a function of the call) is honoured like
   ``approvals="sdk"``: from the first call that needs approval on, every call of that response waits
-  for the SDK's approval too, so that nothing after it runs first.
+  for the SDK's approval too, so that nothing after it runs first; a call the person approved there is
+  not put to the dispatcher's approver again.
 
 Approvals, two ways. By default (``approvals="dispatcher"``) the dispatcher's approver is asked while
 the call keeps its place, and a denial is a result the model reads. With ``approvals="sdk"`` the SDK's
@@ -47,6 +48,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from collections import Counter
@@ -73,7 +75,7 @@ if TYPE_CHECKING:
     from agents import Agent, ModelResponse, RunContextWrapper
     from agents.tool_context import ToolContext
 
-    from dispatcher import ApprovalRequest, Batch, Dispatcher, SessionGuard, ToolEntry, ToolResult
+    from dispatcher import ApprovalRequest, Approver, Batch, Dispatcher, SessionGuard, ToolEntry, ToolResult
 
 __all__ = ["DispatcherTools"]
 
@@ -236,7 +238,13 @@ class DispatcherTools:
             # A call approved through the SDK is not put to the dispatcher's approver again.
             batch = self.dispatcher.batch(approval=_ASKED, guard=self._guard)
         else:
-            batch = self.dispatcher.batch(approve=self._approve, approval=self._approval, guard=self._guard)
+            # The calls held for the SDK's approval reach their tool only once the person approved them
+            # there: the dispatcher's approver is not asked about them a second time.
+            approve = self._approve if self._approve is not None else self.dispatcher.approver
+            held = frozenset(item.call_id for item in unique[first:])
+            if held and approve is not None:
+                approve = functools.partial(_unless_approved, held, approve)
+            batch = self.dispatcher.batch(approve=approve, approval=self._approval, guard=self._guard)
         turn = _Turn(
             batch,
             [(position, unique[position].call_id, unique[position].name) for position in range(first, len(unique))],
@@ -336,6 +344,11 @@ class DispatcherTools:
 
 # A call approved through the SDK is not put to the dispatcher's approver again.
 _ASKED = ApprovalPolicy(destructive=False)
+
+
+async def _unless_approved(held: frozenset[str], approve: Approver, request: ApprovalRequest) -> bool:
+    """Approve a call the person approved through the SDK; ask `approve` about the others."""
+    return True if request.call.id in held else await approve(request)
 
 
 class _GuardInput:
