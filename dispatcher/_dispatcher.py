@@ -2,7 +2,7 @@
 
 What a call does once submitted (admission by the gate, attempts, retries, timeouts, settling) is the
 executor's (`_execution`); the handles a caller waits on are in `_batch`; which tool a name means is the
-catalogue's; connections to servers are the registry's (`_connections`).
+catalogue's; connections to servers are the registry's (`_registry`).
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from ._driver._observe import Observer, resolve_tracer
 from ._driver._person import Person
 from ._driver._retry import RetryPolicy
 from ._functions import FunctionTool, ThreadWatch
-from ._mcp._connections import ServerRegistry, check_annotations, check_reconnect, check_target
+from ._mcp._connections import check_target
 from ._mcp._failures import explain as _describe
 from ._mcp._failures import innermost as _innermost
 from ._mcp._online import OnlineLimit
 from ._mcp._questions import Asker, QuestionPolicy
-from ._mcp._session import DEFAULT_MAX_ANSWER_BYTES
+from ._mcp._registry import ServerRegistry, check_annotations, check_reconnect
+from ._mcp._transport import DEFAULT_MAX_ANSWER_BYTES
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence

@@ -15,7 +15,8 @@ from dispatcher import CallStatus, Dispatcher, ToolCall
 from dispatcher._core import _catalog
 from dispatcher._core._catalog import MAX_TOMBSTONES
 from dispatcher._mcp._connections import LISTING_BURST, LISTING_INTERVAL, LISTING_REST
-from dispatcher._mcp._session import DEFAULT_MAX_ANSWER_BYTES, MAX_TOOLS
+from dispatcher._mcp._session import MAX_TOOLS
+from dispatcher._mcp._transport import DEFAULT_MAX_ANSWER_BYTES
 from dispatcher.examples import serve_http
 
 from .limits_server import LimitsServer, stdio

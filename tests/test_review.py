@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pytest
 
-import dispatcher._mcp._connections
+import dispatcher._mcp._registry
 from dispatcher import ApprovalRequest, CallStatus, ConfigurationError, DefinitionChange, Dispatcher, ToolCall
 from dispatcher._mcp._pins import definition_hash
 from dispatcher.examples import Workspace
@@ -27,7 +27,7 @@ from .test_security_names import TRANSPORTS, Bank, Transport, hostile_target, mu
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from dispatcher._mcp._connections import ServerRegistry
+    from dispatcher._mcp._registry import ServerRegistry
 
 pytestmark = pytest.mark.anyio
 
@@ -358,7 +358,7 @@ async def test_the_race_oracle_catches_an_accept_that_is_not_bound_to_its_defini
             self._apply(server, list(server.tools.values()))
         return accepted
 
-    monkeypatch.setattr(dispatcher._mcp._connections.ServerRegistry, "_accept", unbound)
+    monkeypatch.setattr(dispatcher._mcp._registry.ServerRegistry, "_accept", unbound)
     outcome, workspace, _, _ = await race("auto", "changed")
     assert outcome.callable_after_outdated_yes  # the poisoned definition was let in on a yes to version one
     assert outcome.blocked.status is CallStatus.TOOL_ERROR and ran(workspace, "read_note") == 1  # it ran: no note a

@@ -13,8 +13,8 @@ from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 from dispatcher import CallStatus, ToolCall, ToolResult
 from dispatcher._core._annotations import SPEC_DEFAULTS
 from dispatcher._core._catalog import NAME_PATTERN, Catalog, ToolEntry
-from dispatcher._mcp._connections import ServerRegistry, _Server
 from dispatcher._mcp._pins import definition, definition_hash
+from dispatcher._mcp._registry import ServerRegistry, _Server
 from dispatcher.formats import anthropic_tools, mark_untrusted, openai_chat_tools, openai_responses_tools
 
 

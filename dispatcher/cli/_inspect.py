@@ -34,7 +34,8 @@ from dispatcher._core._errors import ConfigurationError, DispatcherError
 from dispatcher._core._keys import rule as key_rule
 from dispatcher._core._trifecta import communicates_externally, ingests_untrusted_content, reads_private_data
 from dispatcher._dispatcher import Dispatcher
-from dispatcher._mcp._session import list_all_tools, serves_tasks
+from dispatcher._mcp._session import list_all_tools
+from dispatcher._mcp._tasks import serves_tasks
 
 from ..tuning._connection import connected, describe_target
 
