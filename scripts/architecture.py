@@ -116,6 +116,8 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "dispatcher._mcp._connections",
             "dispatcher._functions",
             "dispatcher.fleet._lua",
+            "dispatcher.fleet._config",
+            "dispatcher.fleet._links",
             "dispatcher.fleet._redis",
             "dispatcher.fleet",
         ),
