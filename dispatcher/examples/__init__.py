@@ -7,10 +7,10 @@ serves any `MCPServer` over streamable HTTP on a free port. Run `python -m dispa
 """
 
 from ._http import serve_http as serve_http
-from ._workspace import FaultConfig as FaultConfig
-from ._workspace import ToolRun as ToolRun
+from ._ledger import ToolRun as ToolRun
+from ._models import FaultConfig as FaultConfig
+from ._models import saturated_latency as saturated_latency
 from ._workspace import Workspace as Workspace
-from ._workspace import saturated_latency as saturated_latency
 
 __all__ = [
     "FaultConfig",
