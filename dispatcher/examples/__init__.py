@@ -19,3 +19,11 @@ __all__ = [
     "saturated_latency",
     "serve_http",
 ]
+
+
+# The classes exported here report this module as their home (`dispatcher.examples.Workspace`, not its private one).
+for _name in __all__:
+    _value = globals()[_name]
+    if isinstance(_value, type) and _value.__module__.startswith("dispatcher."):
+        _value.__module__ = __name__
+del _name, _value
