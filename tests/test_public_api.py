@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dispatcher
-from dispatcher import fleet, testing
+from dispatcher import examples, fleet, testing
 
 
 def test_all_is_sorted_and_complete() -> None:
@@ -22,7 +22,7 @@ def test_public_names_come_from_the_package() -> None:
     classes = [getattr(dispatcher, name) for name in dispatcher.__all__ if isinstance(getattr(dispatcher, name), type)]
     assert len(classes) > 20
     assert {cls.__name__: cls.__module__ for cls in classes} == {cls.__name__: "dispatcher" for cls in classes}
-    for package in (fleet, testing):
+    for package in (examples, fleet, testing):
         for name in package.__all__:
             value = getattr(package, name)
             if isinstance(value, type):

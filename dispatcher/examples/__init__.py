@@ -7,10 +7,10 @@ serves any `MCPServer` over streamable HTTP on a free port. Run `python -m dispa
 """
 
 from ._http import serve_http as serve_http
-from ._workspace import FaultConfig as FaultConfig
-from ._workspace import ToolRun as ToolRun
+from ._ledger import ToolRun as ToolRun
+from ._models import FaultConfig as FaultConfig
+from ._models import saturated_latency as saturated_latency
 from ._workspace import Workspace as Workspace
-from ._workspace import saturated_latency as saturated_latency
 
 __all__ = [
     "FaultConfig",
@@ -19,3 +19,11 @@ __all__ = [
     "saturated_latency",
     "serve_http",
 ]
+
+
+# The classes exported here report this module as their home (`dispatcher.examples.Workspace`, not its private one).
+for _name in __all__:
+    _value = globals()[_name]
+    if isinstance(_value, type) and _value.__module__.startswith("dispatcher."):
+        _value.__module__ = __name__
+del _name, _value

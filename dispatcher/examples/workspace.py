@@ -34,7 +34,9 @@ from mcp.shared.exceptions import MCPError
 from dispatcher.testing import FencedResource
 
 from ._http import serve_http
-from ._workspace import FaultConfig, ToolRun, Workspace, saturated_latency
+from ._ledger import ToolRun
+from ._models import FaultConfig, saturated_latency
+from ._workspace import Workspace
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

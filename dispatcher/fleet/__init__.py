@@ -7,7 +7,7 @@ module does not.
 from .._core._errors import CoordinationError as CoordinationError
 from .._driver._coordination import Coordinator as Coordinator
 from .._driver._coordination import LocalCoordinator as LocalCoordinator
-from ._redis import FleetServer as FleetServer
+from ._config import FleetServer as FleetServer
 from ._redis import RedisCoordinator as RedisCoordinator
 
 __all__ = ["CoordinationError", "Coordinator", "FleetServer", "LocalCoordinator", "RedisCoordinator"]

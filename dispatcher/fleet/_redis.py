@@ -42,23 +42,18 @@ never keeps a request the process has already forgotten.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import math
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 
-from .._core import _checks as checks
 from .._core._errors import ConfigurationError, CoordinationError
-from .._core._gate import ROOT_KEYS, lock_nodes, normalize_keys
 from .._driver._coordination import Lease
-from . import _lua
+from ._config import FleetServer, hold_locks, positive
+from ._links import AsyncioLink, Link, ThreadLink, running_trio, safe_url
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Collection, Hashable, Mapping
@@ -66,118 +61,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
-__all__ = ["FleetServer", "RedisCoordinator", "safe_url"]
-
-_SCRIPTS = {
-    "acquire": _lua.ACQUIRE,
-    "release": _lua.RELEASE,
-    "renew": _lua.RENEW,
-    "spend": _lua.SPEND,
-}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class FleetServer:
-    """What the fleet shares about one server. Every process must configure it the same way.
-
-    Args:
-        limit: The most calls in flight on this server across the fleet, or None for no shared limit.
-        shared_state: Whether the processes share this server's state (one repository, one database):
-            then a call that may mutate runs alone across the fleet, and reads run together, in
-            arrival order. Without it each process orders its own calls and the fleet shares only the
-            limit.
-        share_retry_budget: Whether the server's retry budget (`RetryPolicy.budget`) is one token
-            bucket for the fleet rather than one per process.
-        fence_argument: The name of the argument in which every call of this server carries its hold's
-            fencing token (an int that grows with every grant on the server, across the fleet), for a
-            server that refuses a token lower than the highest it has seen (see
-            `dispatcher.testing.FencedResource`). The argument is added to the call's arguments as sent.
-        fence_meta: The `_meta` entry of the request in which the token is sent instead (a name such as
-            ``"example.com/fence"``), for a server that reads it there. At most one of the two.
-        max_write_time: Seconds a write of this server may still run on the server after its request
-            was sent, whatever becomes of its client (at least your `call_timeout` if the server goes on
-            with a write its client cancelled or lost, about 0 if it stops it): a write whose holder
-            stops (killed, frozen, cut off from Redis) or gives it up keeps its turn for this long beyond
-            its lease, so the next write does not start beside it (as Chubby's lock-delay). A namespace
-            whose state was lost, or is new, waits `lease_ttl` plus this long before granting. Required
-            on a `shared_state` server that declares no fencing token (there the server refuses the late
-            write itself, and None means 0); only for a `shared_state` server.
-        max_call_time: Seconds any call of this server may still run on the server after its client
-            stopped or gave it up (as `max_write_time`, for a server's `limit`): a call given up after its
-            request was sent (timed out, cancelled, its hold lost on the wire: effect unknown) keeps its
-            place under `limit` for `lease_ttl` plus this long from then, as long as the place of a
-            holder killed at that moment, and the place of a holder that stops renewing is kept this long
-            beyond its lease; so the fleet never starts more than `limit` calls while the ones it gave
-            up may still run. None means 0 (a given-up call still keeps its place `lease_ttl`); only
-            for a server with a `limit`.
-
-    Raises:
-        ConfigurationError: A value is out of range.
-    """
-
-    limit: int | None = None
-    shared_state: bool = False
-    share_retry_budget: bool = True
-    fence_argument: str | None = None
-    fence_meta: str | None = None
-    max_write_time: float | None = None
-    max_call_time: float | None = None
-
-    def __post_init__(self) -> None:
-        limit = self.limit
-        checks.whole("limit", limit, none="no fleet-wide limit")
-        for name in ("shared_state", "share_retry_budget"):
-            checks.flag(name, getattr(self, name))
-        for name in ("fence_argument", "fence_meta"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value or value != value.strip()):
-                raise ConfigurationError(f"{name} must be a non-empty name without surrounding spaces, got {value!r}")
-        if self.fence_argument is not None and self.fence_meta is not None:
-            raise ConfigurationError("declare the fencing token in fence_argument or in fence_meta, not both")
-        if (self.fence_argument is not None or self.fence_meta is not None) and not self.shared_state:
-            # Holds that only share a limit run together, their tokens in no order a server could check:
-            # a fenced server would refuse writes the fleet let run.
-            raise ConfigurationError(
-                "a fencing token orders writes that exclude each other: declare it on a shared_state=True server"
-            )
-        for name in ("max_write_time", "max_call_time"):
-            value = getattr(self, name)
-            if value is not None and (
-                not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < math.inf
-            ):
-                raise ConfigurationError(f"{name} must be a number of seconds >= 0, got {value!r}; use None for 0")
-        if self.max_call_time is not None and limit is None:
-            raise ConfigurationError("max_call_time keeps a call's place under the limit: set it with limit=")
-        bound = self.max_write_time
-        if bound is not None:
-            if not self.shared_state:
-                raise ConfigurationError("max_write_time keeps a write's turn: set it on a shared_state=True server")
-        elif self.shared_state and not self.fenced:
-            raise ConfigurationError(
-                "a shared_state server needs max_write_time=seconds (how long a write may go on on the server "
-                "once its client stopped or gave it up; 0 if the server stops a write its client cancels or "
-                "loses) or a fencing token (fence_meta= or fence_argument=) that the server checks"
-            )
-
-    @property
-    def holds(self) -> bool:
-        """Whether calls to this server take a hold at all."""
-        return self.limit is not None or self.shared_state
-
-    @property
-    def fenced(self) -> bool:
-        """Whether the server's requests carry a fencing token."""
-        return self.fence_argument is not None or self.fence_meta is not None
-
-    @property
-    def write_bound(self) -> float:
-        """Seconds a write's turn is kept beyond its lease: `max_write_time`, 0 when not set."""
-        return float(self.max_write_time or 0.0)
-
-    @property
-    def call_bound(self) -> float:
-        """Seconds a call's place under the limit is kept beyond its lease: `max_call_time`, 0 when not set."""
-        return float(self.max_call_time or 0.0)
+__all__ = ["RedisCoordinator"]
 
 
 class _Lease(Lease):
@@ -271,15 +155,15 @@ class RedisCoordinator:
                 raise ConfigurationError(f"servers are named by non-empty strings, got {name!r}")
             if not isinstance(config, FleetServer):
                 raise ConfigurationError(f"servers[{name!r}] must be a FleetServer, got {type(config).__name__}")
-        if not _positive(lease_ttl) or lease_ttl < 0.1:
+        if not positive(lease_ttl) or lease_ttl < 0.1:
             raise ConfigurationError(f"lease_ttl must be a number of seconds >= 0.1, got {lease_ttl!r}")
-        if not _positive(recheck) or recheck > lease_ttl / 2:
+        if not positive(recheck) or recheck > lease_ttl / 2:
             raise ConfigurationError(
                 f"recheck must be a positive number of seconds at most lease_ttl / 2 ({lease_ttl / 2}), got {recheck!r}"
             )
-        if not _positive(timeout):
+        if not positive(timeout):
             raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if wait_timeout is not None and not _positive(wait_timeout):
+        if wait_timeout is not None and not positive(wait_timeout):
             raise ConfigurationError(f"wait_timeout must be a positive number of seconds or None, got {wait_timeout!r}")
         try:
             import redis  # noqa: F401  # the extra is checked now rather than at the first call
@@ -296,7 +180,7 @@ class RedisCoordinator:
         self.wait_timeout = wait_timeout
         self._uid = uuid.uuid4().hex
         self._counter = itertools.count()
-        self._link: _Link | None = None
+        self._link: Link | None = None
         self._tg: TaskGroup | None = None
         self._waiters: dict[str, anyio.Event] = {}
         self._active: dict[str, dict[str, _Lease]] = {}
@@ -327,7 +211,7 @@ class RedisCoordinator:
     async def __aenter__(self) -> Self:
         if self._tg is not None:
             raise RuntimeError("this RedisCoordinator is already open")
-        link = _ThreadLink(self) if _running_trio() else _AsyncioLink(self)
+        link = ThreadLink(self) if running_trio() else AsyncioLink(self)
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -401,7 +285,7 @@ class RedisCoordinator:
         lease = _Lease(
             f"{self._uid}:{next(self._counter)}",
             server,
-            _locks(config, exclusive, keys),
+            hold_locks(config, exclusive, keys),
             on_lost,
             config,
             self.recheck,
@@ -428,7 +312,7 @@ class RedisCoordinator:
 
     # Holds ----------------------------------------------------------------------------------------
 
-    def _open_link(self) -> _Link:
+    def _open_link(self) -> Link:
         link = self._link
         if link is None:
             raise CoordinationError(
@@ -526,7 +410,7 @@ class RedisCoordinator:
             if now + margin >= lease.valid_until:
                 self._lose(lease, why)
 
-    async def _renew(self, link: _Link, server: str, leases: list[_Lease], interval: float) -> None:
+    async def _renew(self, link: Link, server: str, leases: list[_Lease], interval: float) -> None:
         args = self._args(server)
         for lease in leases:
             args += [lease.id, lease.locks, lease.epoch]
@@ -555,7 +439,7 @@ class RedisCoordinator:
     def _lose(self, lease: _Lease, why: str) -> None:
         lease.lose(why)
 
-    async def _flush_budgets(self, link: _Link) -> None:
+    async def _flush_budgets(self, link: Link) -> None:
         for budget in self._budgets.values():
             await budget.flush(link)
 
@@ -588,7 +472,7 @@ class _SharedBudget:
             self._earned = min(self._capacity, self._earned + earned)
             return False
 
-    async def flush(self, link: _Link) -> None:
+    async def flush(self, link: Link) -> None:
         earned = self._earned
         if earned <= 0:
             return
@@ -597,214 +481,3 @@ class _SharedBudget:
             await link.run("spend", [self._key], [self._capacity, earned, 0])
         except CoordinationError:
             self._earned = min(self._capacity, self._earned + earned)
-
-
-# Transports -----------------------------------------------------------------------------------------
-
-
-class _Link:
-    """Runs the scripts and listens for wake-ups on one Redis, the right way for the event loop."""
-
-    def __init__(self, coordinator: RedisCoordinator) -> None:
-        self._url = coordinator.url
-        self._recheck = coordinator.recheck
-        # Set once aclose begins: requests still on their way then fail as CoordinationError.
-        self.closing = False
-        self._options: dict[str, Any] = {
-            "socket_timeout": coordinator.timeout,
-            "socket_connect_timeout": coordinator.timeout,
-            "decode_responses": True,
-        }
-
-    async def run(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        raise NotImplementedError
-
-    async def listen(self, channel: str, deliver: Callable[[str], None]) -> None:
-        raise NotImplementedError
-
-    async def aclose(self) -> None:
-        raise NotImplementedError
-
-    def _translated(self, exc: Exception, redis_error: type[Exception]) -> BaseException:
-        """What a request's failure raises: a CoordinationError where it is Redis' or the closing's.
-
-        redis-py reading a socket closed under it (the coordinator closing while a call's release is on
-        its way) raises ValueError or AttributeError from its parser; that must fail the request, not the
-        dispatcher's task group. Any other exception outside a closing is a defect, raised as it is.
-        """
-        if self.closing or isinstance(exc, redis_error | OSError | ValueError):
-            return self._failure(exc)
-        return exc
-
-    def _failure(self, exc: BaseException) -> CoordinationError:
-        where = safe_url(self._url)
-        if _cluster_reply(exc):
-            # A script's keys all name one server, but not one hash slot, and the client is not a cluster client.
-            return CoordinationError(
-                f"Redis at {where} is a Redis Cluster node, which RedisCoordinator does not support: use a standalone "
-                f"Redis (or a primary with replicas) for the fleet ({type(exc).__name__}: {exc})"
-            )
-        return CoordinationError(f"cannot reach Redis at {where}: {type(exc).__name__}: {exc}")
-
-
-def _cluster_reply(exc: BaseException) -> bool:
-    """Whether `exc` is what a Redis Cluster node answers a client that is not a cluster client."""
-    from redis.exceptions import AskError, ClusterCrossSlotError, ClusterDownError, MovedError
-
-    return isinstance(exc, AskError | ClusterCrossSlotError | ClusterDownError | MovedError)
-
-
-def _no_retries() -> Any:
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    # The coordinator decides what a failure means; a hidden retry would only stretch `timeout`.
-    return Retry(NoBackoff(), 0)
-
-
-class _AsyncioLink(_Link):
-    def __init__(self, coordinator: RedisCoordinator) -> None:
-        super().__init__(coordinator)
-        import redis.asyncio
-
-        self._client = redis.asyncio.Redis.from_url(self._url, retry=_no_retries(), **self._options)
-        self._scripts = {name: self._client.register_script(text) for name, text in _SCRIPTS.items()}
-
-    async def run(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        from redis.exceptions import RedisError
-
-        try:
-            return await self._scripts[script](keys=keys, args=args)
-        except Exception as exc:
-            raise self._translated(exc, RedisError) from exc
-
-    async def listen(self, channel: str, deliver: Callable[[str], None]) -> None:
-        while True:
-            pubsub = self._client.pubsub()
-            try:
-                await pubsub.subscribe(channel)
-                while True:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=self._recheck)
-                    if message is not None and message.get("type") == "message":
-                        deliver(str(message["data"]))
-            except Exception:
-                # Redis is away; waiting calls notice by their own checks. Try again a little later.
-                await anyio.sleep(self._recheck)
-            finally:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
-                    try:
-                        await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
-                    except Exception:  # a broken connection is being dropped anyway
-                        pass
-
-    async def aclose(self) -> None:
-        self.closing = True
-        try:
-            await self._client.aclose()
-        finally:
-            # Also the connections still lent out (a subscription whose close was cut short, a command
-            # broken off by a cancellation): none is left for the garbage collector to find unclosed.
-            with anyio.move_on_after(5.0):
-                await self._client.connection_pool.disconnect(inuse_connections=True)
-
-
-class _ThreadLink(_Link):
-    """redis-py's blocking client in worker threads, for trio (redis.asyncio needs asyncio)."""
-
-    def __init__(self, coordinator: RedisCoordinator) -> None:
-        super().__init__(coordinator)
-        import redis
-
-        self._client = redis.Redis.from_url(self._url, retry=_no_retries(), **self._options)
-        self._scripts = {name: self._client.register_script(text) for name, text in _SCRIPTS.items()}
-        # Its own threads: waiting calls must not take the default limiter's tokens from sync tools.
-        self._limiter = anyio.CapacityLimiter(16)
-        self._listener = anyio.CapacityLimiter(1)
-
-    async def run(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        from redis.exceptions import RedisError
-
-        try:
-            return await anyio.to_thread.run_sync(
-                partial(self._scripts[script], keys=keys, args=args), limiter=self._limiter
-            )
-        except Exception as exc:
-            raise self._translated(exc, RedisError) from exc
-
-    async def listen(self, channel: str, deliver: Callable[[str], None]) -> None:
-        while True:
-            pubsub = self._client.pubsub()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
-            try:
-                await anyio.to_thread.run_sync(pubsub.subscribe, channel, limiter=self._listener)
-                while True:
-                    # A blocking read in a thread, at most `recheck` long so that closing never waits more.
-                    message = await anyio.to_thread.run_sync(
-                        partial(pubsub.get_message, ignore_subscribe_messages=True, timeout=self._recheck),
-                        limiter=self._listener,
-                    )
-                    if message is not None and message.get("type") == "message":
-                        deliver(str(message["data"]))
-            except Exception:
-                await anyio.sleep(self._recheck)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    try:
-                        await anyio.to_thread.run_sync(pubsub.close, limiter=self._listener)
-                    except Exception:  # a broken connection is being dropped anyway
-                        pass
-
-    async def aclose(self) -> None:
-        self.closing = True
-        await anyio.to_thread.run_sync(self._client.close, limiter=self._limiter)
-
-
-def _running_trio() -> bool:
-    try:
-        import sniffio
-    except ImportError:  # anyio runs without sniffio only on asyncio
-        return False
-    try:
-        return sniffio.current_async_library() == "trio"
-    except sniffio.AsyncLibraryNotFoundError:
-        return False
-
-
-_ROOT_READ = json.dumps(["", 2])
-
-# What a hold may carry to Redis, where every script reads every holder's locks: keys come partly from a
-# model's arguments (up to 100 keys of 1000 characters), so they are coarsened first. A key cut to an
-# ancestor conflicts with everything the key did and more, so coarsening only ever excludes more.
-_MAX_DEPTH = 8  # segments kept of a key
-_MAX_KEYS = 16  # keys kept: more, and each is cut to its first segment; more still, the whole server
-_MAX_PATH = 48  # characters of a path sent as is; a longer one is sent as its digest
-
-
-def _locks(config: FleetServer, exclusive: bool, keys: Collection[Hashable]) -> str:
-    """A hold's locks as the scripts read them: JSON ``[path, mode, ...]`` (`_lua`)."""
-    if not config.shared_state:
-        return _ROOT_READ  # only the limit is shared: every hold is a read of the whole server
-    normal = normalize_keys(str(key) for key in keys) if keys else ROOT_KEYS
-    if any(key.count("/") >= _MAX_DEPTH for key in normal):
-        normal = normalize_keys("/".join(key.split("/")[:_MAX_DEPTH]) for key in normal)
-    if len(normal) > _MAX_KEYS:
-        normal = normalize_keys(key.split("/", 1)[0] for key in normal)
-        if len(normal) > _MAX_KEYS:
-            normal = ROOT_KEYS
-    parts: list[str | int] = []
-    for path, mode in lock_nodes(normal, exclusive):
-        if len(path) > _MAX_PATH:
-            path = "#" + hashlib.blake2b(path.encode(), digest_size=16).hexdigest()
-        parts += [path, mode]
-    return json.dumps(parts, separators=(",", ":"))
-
-
-def _positive(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
-
-
-def safe_url(url: str) -> str:
-    """The URL without its password, for messages."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
-    return f"{scheme}{sep}{rest}"

@@ -61,7 +61,8 @@ async def check_redis(url: str, socket_timeout: float) -> None:
     Raises:
         ConfigurationError: The `redis` package is not installed.
     """
-    from dispatcher.fleet._redis import RedisCoordinator, safe_url
+    from dispatcher.fleet._links import safe_url
+    from dispatcher.fleet._redis import RedisCoordinator
 
     RedisCoordinator(url, servers={})  # checks the URL and the extra
     import redis
@@ -222,7 +223,8 @@ def _merge(limit: int, windows: list[dict[str, Any]]) -> SettingResult:
 
 async def _process(config: dict[str, Any]) -> None:
     from dispatcher._dispatcher import Dispatcher
-    from dispatcher.fleet._redis import FleetServer, RedisCoordinator
+    from dispatcher.fleet._config import FleetServer
+    from dispatcher.fleet._redis import RedisCoordinator
 
     from ._connection import connected
     from ._measure import closed_loop

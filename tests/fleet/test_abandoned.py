@@ -336,9 +336,9 @@ async def test_a_request_broken_by_the_closing_fails_as_a_coordination_error() -
     AttributeError ('NoneType' object has no attribute 'readline') from the socket it lost. Outside a
     closing such an exception is a defect and comes out as it is.
     """
-    from dispatcher.fleet._redis import _ThreadLink
+    from dispatcher.fleet._links import ThreadLink
 
-    link = _ThreadLink(RedisCoordinator("redis://127.0.0.1:1", servers=FENCED, lease_ttl=TTL, recheck=0.1))
+    link = ThreadLink(RedisCoordinator("redis://127.0.0.1:1", servers=FENCED, lease_ttl=TTL, recheck=0.1))
 
     def broken(**_: Any) -> None:
         raise AttributeError("'NoneType' object has no attribute 'readline'")

@@ -21,8 +21,8 @@ from dispatcher import CallStatus, Dispatcher, ToolCall
 from dispatcher._core._gate import Gate, Ticket, TicketState
 from dispatcher.examples import Workspace
 from dispatcher.fleet import FleetServer, RedisCoordinator
+from dispatcher.fleet._config import hold_locks
 from dispatcher.fleet._lua import ACQUIRE, RELEASE
-from dispatcher.fleet._redis import _locks
 
 if TYPE_CHECKING:
     from benchmarks._redis import RedisServer
@@ -64,7 +64,7 @@ def test_redis_grants_exactly_what_the_gate_starts(
                 _, call_keys, exclusive = action
                 lease = f"t:{number}"
                 tickets.append(gate.submit(lease, exclusive=exclusive, keys=tuple(call_keys)))
-                acquire(keys=keys, args=[*args, lease, _locks(SHARED, exclusive, call_keys)])
+                acquire(keys=keys, args=[*args, lease, hold_locks(SHARED, exclusive, call_keys)])
             else:
                 open_tickets = [t for t in tickets if t.state in (TicketState.PENDING, TicketState.RUNNING)]
                 if not open_tickets:
@@ -92,7 +92,7 @@ def test_the_model_check_can_tell_a_whole_server_hold_from_a_keyed_one(redis_ser
         client.hset(keys[6], mapping={"run_id": client.info("server")["run_id"], "quiet_until": 0, "epoch": 1})
         args: list[str | int] = [60_000, 0, "oracle:wake:", 0, 0]
         for lease in ("t:0", "t:1"):
-            acquire(keys=keys, args=[*args, lease, _locks(SHARED, True, ())])
+            acquire(keys=keys, args=[*args, lease, hold_locks(SHARED, True, ())])
         assert client.hkeys(keys[3]) == ["t:0"], "two whole-server writes must not both hold"
         gate: Gate[str] = Gate()
         gate.submit("a", exclusive=True, keys=("d/a",))
@@ -155,13 +155,13 @@ def test_the_locks_a_hold_sends_are_bounded_and_only_ever_coarser() -> None:
     many = [f"d/file{index}" for index in range(100)]
     long = "d/" + "x" * 1000
     for keys in ([deep], many, [long], [deep, *many, long]):
-        locks = json.loads(_locks(SHARED, True, keys))
+        locks = json.loads(hold_locks(SHARED, True, keys))
         assert len(json.dumps(locks)) < 4000, keys
         # Coarser, never finer: the hold still conflicts with a read of each of its keys, as in the gate.
         for key in keys:
-            assert lock_conflict(locks, json.loads(_locks(SHARED, False, [key]))), key
-    assert json.loads(_locks(SHARED, True, [deep]))[0:2] == ["", 1]
-    assert json.loads(_locks(SHARED, True, many)) == ["", 1, "d", 3], "100 keys under d: the whole domain"
-    assert json.loads(_locks(SHARED, False, [long]))[2] == "d"
-    assert json.loads(_locks(SHARED, False, [long]))[4].startswith("#"), "a long path is sent as its digest"
-    assert _locks(SHARED, True, [f"k{index}" for index in range(40)]) == '["",3]', "40 domains: the whole server"
+            assert lock_conflict(locks, json.loads(hold_locks(SHARED, False, [key]))), key
+    assert json.loads(hold_locks(SHARED, True, [deep]))[0:2] == ["", 1]
+    assert json.loads(hold_locks(SHARED, True, many)) == ["", 1, "d", 3], "100 keys under d: the whole domain"
+    assert json.loads(hold_locks(SHARED, False, [long]))[2] == "d"
+    assert json.loads(hold_locks(SHARED, False, [long]))[4].startswith("#"), "a long path is sent as its digest"
+    assert hold_locks(SHARED, True, [f"k{index}" for index in range(40)]) == '["",3]', "40 domains: the whole server"
