@@ -16,6 +16,7 @@ from mcp.types import ToolAnnotations
 from dispatcher import Answer, ApprovalPolicy, CallEvent, CallStatus, Dispatcher, Question, ToolCall
 
 from .asking_server import asking_server
+from .test_person import Screen as PersonScreen
 
 if TYPE_CHECKING:
     from dispatcher import ApprovalRequest
@@ -220,27 +221,12 @@ async def test_a_cancelled_batch_s_question_is_not_shown_when_its_approval_is_wi
     assert shown == ["approve w"]
 
 
-class Screen:
-    """The person: records what is shown, at most how many at once, and answers after `wait` seconds."""
+class Screen(PersonScreen):
+    """The person of tests/test_person.py, answering sooner, whose screen also says whether a question's
+    server is trusted."""
 
     def __init__(self, wait: float = 0.01) -> None:
-        self.wait = wait
-        self.shown: list[str] = []
-        self.showing = 0
-        self.most_at_once = 0
-
-    async def _show(self, what: str) -> None:
-        self.shown.append(what)
-        self.showing += 1
-        self.most_at_once = max(self.most_at_once, self.showing)
-        try:
-            await anyio.sleep(self.wait)
-        finally:
-            self.showing -= 1
-
-    async def approve(self, request: ApprovalRequest) -> bool:
-        await self._show(f"approve {request.call.id}")
-        return True
+        super().__init__(wait)
 
     async def ask(self, question: Question) -> Answer:
         assert question.call is not None
