@@ -1,4 +1,10 @@
-"""Shared fixtures: every async test runs on asyncio and on trio.
+"""Shared fixtures: every async test runs on asyncio and on trio, and on trio's MockClock when it asks.
+
+A test (or a module, in its ``pytestmark``) chooses its loops with ``@pytest.mark.backends(...)``, from
+``asyncio``, ``trio`` and ``trio-mockclock`` (trio under a fresh ``MockClock(autojump_threshold=0)``, where
+times are exact and waits free): ``@pytest.mark.backends(*BACKENDS)`` for all three,
+``@pytest.mark.backends("trio-mockclock")`` for a test about times alone. The closest marker wins (a test's
+over its module's); a test that parametrizes ``anyio_backend`` itself keeps its own list.
 
 The markers of costly tests (``subprocess``, ``redis``, ``slow``) are tests/markers.py's; the chaos suite's
 figures, summed over pytest-xdist workers, tests/chaos/session.py's.
@@ -10,13 +16,43 @@ import gc
 from typing import Any
 
 import pytest
+import trio.testing
 
 pytest_plugins = ["tests.markers", "tests.chaos.session"]
 
 
-@pytest.fixture(params=["asyncio", "trio"])
+BACKENDS = ("asyncio", "trio", "trio-mockclock")
+"""The loops a test may ask for with ``@pytest.mark.backends``; without the marker it runs on the first two."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "backends(*names): the anyio backends the test runs on, from asyncio, trio and trio-mockclock"
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Turn a ``backends`` marker into the test's parametrization of ``anyio_backend``."""
+    marker = metafunc.definition.get_closest_marker("backends")
+    if marker is None or "anyio_backend" not in metafunc.fixturenames:
+        return
+    if any("anyio_backend" in str(mark.args[0]) for mark in metafunc.definition.iter_markers("parametrize")):
+        return
+    unknown = set(marker.args) - set(BACKENDS)
+    if unknown or not marker.args:
+        raise pytest.UsageError(f"backends({', '.join(map(repr, marker.args))}): choose among {BACKENDS}")
+    metafunc.definition.add_marker(pytest.mark.parametrize("anyio_backend", marker.args, indirect=True))
+
+
+@pytest.fixture(params=BACKENDS[:2])
 def anyio_backend(request: pytest.FixtureRequest) -> Any:
-    """Run each async test on both anyio backends."""
+    """Run each async test on both anyio backends, or on those its ``backends`` marker names.
+
+    ``trio-mockclock`` gets a clock of its own for each test, so no test starts at another's virtual time.
+    """
+    if request.param == "trio-mockclock":
+        return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
     return request.param
 
 

@@ -10,7 +10,6 @@ import anyio
 import pytest
 from mcp import Client
 from mcp.types import ToolAnnotations
-from trio.testing import MockClock
 
 from dispatcher import (
     ApprovalPolicy,
@@ -203,9 +202,7 @@ async def test_a_denied_call_does_not_run_and_the_model_reads_why() -> None:
     assert openai_chat_results([denied])[0]["content"].startswith("Error (denied): not run: the user denied it")
 
 
-@pytest.mark.parametrize(
-    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mockclock")]
-)
+@pytest.mark.backends("trio-mockclock")
 async def test_the_default_approval_timeout_is_five_minutes() -> None:
     """On a virtual clock: an unanswered approval denies the call after 300 s, not before."""
     approver = Approver()

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
-import trio.testing
 from mcp import StdioServerParameters
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
@@ -21,7 +20,7 @@ from .test_person import Screen as PersonScreen
 if TYPE_CHECKING:
     from dispatcher import ApprovalRequest
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.backends("asyncio", "trio", "trio-mockclock")]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,14 +28,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # so the scheduler's own order never makes a nested call wait for the call whose prompt dispatched it.
 LOOKUP = ToolAnnotations(read_only_hint=True, open_world_hint=True)
 POLICY = ApprovalPolicy(open_world=True)
-
-
-@pytest.fixture(params=["asyncio", "trio", "trio-mockclock"])
-def anyio_backend(request: pytest.FixtureRequest) -> Any:
-    """Both backends, and trio on a virtual clock that jumps whenever every task is blocked."""
-    if request.param == "trio-mockclock":
-        return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
-    return request.param
 
 
 async def test_an_approver_that_dispatches_a_call_needing_approval_does_not_deadlock() -> None:

@@ -15,7 +15,6 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 from mcp.types import TextContent, ToolAnnotations
-from trio.testing import MockClock
 
 import dispatcher
 from dispatcher import (
@@ -52,20 +51,6 @@ HTTP_MODES = pytest.mark.parametrize("mode", ["auto", pytest.param("legacy", mar
 
 # The folder holding the `dispatcher` package, so subprocesses import this checkout.
 SOURCE_ROOT = str(pathlib.Path(dispatcher.__file__).resolve().parents[1])
-
-
-def virtual_time() -> pytest.MarkDecorator:
-    """Run a test on trio only, under a virtual clock that jumps whenever every task waits."""
-    clock = MockClock(autojump_threshold=0)
-    return pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": clock}), id="trio-mock")])
-
-
-def all_clocks() -> pytest.MarkDecorator:
-    """Run a test on asyncio, trio, and trio under a virtual clock (slow servers cost nothing there)."""
-    clock = MockClock(autojump_threshold=0)
-    return pytest.mark.parametrize(
-        "anyio_backend", ["asyncio", "trio", pytest.param(("trio", {"clock": clock}), id="trio-mock")]
-    )
 
 
 def workspace_command(*options: str) -> StdioServerParameters:
@@ -210,7 +195,7 @@ async def test_first_connection_failure_raises(mode: Mode) -> None:
 # Reconnects --------------------------------------------------------------------------------------
 
 
-@all_clocks()
+@pytest.mark.backends("asyncio", "trio", "trio-mockclock")
 @MODES
 async def test_calls_in_flight_when_the_connection_dies_get_results(mode: Mode) -> None:
     """Calls running when the connection is cut end FAILED; later calls share one fresh connection."""
@@ -232,7 +217,7 @@ async def test_calls_in_flight_when_the_connection_dies_get_results(mode: Mode) 
     assert server.connections == 2
 
 
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_a_retried_call_reconnects() -> None:
     """With retries on, an idempotent call cut off by a crash is retried on a fresh connection."""
     workspace = Workspace(latency_by_tool={"set_note": 1.0})
@@ -250,7 +235,7 @@ async def test_a_retried_call_reconnects() -> None:
     assert server.connections == 2
 
 
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_failed_reconnects_back_off() -> None:
     """While the server is down, one attempt is made, then calls fail fast until the backoff has passed."""
     server = Crashable(Workspace())
@@ -278,7 +263,7 @@ async def test_failed_reconnects_back_off() -> None:
     assert server.connections == 2
 
 
-@all_clocks()
+@pytest.mark.backends("asyncio", "trio", "trio-mockclock")
 async def test_reconnect_lists_the_tools_again() -> None:
     """A reconnect re-lists the tools: one that disappeared while disconnected fails as removed."""
     workspace = Workspace()

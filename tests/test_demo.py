@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from trio.testing import MockClock
 
 from dispatcher.examples.demo import SCRIPT, ScriptedModel, run, waves
 from dispatcher.timeline import Timeline
@@ -38,7 +37,7 @@ async def test_demo_turns_run_reads_together_and_writes_alone() -> None:
     assert lines[-1] == "model: Your plan now says Tuesday. I did not send anything outside the workspace."
 
 
-@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+@pytest.mark.backends("trio-mockclock")
 @pytest.mark.anyio
 async def test_demo_timeline_on_a_virtual_clock() -> None:
     """On a virtual clock the timeline is exact: approvals are asked at once while the first write runs, and
@@ -90,7 +89,7 @@ def test_waves_of_a_turn_without_calls() -> None:
     assert waves(Timeline([])) == []
 
 
-@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+@pytest.mark.backends("trio-mockclock")
 @pytest.mark.anyio
 async def test_demo_writes_the_session_as_a_chrome_trace(tmp_path: Path) -> None:
     """`--trace` writes the whole session, one process per turn, every call of every turn a thread."""

@@ -16,7 +16,6 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.types import INTERNAL_ERROR, REQUEST_TIMEOUT, CallToolResult, TextContent
-from trio.testing import MockClock
 
 import dispatcher.examples
 from dispatcher.examples import (
@@ -47,12 +46,6 @@ _EXPECTED_HINTS = {
     "fetch_url": (True, None, None, True),
     "send_message": (False, False, False, True),
 }
-
-
-def _virtual_time() -> pytest.MarkDecorator:
-    """Run a test on trio only, under a fresh virtual clock that jumps whenever every task waits."""
-    clock = MockClock(autojump_threshold=0)
-    return pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": clock}), id="trio-mock")])
 
 
 def _text(result: CallToolResult) -> str:
@@ -234,7 +227,7 @@ async def test_ledger_records_every_execution() -> None:
     assert workspace.max_in_flight == 1
 
 
-@_virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_ledger_shows_concurrent_executions_overlapping() -> None:
     """Calls made at the same time run concurrently on the server, and the ledger shows them overlapping."""
     workspace = Workspace(latency=1.0)
@@ -261,7 +254,7 @@ def test_saturated_latency_grows_past_the_knee(in_flight: int, saturation: int |
     assert saturated_latency(2.0, in_flight, saturation) == expected
 
 
-@_virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_saturation_stops_throughput_growing() -> None:
     """Past the saturation point, each batch of concurrent calls takes proportionally longer."""
     workspace = Workspace(latency=1.0, saturation=2)
@@ -277,7 +270,7 @@ async def test_saturation_stops_throughput_growing() -> None:
     assert durations == pytest.approx([1.0, 1.0, 1.5, 2.0])
 
 
-@_virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_latency_by_tool_overrides_the_default() -> None:
     """A per-tool latency replaces the default latency for that tool only."""
     workspace = Workspace(latency=1.0, latency_by_tool={"fetch_url": 5.0})
@@ -337,7 +330,7 @@ async def test_faults_only_hit_the_named_tools() -> None:
     assert [e.tool for e in workspace.ledger] == ["set_note"]
 
 
-@_virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_hang_fault_waits_until_the_client_gives_up() -> None:
     """A hanging execution never answers; the client's timeout cancels it and the ledger says so."""
     workspace = Workspace(faults=FaultConfig(rate=1.0, kinds=("hang",)))

@@ -16,14 +16,6 @@ pytestmark = pytest.mark.anyio
 READ_ONLY = ToolAnnotations(read_only_hint=True)
 
 
-def all_clocks() -> pytest.MarkDecorator:
-    """asyncio, trio, and trio under a virtual clock that jumps whenever every task waits."""
-    clock = MockClock(autojump_threshold=0)
-    return pytest.mark.parametrize(
-        "anyio_backend", ["asyncio", "trio", pytest.param(("trio", {"clock": clock}), id="trio-mock")]
-    )
-
-
 class Overlap:
     """A tool that sleeps, counting how many of its calls are running at once."""
 
@@ -42,7 +34,7 @@ class Overlap:
         return key
 
 
-@all_clocks()
+@pytest.mark.backends("asyncio", "trio", "trio-mockclock")
 @pytest.mark.parametrize("limit", [None, 100])
 async def test_calls_that_wait_all_run_together_up_to_the_limit(limit: int | None) -> None:
     """200 waiting reads with no limit (or 100 with a limit of 100) all overlap."""
@@ -58,7 +50,7 @@ async def test_calls_that_wait_all_run_together_up_to_the_limit(limit: int | Non
     assert elapsed < 30, "the calls ran one after another"
 
 
-@all_clocks()
+@pytest.mark.backends("asyncio", "trio", "trio-mockclock")
 async def test_calls_admitted_together_start_in_the_same_turn_of_the_loop() -> None:
     """The reads of one batch all start before any of them gets past its first checkpoint."""
     events: list[tuple[str, str]] = []
@@ -78,7 +70,7 @@ async def test_calls_admitted_together_start_in_the_same_turn_of_the_loop() -> N
             assert [what for what, _ in events[:8]] == ["entered"] * 8, events
 
 
-@all_clocks()
+@pytest.mark.backends("asyncio", "trio", "trio-mockclock")
 async def test_a_call_cancelled_as_it_ends_leaves_the_next_call_alone() -> None:
     """A call that is cancelled while it returns does not carry the cancellation into the next call."""
     handles: dict[str, PendingCall] = {}
@@ -103,7 +95,7 @@ async def test_a_call_cancelled_as_it_ends_leaves_the_next_call_alone() -> None:
     assert two.ok and three.ok, (two, three)
 
 
-@all_clocks()
+@pytest.mark.backends("asyncio", "trio", "trio-mockclock")
 async def test_a_timed_out_call_leaves_the_next_calls_their_whole_timeout(virtual_clock: bool) -> None:
     """After a call times out, the next calls run under a fresh deadline of their own."""
 
@@ -134,7 +126,7 @@ async def test_a_timed_out_call_leaves_the_next_calls_their_whole_timeout(virtua
     assert first.ok and second.ok, (first, second)
 
 
-@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+@pytest.mark.backends("trio-mockclock")
 async def test_a_call_times_out_at_its_timeout_and_not_before(anyio_backend: Any) -> None:
     """On a virtual clock, a call that never answers ends at call_timeout, within a few milliseconds."""
 
@@ -157,7 +149,7 @@ async def test_a_call_times_out_at_its_timeout_and_not_before(anyio_backend: Any
     assert 5.0 <= hung.finished_at - hung.started_at <= 5.01
 
 
-@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+@pytest.mark.backends("trio-mockclock")
 @pytest.mark.parametrize("call_timeout", [0.5, 600.0])
 async def test_a_call_is_cut_off_at_its_timeout_exactly(anyio_backend: Any, call_timeout: float) -> None:
     """A call that never answers ends at call_timeout to the tick of the virtual clock, after short calls
@@ -216,7 +208,7 @@ async def test_a_long_batch_has_no_more_call_tasks_than_its_limit(anyio_backend:
     assert 1 <= max(counts) <= 2 * limit, counts
 
 
-@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+@pytest.mark.backends("trio-mockclock")
 @pytest.mark.parametrize("limit", [1, 4, 16, 64])
 @pytest.mark.parametrize("wait", [False, True])
 async def test_calls_that_compute_hold_the_loop_for_at_most_two_turns_of_the_limit(
@@ -268,7 +260,7 @@ async def test_calls_that_compute_hold_the_loop_for_at_most_two_turns_of_the_lim
     assert max(late) <= 2 * limit * work + 1e-9, max(late)
 
 
-@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+@pytest.mark.backends("trio-mockclock")
 async def test_reads_released_by_a_write_ending_at_its_deadline_all_start_together(anyio_backend: Any) -> None:
     """A write ends just before its deadline and releases 100 reads that compute past that deadline and can
     only end once all of them have started: every read gets its task and its own deadline (twelve rounds),

@@ -209,7 +209,7 @@ async def test_results_dropped_while_the_dispatcher_stays_open_are_freed_at_once
             assert _alive(answers) == 0
 
 
-@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+@pytest.mark.backends("trio-mockclock")
 @pytest.mark.parametrize("calls", [20, 100, 1000])
 async def test_a_runner_letting_the_loop_run_holds_no_finished_call(anyio_backend: Any, calls: int) -> None:
     """Calls that compute (a jump of the virtual clock) span several time slices, so runners let the loop

@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import Client, StdioServerParameters
 from mcp.types import ToolAnnotations
-from trio.testing import MockClock
 
 from benchmarks import keys as bench
 from benchmarks.reference import KeyedCall, ideal_keyed_makespan
@@ -302,9 +301,7 @@ async def test_a_retried_write_holds_its_own_keys_only() -> None:
     assert second.finished_at is not None and read_a.started_at >= second.finished_at
 
 
-@pytest.mark.parametrize(
-    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")]
-)
+@pytest.mark.backends("trio-mockclock")
 async def test_the_keyed_benchmark_workload_takes_exactly_the_ideal_keyed_time() -> None:
     """On a virtual clock, each turn of the multi-server benchmark takes exactly its ideal keyed makespan."""
     config = bench.FULL
@@ -321,9 +318,7 @@ async def test_the_keyed_benchmark_workload_takes_exactly_the_ideal_keyed_time()
             assert took == pytest.approx(ideal), t
 
 
-@pytest.mark.parametrize(
-    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")]
-)
+@pytest.mark.backends("trio-mockclock")
 async def test_fail_fast_costs_the_independent_calls_nothing() -> None:
     """On a virtual clock, the benchmark's failing turns: with fail-fast or without, the independent calls end
     exactly when the conflict rule says; fail-fast runs no dependent and skips no independent call."""
@@ -339,9 +334,7 @@ async def test_fail_fast_costs_the_independent_calls_nothing() -> None:
             assert found.dependents_run == 0 and found.independents_skipped == 0
 
 
-@pytest.mark.parametrize(
-    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")]
-)
+@pytest.mark.backends("trio-mockclock")
 async def test_the_fail_fast_count_catches_dependents_that_ran(monkeypatch: pytest.MonkeyPatch) -> None:
     """With fail-fast noting no failure (the safety off), the benchmark counts the dependents that ran."""
     monkeypatch.setattr(FailFast, "failed", lambda self, record, result: False)

@@ -9,7 +9,6 @@ from typing import Any, Literal
 import anyio
 import anyio.lowlevel
 import pytest
-from trio.testing import MockClock
 
 from dispatcher import CallStatus, Dispatcher, ToolCall
 from dispatcher._core import _catalog
@@ -36,14 +35,6 @@ HTTP_MODES = pytest.mark.parametrize(
 )
 
 
-def all_clocks() -> pytest.MarkDecorator:
-    """Run a test on asyncio, trio, and trio under a virtual clock."""
-    clock = MockClock(autojump_threshold=0)
-    return pytest.mark.parametrize(
-        "anyio_backend", ["asyncio", "trio", pytest.param(("trio", {"clock": clock}), id="trio-mock")]
-    )
-
-
 def listing_bound(elapsed: float) -> int:
     """The most listings a storm lasting `elapsed` seconds may cost: a burst, one per interval, and one after."""
     return LISTING_BURST + 1 + math.ceil(elapsed / LISTING_INTERVAL)
@@ -61,7 +52,7 @@ async def quiet(d: Dispatcher, server: str) -> int:
 # 11b: tools/list_changed storms --------------------------------------------------------------------
 
 
-@all_clocks()
+@pytest.mark.backends("asyncio", "trio", "trio-mockclock")
 @MODES
 @pytest.mark.slow
 async def test_a_storm_costs_one_listing_per_interval_in_process(mode: Mode) -> None:
@@ -78,7 +69,7 @@ async def test_a_storm_costs_one_listing_per_interval_in_process(mode: Mode) -> 
     assert 2 <= listings <= 1 + listing_bound(elapsed), (listings, elapsed)
 
 
-@pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))])
+@pytest.mark.backends("trio-mockclock")
 @MODES
 @pytest.mark.slow
 async def test_slow_listings_take_a_bounded_share_of_the_time(mode: Mode) -> None:

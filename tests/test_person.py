@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 import pytest
-import trio.testing
 from mcp.types import ToolAnnotations
 
 from dispatcher import Answer, ApprovalPolicy, CallEvent, CallStatus, Dispatcher, Question, ToolCall
@@ -22,15 +21,7 @@ if TYPE_CHECKING:
 
     from dispatcher import ApprovalRequest
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=["asyncio", "trio", "trio-mockclock"])
-def anyio_backend(request: pytest.FixtureRequest) -> Any:
-    """Both backends, and trio on a virtual clock that jumps whenever every task is blocked."""
-    if request.param == "trio-mockclock":
-        return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
-    return request.param
+pytestmark = [pytest.mark.anyio, pytest.mark.backends("asyncio", "trio", "trio-mockclock")]
 
 
 class Screen:

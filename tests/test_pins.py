@@ -15,7 +15,7 @@ from dispatcher import CallStatus, ConfigurationError, DefinitionChange, Dispatc
 from dispatcher._mcp._pins import Pins, definition, definition_hash, describe_changes
 from dispatcher.examples import Workspace, serve_http
 
-from .test_connections import MODES, Crashable, Mode, all_clocks, calls, tool_names, virtual_time
+from .test_connections import MODES, Crashable, Mode, calls, tool_names
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -186,7 +186,7 @@ async def test_blocked_tool_keeps_its_name() -> None:
     assert "two__read_note" in names and "read_note" not in names
 
 
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 @MODES
 async def test_a_queued_call_is_stopped_when_its_tool_is_blocked(mode: Mode) -> None:
     """A call queued before its tool changed does not reach the changed tool."""
@@ -208,7 +208,7 @@ async def test_a_queued_call_is_stopped_when_its_tool_is_blocked(mode: Mode) -> 
     assert executions(workspace, "fetch_url") == 0
 
 
-@all_clocks()
+@pytest.mark.backends("asyncio", "trio", "trio-mockclock")
 async def test_a_reconnect_rechecks_the_pins() -> None:
     """A definition that changed while the connection was down is blocked when the new connection lists it."""
     workspace = Workspace()
@@ -375,7 +375,7 @@ def test_import_pins_rejects_malformed_pins(pins: Any, message: str) -> None:
         Dispatcher().import_pins(pins)
 
 
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_a_slow_callback_holds_up_neither_connect_timeout_nor_other_calls() -> None:
     """connect_timeout does not cover the user's decision, and after a reconnect other tools run meanwhile."""
     workspace = Workspace()

@@ -6,24 +6,15 @@ from typing import Any
 
 import anyio
 import pytest
-import trio.testing
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 
 from dispatcher import CallEvent, CallStatus, Dispatcher, ToolCall
 from dispatcher._mcp import _progress
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.backends("asyncio", "trio", "trio-mockclock")]
 
 READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
-
-
-@pytest.fixture(params=["asyncio", "trio", "trio-mockclock"])
-def anyio_backend(request: pytest.FixtureRequest) -> Any:
-    """Both backends, and trio on a virtual clock that jumps whenever every task is blocked."""
-    if request.param == "trio-mockclock":
-        return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
-    return request.param
 
 
 def reporting_server() -> MCPServer[Any]:

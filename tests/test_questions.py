@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import pytest
-import trio.testing
 from mcp import StdioServerParameters
 
 from dispatcher import Answer, CallStatus, ConfigurationError, Dispatcher, Question, QuestionPolicy, ToolCall
@@ -27,18 +26,10 @@ if TYPE_CHECKING:
 
     from dispatcher import ToolResult
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.backends("asyncio", "trio", "trio-mockclock")]
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 MODES = pytest.mark.parametrize("mode", ["legacy", "auto"])
-
-
-@pytest.fixture(params=["asyncio", "trio", "trio-mockclock"])
-def anyio_backend(request: pytest.FixtureRequest) -> Any:
-    """Both backends, and trio on a virtual clock that jumps whenever every task is blocked."""
-    if request.param == "trio-mockclock":
-        return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
-    return request.param
 
 
 def _text(result: ToolResult) -> str:

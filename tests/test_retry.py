@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, cast
 import anyio
 import anyio.lowlevel
 import pytest
-import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import Client
@@ -50,20 +49,8 @@ READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 # Short real-time waits, so that retries cost little on the real-clock backends.
 FAST = RetryPolicy(wait_initial=0.001, wait_max=0.004, seed=0)
 
-
-def _mock_clock() -> Any:
-    return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
-
-
-@pytest.fixture(params=["asyncio", "trio", "trio-mockclock"])
-def anyio_backend(request: pytest.FixtureRequest) -> Any:
-    """Both backends, plus trio on a virtual clock that jumps whenever every task is blocked."""
-    return _mock_clock() if request.param == "trio-mockclock" else request.param
-
-
-def virtual_time() -> pytest.MarkDecorator:
-    """Run a test about time on trio only, under a fresh virtual clock."""
-    return pytest.mark.parametrize("anyio_backend", [pytest.param(_mock_clock(), id="trio-mockclock")])
+# Both backends, plus trio on a virtual clock that jumps whenever every task is blocked.
+pytestmark = pytest.mark.backends("asyncio", "trio", "trio-mockclock")
 
 
 def notes_server() -> MCPServer:
@@ -573,7 +560,7 @@ async def test_retry_budget_drains_in_an_outage_and_refills_on_success() -> None
         assert result.attempts == 3, "four successes at 0.5 should have earned two retries back"
 
 
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 @pytest.mark.anyio
 async def test_attempts_are_capped_at_ten() -> None:
     """A call of the largest allowed policy gets exactly 10 attempts, then stops."""
@@ -585,7 +572,7 @@ async def test_attempts_are_capped_at_ten() -> None:
     assert (result.error or "").endswith("(after 10 attempts)")
 
 
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 @pytest.mark.anyio
 async def test_backoff_waits_between_attempts_follow_the_policy() -> None:
     """Attempts are spaced by the policy's exponential waits (virtual clock, no jitter)."""
@@ -597,7 +584,7 @@ async def test_backoff_waits_between_attempts_follow_the_policy() -> None:
     assert gaps == [1.0, 2.0, 3.0]
 
 
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 @pytest.mark.anyio
 async def test_the_overall_deadline_holds() -> None:
     """No attempt starts after RetryPolicy.timeout, and retries are cut off at it."""
@@ -614,7 +601,7 @@ async def test_the_overall_deadline_holds() -> None:
     assert result.attempt_errors == ("no result within call_timeout=1.0s",) * 2
 
 
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 @pytest.mark.anyio
 async def test_no_retry_when_the_wait_would_end_past_the_deadline() -> None:
     """A retry whose wait would end after the deadline is not made: the call ends at once."""
@@ -627,7 +614,7 @@ async def test_no_retry_when_the_wait_would_end_past_the_deadline() -> None:
     assert "no time left before RetryPolicy.timeout=2.0s" in (result.error or "")
 
 
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 @pytest.mark.anyio
 async def test_the_first_attempt_has_the_full_call_timeout() -> None:
     """Being eligible never shortens a call: the first attempt is bounded by call_timeout alone."""
@@ -744,7 +731,7 @@ async def test_no_ineligible_call_ever_runs_twice(
 # Figures -------------------------------------------------------------------------------------------
 
 
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 @pytest.mark.anyio
 async def test_figures_smoke() -> None:
     """The figures script runs: most calls succeed at 30% faults, an outage stays near one attempt per call."""

@@ -31,7 +31,7 @@ from dispatcher.examples import Workspace, serve_http
 from dispatcher.formats import anthropic_results, mark_untrusted, openai_chat_results, openai_responses_results
 from dispatcher.testing import HostileServer
 
-from .test_connections import SOURCE_ROOT, virtual_time
+from .test_connections import SOURCE_ROOT
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -298,7 +298,7 @@ async def test_a_removed_tools_error_is_marked_as_untrusted_content() -> None:
     assert result.untrusted_content and _BOUNDARY.match(sent(result))
 
 
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_a_call_stopped_because_its_tool_was_blocked_while_queued_is_marked() -> None:
     """A closed-world call queued behind a write, whose tool is then changed, ends with a marked error."""
     workspace = Workspace(latency_by_tool={"set_note": 1.0})

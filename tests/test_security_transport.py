@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.types import JSONRPCRequest, TextContent, ToolAnnotations
-from trio.testing import MockClock
 
 import dispatcher
 from dispatcher import (
@@ -538,9 +537,7 @@ def test_reconnect_backoff_has_the_retry_policy_shape() -> None:
     assert [retry.backoff(n, rng) for n in range(1, 6)] == [reconnect.backoff(n) for n in range(1, 6)]
 
 
-@pytest.mark.parametrize(
-    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")]
-)
+@pytest.mark.backends("trio-mockclock")
 async def test_the_reconnect_policy_sets_the_backoff() -> None:
     """Failed reconnects wait as the connection's ReconnectPolicy says (capped at wait_max)."""
     server = Crashable(Workspace())

@@ -8,19 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import trio.testing
 
 from dispatcher import CallStatus, Dispatcher, Effect, ToolCall
 
 from .task_server import TaskScript
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> Any:
-    """trio on a virtual clock that jumps whenever every task is blocked."""
-    return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
+pytestmark = [pytest.mark.anyio, pytest.mark.backends("trio-mockclock")]
 
 
 async def _run(script: TaskScript, **connect: Any) -> Any:

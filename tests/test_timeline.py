@@ -12,7 +12,6 @@ import anyio
 import pytest
 from mcp import Client
 from mcp.types import ToolAnnotations
-from trio.testing import MockClock
 
 from dispatcher import CallEvent, CallStatus, Dispatcher, RetryPolicy, ToolCall, ToolResult
 from dispatcher.examples import Workspace
@@ -32,10 +31,7 @@ COLOURS = {
 }
 # The real backends, and trio's virtual clock where every time is exact (a busy machine can delay a start
 # on a real clock by more than the 20 ms the timeline takes for the event loop's ordinary delay).
-BACKENDS = pytest.mark.parametrize(
-    "anyio_backend",
-    ["asyncio", "trio", pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")],
-)
+BACKENDS = pytest.mark.backends("asyncio", "trio", "trio-mockclock")
 
 LATENCY = 0.05
 # One turn: a write, three reads that must see it (the server lets two run at once), a write after them,
@@ -192,10 +188,7 @@ async def test_approvals_are_waits_of_their_own(virtual_clock: bool) -> None:
     assert waits == {"waiting: approved", "waiting: approval"}
 
 
-@pytest.mark.parametrize(
-    "anyio_backend",
-    [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")],
-)
+@pytest.mark.backends("trio-mockclock")
 async def test_an_approval_given_before_the_write_it_waits_for_ends() -> None:
     """A call approved while the write before it still runs waited for that write; the approval's share is named."""
 
@@ -216,10 +209,7 @@ async def test_an_approval_given_before_the_write_it_waits_for_ends() -> None:
     assert wait.describe() == "waited 50 ms for the write before it (w), 10 ms of it for an approval"
 
 
-@pytest.mark.parametrize(
-    "anyio_backend",
-    [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")],
-)
+@pytest.mark.backends("trio-mockclock")
 async def test_retries_are_drawn_where_they_began() -> None:
     """From events, each retry's start is kept and marked in the text; the trace has an instant per retry."""
     events: list[CallEvent] = []
@@ -354,9 +344,7 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch
 
 # The drawing does not depend on the clock; on a real one, a loaded machine moves the bars until two calls'
 # marks touch and read as one band (seen on trio beside other jobs), so it runs on the virtual clock.
-@pytest.mark.parametrize(
-    "anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock")]
-)
+@pytest.mark.backends("trio-mockclock")
 async def test_plot_draws_a_row_per_call_in_status_colours(tmp_path: Path) -> None:
     """The PNG has the figure's size, a row per call, the waiting grey and the status colours in its pixels."""
     pytest.importorskip("matplotlib")

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
 import pytest
-import trio.testing
 from mcp import Client
 
 from dispatcher import CallStatus, Dispatcher, ToolCall
 
 from .recording import READ, Recorder, recording_server
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=["asyncio", "trio", "trio-mockclock"])
-def anyio_backend(request: pytest.FixtureRequest) -> Any:
-    """Both backends, plus trio on a virtual clock that jumps whenever every task is blocked."""
-    if request.param == "trio-mockclock":
-        return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
-    return request.param
+pytestmark = [pytest.mark.anyio, pytest.mark.backends("asyncio", "trio", "trio-mockclock")]
 
 
 async def test_slow_call_times_out_and_its_handler_is_cancelled(virtual_clock: bool) -> None:

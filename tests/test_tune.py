@@ -46,12 +46,6 @@ PYTHONPATH = os.pathsep.join(p for p in (SOURCE_ROOT, os.environ.get("PYTHONPATH
 WORKSPACE = f"{shlex.quote(sys.executable)} -m dispatcher.examples.workspace"
 
 
-def virtual_time() -> pytest.MarkDecorator:
-    """Run a test on trio only, under a virtual clock that jumps whenever every task waits."""
-    clock = MockClock(autojump_threshold=0)
-    return pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": clock}), id="trio-mock")])
-
-
 def setting(limit: int, throughput: float, p95: float = 0.05, *, calls: int = 100) -> SettingResult:
     """A measurement with the figures `recommend` reads."""
     return SettingResult(
@@ -236,7 +230,7 @@ def test_doubling() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 @pytest.mark.slow
 async def test_recommendation_lands_at_the_saturation_knee() -> None:
     """A server that saturates at 8 in flight: throughput stops at 8 / latency, and 8 is recommended."""
@@ -261,7 +255,7 @@ async def test_recommendation_lands_at_the_saturation_knee() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_online_reports_where_the_adaptive_limit_settles_beside_the_sweep() -> None:
     """online=True runs AdaptiveLimit on the same workload: against a knee of 8 it settles within 20% of the
     sweep's recommendation, with its trace, and the plain-text report prints it next to the recommendation."""
@@ -282,7 +276,7 @@ async def test_online_reports_where_the_adaptive_limit_settles_beside_the_sweep(
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_per_server_limit_and_time_budget() -> None:
     """--per-server sweeps add_mcp_server's limit; a duration bounds each setting's measurement."""
     workspace = Workspace(latency=0.05, saturation=8)
@@ -295,7 +289,7 @@ async def test_per_server_limit_and_time_budget() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_an_untrusted_server_makes_every_setting_alike() -> None:
     """Untrusted, every call runs alone: every setting measures the same, and a note says why."""
     report = await tune(Workspace(latency=0.05).server, "reads", (1, 4), calls=20)
@@ -304,7 +298,7 @@ async def test_an_untrusted_server_makes_every_setting_alike() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_no_recommendation_when_no_limit_can_matter() -> None:
     """When every call runs alone, differences between settings are noise: nothing is recommended from them."""
     server = MCPServer("warming")
@@ -327,7 +321,7 @@ async def test_no_recommendation_when_no_limit_can_matter() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_a_workload_of_calls_with_failures() -> None:
     """A workload's calls repeat in order; calls that fail count as errors, not as throughput."""
     workload = load_workload(['{"name": "search_notes", "arguments": {"query": "a"}}', '{"name": "search_notes"}'])
@@ -641,7 +635,7 @@ async def test_a_synthetic_workload_whose_calls_all_fail_is_not_measured() -> No
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_calls_that_fail_are_errors_not_throughput() -> None:
     """Tool errors count in the errors column, not as throughput; all-failing settings recommend nothing."""
     failing = load_workload(['{"name": "read_note", "arguments": {"name": "missing"}}'])
@@ -828,7 +822,7 @@ def slow_server(seconds: float) -> MCPServer:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_a_duration_window_closes_on_time_and_times_the_calls_it_cut_off() -> None:
     """Calls slower than the window: it closes on time, and the calls running then are timed, as cut off."""
     workload = [ToolCall("1", "crawl", {"key": "k"})]
@@ -842,7 +836,7 @@ async def test_a_duration_window_closes_on_time_and_times_the_calls_it_cut_off()
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_the_warm_up_of_a_timed_window_ends_on_time_too() -> None:
     """With a duration, a warm-up of slow calls lasts at most that long: a setting takes 2 windows, not 2 calls."""
     workload = [ToolCall("1", "crawl", {"key": "k"})]
@@ -856,7 +850,7 @@ async def test_the_warm_up_of_a_timed_window_ends_on_time_too() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_repeats_run_in_rounds_and_the_progress_says_what_happens() -> None:
     """Every setting once per round; progress says probing, then warming up and measuring, setting and repeat."""
     progress: list[TuneProgress] = []
@@ -890,7 +884,7 @@ async def test_repeats_run_in_rounds_and_the_progress_says_what_happens() -> Non
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_a_time_budget_reports_the_settings_measured_so_far() -> None:
     """max_time ends the sweep with the settings done so far, says so, and asks for no wider range."""
     # At 50 ms a call: the setting 1 takes 22 calls (1.1 s), 2 takes 0.6 s, 4 would end at 2.1 s.
@@ -907,7 +901,7 @@ async def test_a_time_budget_reports_the_settings_measured_so_far() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_setting_stop_ends_the_sweep_with_what_it_measured() -> None:
     """The stop event (Ctrl-C on the command line) keeps the settings finished before it was set."""
     stop = anyio.Event()
@@ -1027,7 +1021,7 @@ def test_synthetic_arguments_skip_defaults_that_make_calls_slow() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_a_synthetic_workload_does_not_inherit_a_slow_default_and_says_so() -> None:
     """A tool whose optional duration defaults to 10 s is measured at its fastest, with a note saying so."""
     server = MCPServer("operations")
@@ -1045,7 +1039,7 @@ async def test_a_synthetic_workload_does_not_inherit_a_slow_default_and_says_so(
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_a_synthetic_write_that_did_nothing_is_reported() -> None:
     """A mixed workload's write that succeeds saying it changed nothing gets a note; one that acts does not."""
     server = MCPServer("tags")
@@ -1074,7 +1068,7 @@ async def test_a_synthetic_write_that_did_nothing_is_reported() -> None:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_an_override_is_measured_before_it_is_written_into_code() -> None:
     """An untrusted server with no hints: overriding search_notes as read-only makes concurrency count."""
     workspace = Workspace(latency=0.05, saturation=4)
@@ -1118,11 +1112,12 @@ _LONG_FORM = pytest.mark.skipif(
 @pytest.mark.parametrize(
     "anyio_backend",
     [
-        pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mock"),
+        "trio-mockclock",
         # Real time moves with the machine's load (seen beside other jobs: 16, 8, 4): the long form's.
         pytest.param("asyncio", marks=_LONG_FORM),
         pytest.param("trio", marks=_LONG_FORM),
     ],
+    indirect=True,  # tests/conftest.py's anyio_backend builds the loop each name stands for
 )
 async def test_three_runs_against_the_example_server_agree_near_its_saturation() -> None:
     """A server saturating at 8 gets 4 or 8 from each of three runs, never 16 or more (on the virtual clock
@@ -1213,7 +1208,7 @@ def _failing_server() -> MCPServer[Any]:
 
 
 @pytest.mark.anyio
-@virtual_time()
+@pytest.mark.backends("trio-mockclock")
 async def test_online_on_a_tool_that_always_fails_reports_no_settled_limit() -> None:
     """Every call fails: the online run ends without error, and the text does not call its last limit settled."""
     report = await tune(

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pytest
 from mcp.types import ToolAnnotations
-from trio.testing import MockClock
 
 from dispatcher import CallStatus, Dispatcher, ToolCall
 
@@ -18,7 +17,7 @@ if TYPE_CHECKING:
 
 pytestmark = [
     pytest.mark.anyio,
-    pytest.mark.parametrize("anyio_backend", [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}))]),
+    pytest.mark.backends("trio-mockclock"),
 ]
 
 READ_ONLY = ToolAnnotations(read_only_hint=True)
