@@ -1092,6 +1092,45 @@ async def test_a_synthetic_write_that_did_nothing_is_reported() -> None:
 
 @pytest.mark.anyio
 @virtual_time()
+async def test_generated_lists_are_never_empty_and_empty_answers_count_as_doing_nothing() -> None:
+    """As server-memory's create_entities: a list gets an item, so the write acts; "[]" and ENOENT get notes."""
+    server = MCPServer("graph")
+    closed = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    additive = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
+    created: list[list[str]] = []
+
+    async def create_entities(names: list[str]) -> str:
+        """Creates entities, answering those it created (none for an empty list)."""
+        created.append(names)
+        return json.dumps(names)
+
+    async def add_relations(pairs: list[str]) -> str:
+        """Adds relations between entities that do not exist: answers the empty list."""
+        return "[]"
+
+    async def read_files(paths: list[str]) -> str:
+        """Reads files, reporting each one missing inside a successful answer, as server-filesystem does."""
+        return "\n".join(f"{path}: Error - ENOENT: no such file or directory" for path in paths)
+
+    async def list_roots() -> str:
+        """Lists the roots."""
+        return "/srv"
+
+    server.add_tool(create_entities, annotations=additive)
+    server.add_tool(add_relations, annotations=additive)
+    server.add_tool(read_files, annotations=closed)
+    server.add_tool(list_roots, annotations=closed)
+    report = await tune(server, "mixed", (1,), trusted=True, calls=5, repeats=1)
+    assert created and all(len(names) == 1 for names in created), created
+    nothing = [note for note in report.notes if "as if it" in note]
+    assert len(nothing) == 2, report.notes
+    assert any(n.startswith("the synthetic write add_relations succeeded but answered '[]'") for n in nothing)
+    assert any(n.startswith("the synthetic read read_files succeeded but answered 'tune-") for n in nothing)
+    assert not any("create_entities" in note or "list_roots" in note for note in nothing), nothing
+
+
+@pytest.mark.anyio
+@virtual_time()
 async def test_an_override_is_measured_before_it_is_written_into_code() -> None:
     """An untrusted server with no hints: overriding search_notes as read-only makes concurrency count."""
     workspace = Workspace(latency=0.05, saturation=4)
