@@ -132,6 +132,23 @@ def test_flat_throughput_with_growing_latency_says_no_setting_matters() -> None:
     assert "and each call's p95 run time stays near 50.0 ms;" in recommend(same)[2]
 
 
+def test_one_fast_repeat_does_not_make_a_growing_curve_flat() -> None:
+    """A repeat that ran on an idle machine widens the smallest's range; fourfold throughput is still no flat."""
+    # mcp-server-time on the loaded 2-core box: 77 to 249 calls/s at 1, median 84; 325 at 16.
+    growing = [
+        replace(setting(1, 84, 0.011), throughput_range=(77, 249)),
+        replace(setting(2, 144, 0.013), throughput_range=(122, 316)),
+        replace(setting(4, 205, 0.019), throughput_range=(98, 304)),
+        replace(setting(16, 325, 0.047), throughput_range=(250, 400)),
+    ]
+    recommended, best, why = recommend(growing)
+    assert not why.startswith("no setting matters"), why
+    assert (recommended, best) == (2, 16), why
+    # When one of the smallest's repeats did reach the best's median, the difference is noise: flat.
+    reached = [replace(growing[0], throughput_range=(77, 330)), *growing[1:]]
+    assert recommend(reached)[2].startswith("no setting matters here")
+
+
 def test_combine_takes_medians_and_ranges() -> None:
     """Repeats combine into medians (one disturbed repeat moves nothing), summed counts and the range."""
     runs = [setting(4, 80), replace(setting(4, 20, 0.5), cut_off=2), setting(4, 82)]
@@ -1065,6 +1082,45 @@ async def test_a_synthetic_write_that_did_nothing_is_reported() -> None:
     [note] = [n for n in report.notes if n.startswith("the synthetic write")]
     assert note.startswith("the synthetic write tag succeeded but answered 'nothing to tag: no note named tune-")
     assert "as if it did nothing" in note
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("trio-mockclock")
+async def test_generated_lists_are_never_empty_and_empty_answers_count_as_doing_nothing() -> None:
+    """As server-memory's create_entities: a list gets an item, so the write acts; "[]" and ENOENT get notes."""
+    server = MCPServer("graph")
+    closed = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    additive = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
+    created: list[list[str]] = []
+
+    async def create_entities(names: list[str]) -> str:
+        """Creates entities, answering those it created (none for an empty list)."""
+        created.append(names)
+        return json.dumps(names)
+
+    async def add_relations(pairs: list[str]) -> str:
+        """Adds relations between entities that do not exist: answers the empty list."""
+        return "[]"
+
+    async def read_files(paths: list[str]) -> str:
+        """Reads files, reporting each one missing inside a successful answer, as server-filesystem does."""
+        return "\n".join(f"{path}: Error - ENOENT: no such file or directory" for path in paths)
+
+    async def list_roots() -> str:
+        """Lists the roots."""
+        return "/srv"
+
+    server.add_tool(create_entities, annotations=additive)
+    server.add_tool(add_relations, annotations=additive)
+    server.add_tool(read_files, annotations=closed)
+    server.add_tool(list_roots, annotations=closed)
+    report = await tune(server, "mixed", (1,), trusted=True, calls=5, repeats=1)
+    assert created and all(len(names) == 1 for names in created), created
+    nothing = [note for note in report.notes if "as if it" in note]
+    assert len(nothing) == 2, report.notes
+    assert any(n.startswith("the synthetic write add_relations succeeded but answered '[]'") for n in nothing)
+    assert any(n.startswith("the synthetic read read_files succeeded but answered 'tune-") for n in nothing)
+    assert not any("create_entities" in note or "list_roots" in note for note in nothing), nothing
 
 
 @pytest.mark.anyio

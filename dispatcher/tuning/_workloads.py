@@ -47,12 +47,14 @@ _TIME_WORDS = frozenset(
     }
 )
 _COUNT_WORDS = frozenset({"count", "steps", "repeat", "repeats", "iterations", "times", "rounds", "loops"})
-# Answers of a write that say it changed nothing (a generated name that matched nothing, say).
+# Answers that say a call did nothing (a generated name that matched nothing, say), and answers that are an
+# empty JSON value (`create_entities` given nothing to create answers "[]").
 _NOTHING_DONE = re.compile(
-    r"nothing to|no changes?\b|unchanged|already (exists|up to date)|not found|no such|did not|"
+    r"nothing to|no changes?\b|unchanged|already (exists|up to date)|not found|no such|did not|enoent|"
     r"\b0 (files?|rows?|items?|changes?)\b|skipped",
     re.IGNORECASE,
 )
+_EMPTY_ANSWERS = frozenset({"[]", "{}", "null", '""', "''"})
 
 # The share of reads in the synthetic mixed workload, as in the benchmark suite's mixed turns.
 _MIXED_READ_SHARE = 0.7
@@ -253,8 +255,12 @@ def _example(schema: Any, index: int, root: Mapping[str, Any], *, depth: int) ->
                 arguments[name] = fast
         return arguments
     if kind == "array":
-        count = schema.get("minItems", 0)
-        count = count if isinstance(count, int) else 0
+        # One item at least: an empty list makes many tools do nothing at all (`create_entities(entities=[])`
+        # succeeds, creating nothing), and the sweep would time calls that change nothing.
+        count = schema.get("minItems", 1)
+        count = max(count, 1) if isinstance(count, int) else 1
+        most = schema.get("maxItems")
+        count = min(count, most) if isinstance(most, int) and most >= 0 else count
         return [_example(schema.get("items", {}), index, root, depth=depth + 1) for _ in range(count)]
     if kind in ("integer", "number"):
         low = schema.get("minimum", schema.get("exclusiveMinimum", 0))
@@ -375,15 +381,26 @@ async def _probe(
         if name not in keep
     )
     for name in first:
-        if name in keep and not _declared_read_only(by_name[name]):
-            answer = _answer_text(results[name])
-            if not answer.strip() or _NOTHING_DONE.search(answer):
-                said = f"answered {_first_line(answer)!r}" if answer.strip() else "answered nothing"
+        answer = _answer_text(results[name])
+        if name in keep and _did_nothing(answer):
+            said = f"answered {_first_line(answer)!r}" if answer.strip() else "answered nothing"
+            if _declared_read_only(by_name[name]):
+                notes.append(
+                    f"the synthetic read {name} succeeded but {said}, as if it found nothing: the sweep may time "
+                    "reads that do less than your agent's; write a --workload file of the calls your agent makes"
+                )
+            else:
                 notes.append(
                     f"the synthetic write {name} succeeded but {said}, as if it did nothing: the mixed workload may "
                     "time writes that change nothing; write a --workload file of writes your agent makes"
                 )
     return [entry for entry in entries if entry.name in keep or entry.name not in first]
+
+
+def _did_nothing(answer: str) -> bool:
+    """Whether a successful call's answer says it did nothing: empty, an empty JSON value, or words to that effect."""
+    stripped = answer.strip()
+    return not stripped or stripped in _EMPTY_ANSWERS or _NOTHING_DONE.search(stripped) is not None
 
 
 def _answer_text(result: ToolResult) -> str:
