@@ -42,6 +42,7 @@ holds the shared limit, and events and spans carry it, said to be the fleet's.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -82,6 +83,20 @@ class FleetController(Controller):
     def level(self) -> float:
         """The level the limit is the whole calls of."""
         return self._level
+
+    def sending(self, held: int | None) -> None:
+        """A call is about to be sent with `held` holds in force across the fleet (itself included).
+
+        The calls in flight are the fleet's, so a probe armed here goes out with the call that the
+        fleet's admission let past the level (`SharedLimit.argument`).
+        """
+        if held is not None:
+            self.in_flight = max(0, held - 1)
+
+    @property
+    def probing(self) -> bool:
+        """Whether a probe is armed: the limit shows one call more than the level."""
+        return self.limit > min(self.ceiling, max(self.floor, math.floor(self._level + 1e-9)))
 
     def follow(self, level: float, *, cut: bool) -> None:
         """Take the fleet's level; `cut`: the fleet cut it (another process's overload or slowdown).
@@ -181,6 +196,18 @@ class OnlineLimit:
             controller.follow(level, cut=cut)
         self.sync()
 
+    @property
+    def probing(self) -> bool:
+        """Whether the server's controller probes (one call past the fleet's level)."""
+        controller = self.controller
+        return isinstance(controller, FleetController) and controller.probing
+
+    def sending(self, lease: Lease | None) -> None:
+        """A call is about to be sent under `lease`: with a shared limit, the controller counts the fleet's calls."""
+        controller = self.controller
+        if isinstance(controller, FleetController):
+            controller.sending(lease.held if lease is not None else None)
+
     def sent(self, flight: Flight, lease: Lease | None) -> int:
         """A call was sent under `lease`; with a shared limit, its record shows the fleet's load then.
 
@@ -240,6 +267,7 @@ class LimitedTool:
         if wait > 0:
             # The server asked for a pause: this call keeps its place under the limit and waits it out.
             await anyio.sleep(wait)
+        online.sending(lease)
         flight = controller.start(anyio.current_time())
         epoch = online.sent(flight, lease)
         online.sync()

@@ -13,8 +13,9 @@ Every script works on one server's keys (all declared in KEYS, so each runs as o
     KEYS[9] fence        STRING  the last fencing token granted
     KEYS[10] limit       HASH  level, epoch, cut_at (ms): the fleet's shared adaptive limit (see LIMIT)
 
-    ARGV[1] lease ttl (ms), ARGV[2] the server's limit (0: none; ``auto:<initial>:<cap>`` for a shared
-    adaptive limit: the level in KEYS[10], `initial` while it has none, at most `cap` unless 0),
+    ARGV[1] lease ttl (ms), ARGV[2] the server's limit (0: none; ``auto:<initial>:<cap>:<probe>`` for a
+    shared adaptive limit: the level in KEYS[10], `initial` while it has none, at most `cap` unless 0,
+    plus `probe` (0 or 1): one call past the level, asked by a process whose controller probes),
     ARGV[3] the wake-up channel prefix, ARGV[4] the server's max write time (ms; 0: none), ARGV[5] its
     max call time (ms; 0: none).
 
@@ -81,7 +82,7 @@ local Q, W, WE, H, HE, SEQ, META = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], 
 local TOK, FENCE, LIM = KEYS[8], KEYS[9], KEYS[10]
 local ttl = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
-local initial, cap = string.match(ARGV[2], '^auto:(%d+):(%d+)$')
+local initial, cap, probe = string.match(ARGV[2], '^auto:(%d+):(%d+):(%d)$')
 -- A shared adaptive limit: the fleet's level now (LIMIT moves it) and its epoch, as strings.
 local shared_level, shared_epoch = '', ''
 if initial then
@@ -90,6 +91,7 @@ if initial then
   shared_level, shared_epoch = string.format('%.6f', level), lim[2] or '0'
   limit = math.max(1, math.floor(level + 1e-9))  -- whole calls, at least 1
   if tonumber(cap) > 0 then limit = math.min(limit, tonumber(cap)) end
+  limit = limit + tonumber(probe)
 end
 local prefix = ARGV[3]
 local extra = tonumber(ARGV[4])

@@ -52,6 +52,11 @@ class Follower(Protocol):
         """The level and epoch in Redis now; `source` is who sent the move that made it, else None."""
         ...
 
+    @property
+    def probing(self) -> bool:
+        """Whether its controller has a probe armed: one call past the level, to see what it costs."""
+        ...
+
 
 class SharedLimit:
     """One server's shared adaptive limit, as this process last saw it, and the moves it has to send.
@@ -87,7 +92,8 @@ class SharedLimit:
     @property
     def argument(self) -> str:
         """What the admission scripts are given for the server's limit (`_lua`'s ARGV[2])."""
-        return f"auto:{self.setting.start}:{self.cap or 0}"
+        probe = any(follower.probing for follower in self._followers)
+        return f"auto:{self.setting.start}:{self.cap or 0}:{int(probe)}"
 
     @property
     def pending(self) -> bool:

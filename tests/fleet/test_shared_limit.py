@@ -232,3 +232,24 @@ async def test_with_redis_gone_calls_fail_unrun_and_the_level_stays(redis_server
         assert all("cannot reach Redis" in (result.error or "") for result in results)
         assert service.starts == []  # nothing ran unguarded
         assert a.server_limit("svc") == b.server_limit("svc") == 4
+
+
+async def test_after_a_cut_a_probe_lets_the_fleets_level_grow_again(redis_server: RedisServer, namespace: str) -> None:
+    """Cut to a knee of 4, then unloaded bursts from both: a probe past the level costs nothing, and the level grows."""
+    service = Service(delay=0.05)
+    setting = AdaptiveLimit(initial=8, ceiling=16, tolerance=3.0)
+    async with AsyncExitStack() as stack:
+        a, b = await fleet_of(stack, redis_server, namespace, service, setting)
+        service.overloaded = True
+        await a.dispatch(calls(1, "a"))
+        service.overloaded = False
+        await until(lambda: level(redis_server, namespace) == (4.0, 1), "the fleet's level is cut to 4")
+        with anyio.fail_after(30):
+            burst = 0
+            while level(redis_server, namespace)[0] <= 4:
+                burst += 1
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(a.dispatch, calls(12, f"a{burst}-"))
+                    tg.start_soon(b.dispatch, calls(12, f"b{burst}-"))
+        fleet_level, epoch = level(redis_server, namespace)
+        assert fleet_level > 4 and epoch == 1  # grown past the knee, and no cut on the way
