@@ -244,7 +244,7 @@ class Dispatcher:
         # Resolved on entry, so a tracer provider configured after construction is still found.
         tracer = resolve_tracer(self._tracer_provider)
         if tracer is not None or self._on_event is not None:
-            self._observer = Observer(self._on_event, tracer, limits=self._adaptive_limit)
+            self._observer = Observer(self._on_event, tracer, limits=functools.partial(OnlineLimit.shown, self._online))
         if self._observer is not None or self._approve is not None or self._guard is not None:
             self._hooks = CallHooks(
                 approver=self._approve,
@@ -706,6 +706,7 @@ class Dispatcher:
             apply=functools.partial(self._executor.gate.set_server_limit, name),
             waiting=functools.partial(self._executor.gate.server_waiting, name),
             call_timeout=self._call_timeout,
+            coordinator=self._coordinator,
         )
         return online.limit, online
 

@@ -121,6 +121,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "dispatcher.fleet._lua",
             "dispatcher.fleet._config",
             "dispatcher.fleet._links",
+            "dispatcher.fleet._shared",
             "dispatcher.fleet._redis",
             "dispatcher.fleet",
         ),

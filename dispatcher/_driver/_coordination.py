@@ -79,6 +79,7 @@ class Lease:
         "abandoned",
         "fence_argument",
         "fence_meta",
+        "held",
         "margin",
         "reason",
         "sent",
@@ -104,6 +105,9 @@ class Lease:
         """The hold's fencing token: larger than that of every hold granted before it on the server."""
         self.valid_until = math.inf
         """Until when (loop clock) the holder is sure the coordinator keeps the hold."""
+        self.held: int | None = None
+        """How many holds the server had across the fleet once this one was granted (itself included),
+        when the coordinator says; what an adaptive limit shared by the fleet counts as calls in flight."""
         self.margin = margin
         self.fence_argument = fence_argument
         self.fence_meta = fence_meta

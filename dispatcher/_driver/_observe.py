@@ -88,6 +88,8 @@ class CallEvent:
         limit: For ``started``, ``retried`` and ``finished`` events of a call whose server has an
             adaptive limit (`AdaptiveLimit`), the server's limit at that moment; else None. Collected
             over a run, these events show the limit as it moves.
+        limit_scope: Whose that limit is: ``"server"`` (this dispatcher's own) or ``"fleet"`` (one
+            level shared by a fleet's processes, see docs/fleet.md); None without a `limit`.
     """
 
     kind: EventKind
@@ -104,6 +106,7 @@ class CallEvent:
     total: float | None = None
     message: str | None = None
     limit: int | None = None
+    limit_scope: Literal["server", "fleet"] | None = None
 
 
 # The most of a server's progress message that reaches an event or a span.
@@ -189,16 +192,17 @@ class Observer:
         on_event: Callable[[CallEvent], object] | None,
         tracer: Tracer | None,
         *,
-        limits: Callable[[str | None], int | None] | None = None,
+        limits: Callable[[str | None], tuple[int, Literal["server", "fleet"]] | None] | None = None,
     ) -> None:
         self._on_event = on_event
         self._tracer = tracer
-        # A server's adaptive limit now (None for a server without one).
+        # A server's adaptive limit now and whose it is (None for a server without one).
         self._limits = limits
 
-    def _limit(self, entry: ToolEntry | None) -> int | None:
+    def _limit(self, entry: ToolEntry | None) -> tuple[int, Literal["server", "fleet"]] | tuple[None, None]:
         limits = self._limits
-        return limits(entry.server) if limits is not None and entry is not None else None
+        shown = limits(entry.server) if limits is not None and entry is not None else None
+        return shown if shown is not None else (None, None)
 
     def queued(self, call: ToolCall, state: CallState, time: float) -> None:
         entry = state.entry
@@ -239,7 +243,7 @@ class Observer:
         state.attempt += 1
         attempt = state.attempt
         state.current = _attempt.set((self, call, state))
-        limit = self._limit(state.entry)
+        limit, scope = self._limit(state.entry)
         tracer = self._tracer
         if tracer is not None and state.span is not None:
             from opentelemetry import context, trace
@@ -252,6 +256,7 @@ class Observer:
             }
             if limit is not None:
                 attributes["dispatcher.server.limit"] = limit
+                attributes["dispatcher.server.limit.scope"] = scope
             span = tracer.start_span(
                 f"attempt {entry.name if entry is not None else call.name}",
                 context=trace.set_span_in_context(state.span),
@@ -260,7 +265,11 @@ class Observer:
             state.attempt_span = span
             state.token = context.attach(trace.set_span_in_context(span))
         if attempt == 1:
-            self._emit(CallEvent("started", call, time, tool=state.entry, attempt=1, keys=state.keys, limit=limit))
+            self._emit(
+                CallEvent(
+                    "started", call, time, tool=state.entry, attempt=1, keys=state.keys, limit=limit, limit_scope=scope
+                )
+            )
         else:
             self._emit(
                 CallEvent(
@@ -272,6 +281,7 @@ class Observer:
                     error=state.previous_error,
                     keys=state.keys,
                     limit=limit,
+                    limit_scope=scope,
                 )
             )
 
@@ -360,7 +370,7 @@ class Observer:
     def finished(self, state: CallState, result: ToolResult) -> None:
         if state.attempt_span is not None:
             self.attempt_finished(state, result.status, result.error)
-        limit = self._limit(state.entry)
+        limit, scope = self._limit(state.entry)
         span = state.span
         if span is not None:
             state.span = None
@@ -377,7 +387,11 @@ class Observer:
                     "dispatcher.untrusted_content": result.untrusted_content,
                     # Only declared keys: the root key ("") is every call's default.
                     **({"dispatcher.keys": list(state.keys)} if state.keys not in ((), ("",)) else {}),
-                    **({"dispatcher.server.limit": limit} if limit is not None else {}),
+                    **(
+                        {"dispatcher.server.limit": limit, "dispatcher.server.limit.scope": scope}
+                        if limit is not None
+                        else {}
+                    ),
                     **({"dispatcher.depends_on": result.depends_on} if result.depends_on is not None else {}),
                 },
             )
@@ -393,6 +407,7 @@ class Observer:
                 keys=state.keys,
                 effect=result.effect,
                 limit=limit,
+                limit_scope=scope,
             )
         )
 

@@ -28,17 +28,28 @@ that code). Cancellation by the caller and failures that say nothing about load 
 connection, a blocked tool) count for nothing. Only calls of read-only tools move the
 limit (writes run alone whatever it is); calls that run as MCP tasks are not latency samples (their
 time is the task's, not the server's queue).
+
+A limit shared by the fleet
+---------------------------
+With a fleet coordinator that shares the server's limit (`RedisCoordinator.shared_limit`: see
+`dispatcher.fleet._shared`), the limit is the fleet's level, not the controller's. The controller runs
+the same rule on the same signals, fed each call's view of the fleet (the holds in force across the fleet
+when it was granted, the shared limit then); what it does with an answer (its level cut by a factor, or
+grown by some calls) is sent to the fleet as a move, and it follows every level the fleet's replies show
+(a cut it did not make is adopted as a cut: its calls sent before it cannot cut again). The gate then
+holds the shared limit, and events and spans carry it, said to be the fleet's.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import math
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 from mcp.shared.exceptions import MCPError
 from mcp.types import REQUEST_TIMEOUT
 
-from .._core._adaptive import Controller, Signal, retry_after, says_overloaded
+from .._core._adaptive import Controller, Flight, Signal, retry_after, says_overloaded
 from ._failures import ANSWER_TOO_LARGE
 
 if TYPE_CHECKING:
@@ -49,13 +60,54 @@ if TYPE_CHECKING:
     from .._core._adaptive import AdaptiveLimit
     from .._core._catalog import ToolImpl
     from .._driver._coordination import Lease
+    from ..fleet._shared import SharedLimit
 
-__all__ = ["LimitedTool", "OnlineLimit", "classify_error", "classify_result"]
+__all__ = ["FleetController", "LimitedTool", "OnlineLimit", "classify_error", "classify_result"]
 
 # The server-defined error codes of JSON-RPC: a server's own way of saying it failed.
 _SERVER_ERRORS = range(-32099, -32000 + 1)
 # Codes some servers borrow from HTTP for "too many requests" and "unavailable".
 _HTTP_OVERLOAD = (429, 503)
+
+
+class FleetController(Controller):
+    """The controller of a server whose limit the fleet shares: the same rule, its level the fleet's.
+
+    The hook `OnlineLimit` needs on top of `Controller`: the level it moves (a float: growth below a
+    known knee is half a call per answer), and following the level the fleet has.
+    """
+
+    __slots__ = ()
+
+    @property
+    def level(self) -> float:
+        """The level the limit is the whole calls of."""
+        return self._level
+
+    def sending(self, held: int | None) -> None:
+        """A call is about to be sent with `held` holds in force across the fleet (itself included).
+
+        The calls in flight are the fleet's, so a probe armed here goes out with the call that the
+        fleet's admission let past the level (`SharedLimit.argument`).
+        """
+        if held is not None:
+            self.in_flight = max(0, held - 1)
+
+    @property
+    def probing(self) -> bool:
+        """Whether a probe is armed: the limit shows one call more than the level."""
+        return self.limit > min(self.ceiling, max(self.floor, math.floor(self._level + 1e-9)))
+
+    def follow(self, level: float, *, cut: bool) -> None:
+        """Take the fleet's level; `cut`: the fleet cut it (another process's overload or slowdown).
+
+        A cut is adopted as the controller's own: the knee is the new level and calls sent before it
+        cannot cut again, since they report the load the cut answered.
+        """
+        if cut:
+            self._cut(level, level, self.limit)
+        elif level != self._level:
+            self._set_level(level)
 
 
 class OnlineLimit:
@@ -69,9 +121,22 @@ class OnlineLimit:
         waiting: Whether calls of the server wait for room under its limit now.
         call_timeout: The dispatcher's `call_timeout`: a call cancelled once it has run that long
             timed out.
+        coordinator: The dispatcher's fleet coordinator, if any: the limit is the fleet's when it
+            shares the server's (its ``shared_limit(server, setting)`` returns one).
     """
 
-    __slots__ = ("_apply", "applied", "call_timeout", "controller", "server", "trusted", "waiting")
+    __slots__ = (
+        "__weakref__",
+        "_apply",
+        "_epoch",
+        "applied",
+        "call_timeout",
+        "controller",
+        "server",
+        "shared",
+        "trusted",
+        "waiting",
+    )
 
     def __init__(
         self,
@@ -82,28 +147,94 @@ class OnlineLimit:
         apply: Callable[[int], object],
         waiting: Callable[[], bool],
         call_timeout: float | None,
+        coordinator: object = None,
     ) -> None:
         self.waiting = waiting
         self.server = server
-        self.controller = Controller(setting)
+        factory = getattr(coordinator, "shared_limit", None)
+        self.shared: SharedLimit | None = factory(server, setting) if callable(factory) else None
+        """The fleet's limit of the server, when the fleet shares it; None: the limit is this process's."""
+        self.controller = FleetController(setting) if self.shared is not None else Controller(setting)
         self.trusted = trusted
         self._apply = apply
         self.call_timeout = call_timeout
-        self.applied = self.controller.limit
+        # The fleet's epoch last followed: a new one the controller did not cause is a cut to adopt.
+        self._epoch = 0
+        self.applied = self.limit
         """The limit last put into the gate."""
         apply(self.applied)
+        if self.shared is not None:
+            self.shared.follow(self)
+
+    @staticmethod
+    def shown(online: Mapping[str, OnlineLimit], server: str | None) -> tuple[int, Literal["server", "fleet"]] | None:
+        """What events and spans show of `server`'s adaptive limit: the limit now and whose it is, or None."""
+        limit = online.get(server) if server is not None else None
+        if limit is None:
+            return None
+        return limit.limit, "fleet" if limit.shared is not None else "server"
 
     @property
     def limit(self) -> int:
-        """The server's limit now."""
-        return self.controller.limit
+        """The server's limit now: the fleet's when it shares it."""
+        shared = self.shared
+        return shared.limit if shared is not None else self.controller.limit
 
     def sync(self) -> None:
-        """Put the controller's limit into the gate if it moved."""
-        limit = self.controller.limit
+        """Put the limit into the gate if it moved."""
+        limit = self.limit
         if limit != self.applied:
             self.applied = limit
             self._apply(limit)
+
+    def follow_fleet(self, level: float, epoch: int, source: object) -> None:
+        """The fleet's level now (`SharedLimit` tells it); `source` made the move that set it, if known."""
+        controller = self.controller
+        if isinstance(controller, FleetController):
+            cut = epoch != self._epoch and source is not self
+            self._epoch = epoch
+            controller.follow(level, cut=cut)
+        self.sync()
+
+    @property
+    def probing(self) -> bool:
+        """Whether the server's controller probes (one call past the fleet's level)."""
+        controller = self.controller
+        return isinstance(controller, FleetController) and controller.probing
+
+    def sending(self, lease: Lease | None) -> None:
+        """A call is about to be sent under `lease`: with a shared limit, the controller counts the fleet's calls."""
+        controller = self.controller
+        if isinstance(controller, FleetController):
+            controller.sending(lease.held if lease is not None else None)
+
+    def sent(self, flight: Flight, lease: Lease | None) -> int:
+        """A call was sent under `lease`; with a shared limit, its record shows the fleet's load then.
+
+        Returns the fleet's epoch it was sent under (what its moves are judged by).
+        """
+        if self.shared is not None:
+            held = lease.held if lease is not None else None
+            if held is not None:
+                flight.in_flight = max(flight.in_flight, held)
+            flight.limit = self.limit
+        return self._epoch
+
+    def level(self) -> float:
+        """The controller's level (0 for a limit that is this process's: nothing to send)."""
+        controller = self.controller
+        return controller.level if isinstance(controller, FleetController) else 0.0
+
+    def moved(self, before: float, epoch: int) -> None:
+        """The controller went from level `before` on a call sent under the fleet's `epoch`: tell the fleet."""
+        shared = self.shared
+        if shared is None:
+            return
+        after = self.level()
+        if after < before:
+            shared.move(self, "cut", epoch, after / before)
+        elif after > before:
+            shared.move(self, "grow", epoch, after - before)
 
 
 class LimitedTool:
@@ -136,7 +267,9 @@ class LimitedTool:
         if wait > 0:
             # The server asked for a pause: this call keeps its place under the limit and waits it out.
             await anyio.sleep(wait)
+        online.sending(lease)
         flight = controller.start(anyio.current_time())
+        epoch = online.sent(flight, lease)
         online.sync()
         signal, pause = Signal.OTHER, None
         try:
@@ -153,6 +286,7 @@ class LimitedTool:
             signal, pause = classify_result(result, online.trusted)
             return result
         finally:
+            before = online.level()
             controller.finish(
                 flight,
                 anyio.current_time(),
@@ -162,6 +296,7 @@ class LimitedTool:
                 retry_after=pause,
                 waiting=online.waiting(),
             )
+            online.moved(before, epoch)
             online.sync()
 
 

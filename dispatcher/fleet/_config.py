@@ -31,6 +31,10 @@ class FleetServer:
             limit.
         share_retry_budget: Whether the server's retry budget (`RetryPolicy.budget`) is one token
             bucket for the fleet rather than one per process.
+        share_limit: Whether an adaptive limit of this server (``max_concurrency="auto"`` or an
+            `AdaptiveLimit` in `connect` / `add_mcp_server`) is one level for the fleet, moved by every
+            process's calls and capping the server's holds across the fleet (bounded by `limit` too,
+            if set), rather than one limit per process. See docs/fleet.md ("An adaptive limit").
         fence_argument: The name of the argument in which every call of this server carries its hold's
             fencing token (an int that grows with every grant on the server, across the fleet), for a
             server that refuses a token lower than the highest it has seen (see
@@ -61,6 +65,7 @@ class FleetServer:
     limit: int | None = None
     shared_state: bool = False
     share_retry_budget: bool = True
+    share_limit: bool = True
     fence_argument: str | None = None
     fence_meta: str | None = None
     max_write_time: float | None = None
@@ -69,7 +74,7 @@ class FleetServer:
     def __post_init__(self) -> None:
         limit = self.limit
         checks.whole("limit", limit, none="no fleet-wide limit")
-        for name in ("shared_state", "share_retry_budget"):
+        for name in ("shared_state", "share_retry_budget", "share_limit"):
             checks.flag(name, getattr(self, name))
         for name in ("fence_argument", "fence_meta"):
             value = getattr(self, name)

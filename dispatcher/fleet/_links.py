@@ -22,6 +22,7 @@ _SCRIPTS = {
     "release": _lua.RELEASE,
     "renew": _lua.RENEW,
     "spend": _lua.SPEND,
+    "limit": _lua.LIMIT,
 }
 
 

@@ -11,9 +11,13 @@ Every script works on one server's keys (all declared in KEYS, so each runs as o
     KEYS[7] meta         HASH  run_id, quiet_until (ms), epoch, held, waiting: see below
     KEYS[8] tokens       HASH  lease id -> fencing token    (of the granted holds)
     KEYS[9] fence        STRING  the last fencing token granted
+    KEYS[10] limit       HASH  level, epoch, cut_at (ms): the fleet's shared adaptive limit (see LIMIT)
 
-    ARGV[1] lease ttl (ms), ARGV[2] the server's limit (0: none), ARGV[3] the wake-up channel prefix,
-    ARGV[4] the server's max write time (ms; 0: none), ARGV[5] its max call time (ms; 0: none).
+    ARGV[1] lease ttl (ms), ARGV[2] the server's limit (0: none; ``auto:<initial>:<cap>:<probe>`` for a
+    shared adaptive limit: the level in KEYS[10], `initial` while it has none, at most `cap` unless 0,
+    plus `probe` (0 or 1): one call past the level, asked by a process whose controller probes),
+    ARGV[3] the wake-up channel prefix, ARGV[4] the server's max write time (ms; 0: none), ARGV[5] its
+    max call time (ms; 0: none).
 
 A hold's *locks* are those of `_gate` (multi-granularity locking over the call's conflict keys), as a JSON
 list ``[path, mode, path, mode, ...]`` with the modes 0 IS, 1 IX, 2 S, 3 X: a read takes S on each key
@@ -68,16 +72,27 @@ state vanished.
 
 from __future__ import annotations
 
-__all__ = ["ACQUIRE", "RELEASE", "RENEW", "SPEND", "WALK"]
+__all__ = ["ACQUIRE", "LIMIT", "RELEASE", "RENEW", "SPEND", "WALK"]
 
 WALK = 1000
 """The most waiters one grant walks past (a bound on a script's time when thousands wait)."""
 
 _PRELUDE = """
 local Q, W, WE, H, HE, SEQ, META = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local TOK, FENCE = KEYS[8], KEYS[9]
+local TOK, FENCE, LIM = KEYS[8], KEYS[9], KEYS[10]
 local ttl = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
+local initial, cap, probe = string.match(ARGV[2], '^auto:(%d+):(%d+):(%d)$')
+-- A shared adaptive limit: the fleet's level now (LIMIT moves it) and its epoch, as strings.
+local shared_level, shared_epoch = '', ''
+if initial then
+  local lim = redis.call('HMGET', LIM, 'level', 'epoch')
+  local level = tonumber(lim[1] or '') or tonumber(initial)
+  shared_level, shared_epoch = string.format('%.6f', level), lim[2] or '0'
+  limit = math.max(1, math.floor(level + 1e-9))  -- whole calls, at least 1
+  if tonumber(cap) > 0 then limit = math.min(limit, tonumber(cap)) end
+  limit = limit + tonumber(probe)
+end
 local prefix = ARGV[3]
 local extra = tonumber(ARGV[4])
 local callx = tonumber(ARGV[5])
@@ -255,13 +270,14 @@ end
 ACQUIRE = (
     _PRELUDE
     + """
--- ARGV[6] lease id, ARGV[7] its locks. Returns {1, fencing token, epoch} when the hold is granted, {0}
--- while it waits.
+-- ARGV[6] lease id, ARGV[7] its locks. Returns {1, fencing token, epoch, holds in force (this one
+-- included), shared level, its epoch} when the hold is granted ('' for the last two without a shared
+-- limit), {0} while it waits.
 local id, spec = ARGV[6], ARGV[7]
 local quiet_now = check()
 purge()
 local function granted()
-  return {1, redis.call('HGET', TOK, id) or '0', epoch() or '0'}
+  return {1, redis.call('HGET', TOK, id) or '0', epoch() or '0', redis.call('HLEN', H), shared_level, shared_epoch}
 end
 if redis.call('HEXISTS', H, id) == 1 then
   redis.call('ZADD', HE, expiry(cjson.decode(spec)), id)
@@ -365,4 +381,38 @@ if ARGV[3] == '1' and tokens >= 1 then
 end
 redis.call('HSET', KEYS[1], 'tokens', string.format('%.6f', tokens))
 return taken
+"""
+
+LIMIT = """
+-- A server's shared adaptive limit (KEYS[1], a HASH: level, epoch, cut_at). ARGV[1] floor, ARGV[2]
+-- ceiling, ARGV[3] initial, ARGV[4] 'read', 'cut' or 'grow', ARGV[5] the epoch the call that reports it
+-- was sent under, ARGV[6] for a cut the factor (0 < f < 1) its controller cut its own level by, for a
+-- growth the calls its controller added (> 0). Returns {level, epoch, 1 if applied else 0}.
+--
+-- A cut applies only to the epoch it was sent under, and starts the next one: calls sent before it
+-- report the load it answered, and cannot cut again, from whichever process (one cut per round for
+-- the fleet). A growth applies under its own epoch only too (a call sent before a cut says nothing of
+-- the limit since). Each growth is one answer's, sent by the one process that got it: the fleet's
+-- level grows by what one controller seeing all the fleet's answers would add, not that times the
+-- processes.
+local floor, ceiling, initial = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local op, sent, value = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local seen = redis.call('HMGET', KEYS[1], 'level', 'epoch')
+local level = tonumber(seen[1] or '') or initial
+local epoch = tonumber(seen[2] or '') or 0
+level = math.min(ceiling, math.max(floor, level))
+local applied = 0
+if op == 'cut' and sent == epoch and value > 0 and value < 1 then
+  level = math.max(floor, math.floor(level * value + 1e-9))
+  epoch = epoch + 1
+  applied = 1
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[1], 'cut_at', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+elseif op == 'grow' and sent == epoch and value > 0 then
+  level = math.min(ceiling, level + value)
+  applied = 1
+end
+local shown = string.format('%.6f', level)
+redis.call('HSET', KEYS[1], 'level', shown, 'epoch', epoch)
+return {shown, epoch, applied}
 """

@@ -54,12 +54,15 @@ from .._core._errors import ConfigurationError, CoordinationError
 from .._driver._coordination import Lease
 from ._config import FleetServer, hold_locks, positive
 from ._links import AsyncioLink, Link, ThreadLink, running_trio, safe_url
+from ._shared import SharedLimit
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Collection, Hashable, Mapping
     from types import TracebackType
 
     from anyio.abc import TaskGroup
+
+    from .._core._adaptive import AdaptiveLimit
 
 __all__ = ["RedisCoordinator"]
 
@@ -185,6 +188,10 @@ class RedisCoordinator:
         self._waiters: dict[str, anyio.Event] = {}
         self._active: dict[str, dict[str, _Lease]] = {}
         self._budgets: dict[str, _SharedBudget] = {}
+        # The servers whose adaptive limit the fleet shares (`shared_limit`), and the event that wakes
+        # the task sending their moves (None while closed).
+        self._limits: dict[str, SharedLimit] = {}
+        self._limit_moved: anyio.Event | None = None
 
     def __repr__(self) -> str:
         return f"RedisCoordinator({safe_url(self.url)!r}, namespace={self.namespace!r})"
@@ -195,14 +202,15 @@ class RedisCoordinator:
 
     def _keys(self, server: str) -> list[str]:
         prefix = f"{self.namespace}:server:{server}:"
-        names = ("queue", "waiting", "waiting_exp", "holders", "holders_exp", "seq", "meta", "tokens", "fence")
+        names = ("queue", "waiting", "waiting_exp", "holders", "holders_exp", "seq", "meta", "tokens", "fence", "limit")
         return [prefix + name for name in names]
 
     def _args(self, server: str) -> list[Any]:
         config = self.servers[server]
+        shared = self._limits.get(server)
         return [
             round(self.lease_ttl * 1000),
-            config.limit or 0,
+            shared.argument if shared is not None else config.limit or 0,
             f"{self.namespace}:wake:",
             round(config.write_bound * 1000),
             round(config.call_bound * 1000),
@@ -219,6 +227,8 @@ class RedisCoordinator:
         tg.start_soon(link.listen, self._channel, self._wake)
         tg.start_soon(self._renew_loop)
         tg.start_soon(self._watch_loop)
+        self._limit_moved = anyio.Event()
+        tg.start_soon(self._limit_loop)
         return self
 
     async def __aexit__(
@@ -234,6 +244,7 @@ class RedisCoordinator:
                     self._lose(lease, "the RedisCoordinator closed")
                     await self._release(lease)
         self._link = None
+        self._limit_moved = None
         tg.cancel_scope.cancel()
         try:
             return await tg.__aexit__(exc_type, exc, tb)
@@ -278,7 +289,7 @@ class RedisCoordinator:
                 passed.
         """
         config = self.servers.get(server)
-        if config is None or not config.holds:
+        if config is None or not (config.holds or server in self._limits):
             yield None
             return
         active = self._active.setdefault(server, {})
@@ -310,6 +321,48 @@ class RedisCoordinator:
             budget = self._budgets[server] = _SharedBudget(self, server, capacity, refill)
         return budget
 
+    def shared_limit(self, server: str, setting: AdaptiveLimit) -> SharedLimit | None:
+        """The fleet's one adaptive limit of `server`, or None when the server does not share one.
+
+        `Dispatcher.connect` / `add_mcp_server` ask for it when the server's `max_concurrency` is an
+        `AdaptiveLimit` (or ``"auto"``): the server's holds are then granted under the shared level
+        (see `_shared`), bounded by `setting`'s floor and ceiling and by `FleetServer.limit` if set.
+        """
+        config = self.servers.get(server)
+        if config is None or not config.share_limit:
+            return None
+        shared = self._limits.get(server)
+        if shared is None:
+            key = f"{self.namespace}:server:{server}:limit"
+            shared = self._limits[server] = SharedLimit(key, setting, config.limit, self._wake_limits)
+        return shared
+
+    def _wake_limits(self) -> None:
+        moved = self._limit_moved
+        if moved is not None:
+            moved.set()
+
+    async def _limit_loop(self) -> None:
+        # Moves are sent here, not on a call's path: the call's end never waits for Redis.
+        while True:
+            link = self._link
+            if link is None:
+                return
+            for shared in list(self._limits.values()):
+                if shared.pending:
+                    await shared.flush(link)
+            moved = self._limit_moved
+            if moved is None:
+                return
+            # Idle, the level is read again every third of a lease: a process that sends no calls for a
+            # while still sees the fleet's cuts (a busy one sees them in every grant's reply).
+            with anyio.move_on_after(self.lease_ttl / 3):
+                await moved.wait()
+            self._limit_moved = anyio.Event()
+            if not moved.is_set():
+                for shared in self._limits.values():
+                    shared.move(None, "read", -1, 0.0)
+
     # Holds ----------------------------------------------------------------------------------------
 
     def _open_link(self) -> Link:
@@ -338,6 +391,10 @@ class RedisCoordinator:
                     lease.valid_until = sent + self.lease_ttl
                     lease.token = int(reply[1])
                     lease.epoch = str(reply[2])
+                    lease.held = int(reply[3])
+                    shared = self._limits.get(server)
+                    if shared is not None:
+                        shared.seen(str(reply[4]), str(reply[5]))
                     if now >= lease.valid_until - self.recheck:
                         # The reply came too late to be sure the lease still holds (a frozen process,
                         # a stalled network): not granted, and given back by the handler below.
