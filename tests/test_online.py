@@ -52,6 +52,7 @@ async def test_the_limit_finds_a_saturating_servers_knee_and_events_show_it() ->
     limits = [event.limit or 0 for event in events if event.kind == "finished"]
     assert 0 not in limits and limits[-1] == 3 and max(limits) >= 12 and len(set(limits)) > 2
     assert all(event.limit is None for event in events if event.kind == "queued")
+    assert all(event.limit_scope == "server" for event in events if event.kind == "finished")  # this process's own
 
 
 @pytest.mark.anyio

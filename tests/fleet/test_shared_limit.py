@@ -176,7 +176,9 @@ async def test_growth_lifts_every_process_but_not_faster_than_one_process_alone(
     assert alone > 2 and together > 2, (alone, together)
     assert min(limits) > 2  # both were lifted
     # Each answer grows the level once, in whichever process got it: two processes add what one does.
-    assert together - 2 <= 1.5 * (alone - 2) + 2, (alone, together)
+    # The band is wide (real clock, a loaded machine slows one run's answers and not the other's); the
+    # exact rule is the script's (test_the_limit_script_cuts_once_per_epoch_and_grows_only_under_the_current_one).
+    assert together - 2 <= 2 * (alone - 2) + 4, (alone, together)
 
 
 async def test_the_fleets_level_stays_within_floor_and_ceiling(redis_server: RedisServer, namespace: str) -> None:
@@ -253,3 +255,30 @@ async def test_after_a_cut_a_probe_lets_the_fleets_level_grow_again(redis_server
                     tg.start_soon(b.dispatch, calls(12, f"b{burst}-"))
         fleet_level, epoch = level(redis_server, namespace)
         assert fleet_level > 4 and epoch == 1  # grown past the knee, and no cut on the way
+
+
+def test_the_limit_script_cuts_once_per_epoch_and_grows_only_under_the_current_one(redis_server: RedisServer) -> None:
+    """LIMIT: a second cut of calls sent under an answered epoch, and growth of calls sent before a cut, do nothing."""
+    from dispatcher.fleet._lua import LIMIT
+
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        script = client.register_script(LIMIT)
+
+        def run(op: str, epoch: int, value: float) -> tuple[float, int, int]:
+            reply = script(keys=["t:limit"], args=[2, 10, 8, op, epoch, repr(value)])
+            return float(reply[0]), int(reply[1]), int(reply[2])
+
+        assert run("read", -1, 0.0) == (8.0, 0, 0)
+        assert run("cut", 0, 0.5) == (4.0, 1, 1)  # the first cut of epoch 0
+        assert run("cut", 0, 0.5) == (4.0, 1, 0)  # another process's cut of the same load: answered
+        assert run("grow", 0, 1.0) == (4.0, 1, 0)  # sent before the cut: says nothing of the level now
+        assert run("grow", 1, 1.0) == (5.0, 1, 1)
+        assert run("grow", 1, 0.5) == (5.5, 1, 1)
+        assert run("grow", 1, 100.0) == (10.0, 1, 1)  # the ceiling
+        for epoch in range(1, 6):
+            run("cut", epoch, 0.5)
+        assert run("read", -1, 0.0)[0] == 2.0  # the floor
+        assert run("cut", 99, 0.5)[2] == 0 and run("cut", 6, 1.5)[2] == 0  # a stale epoch, no factor
+    finally:
+        client.close()
