@@ -230,10 +230,6 @@ class Dispatcher:
         """How many calls are running at this moment."""
         return self._executor.running
 
-    def _adaptive_limit(self, server: str | None) -> int | None:
-        online = self._online.get(server) if server is not None else None
-        return online.limit if online is not None else None
-
     async def __aenter__(self) -> Self:
         if self._tg is not None:
             raise DispatcherClosedError("this Dispatcher is already open; create one per async with block")
