@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .._core import _checks as checks
+from .._core._errors import ConfigurationError
 from ._approval import ApprovalPolicy, ApprovalRequest, Approver, SessionGuard, ask, writes_open_world
 from ._observe import CallState, Observer
 
@@ -28,10 +30,10 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from .._core._calls import CallStatus, ToolCall, ToolResult
-    from .._core._catalog import ToolEntry
+    from .._core._catalog import Catalog, ToolEntry
     from ._person import Person
 
-__all__ = ["CallHooks"]
+__all__ = ["BatchDefaults", "CallHooks", "check_approvals"]
 
 
 class CallHooks:
@@ -129,3 +131,70 @@ class CallHooks:
             guard._observe(state.entry, result)
         if self.observer is not None:
             self.observer.finished(state, result)
+
+
+def check_approvals(approve: object, approval: object, guard: object) -> None:
+    """Raise `ConfigurationError` unless each of a dispatcher's or a batch's approval settings is of its kind."""
+    if approve is not None and not callable(approve):
+        raise ConfigurationError(
+            f"approve must be an async callable taking an ApprovalRequest and returning a bool, got {approve!r}"
+        )
+    if approval is not None and not isinstance(approval, ApprovalPolicy):
+        raise ConfigurationError(f"approval must be an ApprovalPolicy, got {type(approval).__name__}")
+    if guard is not None and not isinstance(guard, SessionGuard):
+        raise ConfigurationError(f"guard must be a SessionGuard, got {type(guard).__name__}")
+
+
+class BatchDefaults:
+    """A dispatcher's own approval settings and ``fail_fast``, and the hooks of each batch built from them."""
+
+    __slots__ = ("approval", "approve", "fail_fast", "guard", "hooks", "observer", "person")
+
+    def __init__(
+        self,
+        *,
+        approve: Approver | None,
+        approval: ApprovalPolicy | None,
+        guard: SessionGuard | None,
+        fail_fast: bool,
+        person: Person,
+    ) -> None:
+        self.approve = approve
+        self.approval = approval if approval is not None else ApprovalPolicy()
+        self.guard = guard
+        self.fail_fast = fail_fast
+        self.person = person
+        self.observer: Observer | None = None
+        # The hooks of batches that set none of their own; None when nothing is configured.
+        self.hooks: CallHooks | None = None
+
+    def start(self, observer: Observer | None) -> None:
+        """The dispatcher is entered, with this observer (None: no event hook and no tracer)."""
+        self.observer = observer
+        if observer is not None or self.approve is not None or self.guard is not None:
+            self.hooks = CallHooks(
+                approver=self.approve, policy=self.approval, guard=self.guard, observer=observer, person=self.person
+            )
+
+    def fail_fast_for(self, value: object) -> bool:
+        """A batch's ``fail_fast``: its own if set, else the dispatcher's."""
+        return self.fail_fast if value is None else checks.flag("fail_fast", value)
+
+    def for_batch(
+        self, catalog: Catalog, approve: Approver | None, approval: ApprovalPolicy | None, guard: SessionGuard | None
+    ) -> CallHooks | None:
+        """The hooks of a batch with these settings (None: the dispatcher's), told of the catalogue it is shown."""
+        (approval if isinstance(approval, ApprovalPolicy) else self.approval).check(catalog)
+        hooks = self.hooks
+        if approve is not None or approval is not None or guard is not None:
+            check_approvals(approve, approval, guard)
+            hooks = CallHooks(
+                approver=approve if approve is not None else self.approve,
+                policy=approval if approval is not None else self.approval,
+                guard=guard if guard is not None else self.guard,
+                observer=self.observer,
+                person=self.person,
+            )
+        if hooks is not None and hooks.guard is not None:
+            hooks.submitted(catalog.shown())
+        return hooks
