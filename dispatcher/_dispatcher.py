@@ -1,8 +1,10 @@
 """The `Dispatcher`: the facade users hold. It registers tools and servers and submits batches.
 
 What a call does once submitted (admission by the gate, attempts, retries, timeouts, settling) is the
-executor's (`_execution`); the handles a caller waits on are in `_batch`; which tool a name means is the
-catalogue's; connections to servers are the registry's (`_registry`).
+executor's (`_execution`); the handles a caller waits on are in `_batch`, built with the dispatcher's own
+settings (`_hooks.BatchDefaults`); which tool a name means is the catalogue's; servers are registered by
+`_servers` and kept by the registry (`_registry`), local functions by `_functions`; `_lifetime` opens
+and closes the task group. The methods here are those pieces' public entry points and their documentation.
 """
 
 from __future__ import annotations
@@ -13,11 +15,9 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 from ._core import _checks as checks
 from ._core._catalog import Catalog, ToolEntry
 from ._core._errors import ConfigurationError
-from ._driver._batch import Batch
 from ._driver._execution import Executor
-from ._driver._hooks import BatchDefaults, check_approvals
+from ._driver._hooks import BatchDefaults
 from ._driver._lifetime import Lifetime
-from ._driver._observe import Observer, resolve_tracer
 from ._driver._person import Person
 from ._driver._retry import RetryPolicy
 from ._functions import Functions
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ._core._idempotency import IdempotencyKeys
     from ._core._keys import KeyFunction
     from ._driver._approval import ApprovalPolicy, ApprovalRequest, Approver, SessionGuard
+    from ._driver._batch import Batch
     from ._driver._coordination import Coordinator
     from ._driver._observe import CallEvent
     from ._mcp._pins import DefinitionChange
@@ -121,21 +122,20 @@ class Dispatcher:
         call_timeout = checks.seconds("call_timeout", call_timeout, none="none")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ConfigurationError(f"retry must be a RetryPolicy or None, got {type(retry).__name__}")
-        check_approvals(approve, approval, guard)
-        if on_event is not None and not callable(on_event):
-            raise ConfigurationError(f"on_event must be a callable taking a CallEvent, got {on_event!r}")
-        self._max_concurrency = max_concurrency
-        self._call_timeout = call_timeout
-        self._retry = retry
         # The one human channel: approvals and servers' questions reach the person one at a time.
         self._person = Person()
         self._defaults = BatchDefaults(
             approve=approve,
             approval=approval,
             guard=guard,
-            fail_fast=checks.flag("fail_fast", fail_fast),
+            on_event=on_event,
+            tracer_provider=tracer_provider,
+            fail_fast=fail_fast,
             person=self._person,
         )
+        self._max_concurrency = max_concurrency
+        self._call_timeout = call_timeout
+        self._retry = retry
         self._catalog = Catalog(qualified=checks.flag("qualified_names", qualified_names))
         self._executor = Executor(
             self._catalog,
@@ -144,17 +144,12 @@ class Dispatcher:
             retry=retry,
             coordinator=coordinator,
         )
+        asker = asker_for(ask_user, questions, self._person)
         self._servers = Servers(
-            self._catalog,
-            self._executor,
-            call_timeout=call_timeout,
-            coordinator=coordinator,
-            asker=asker_for(ask_user, questions, self._person),
+            self._catalog, self._executor, call_timeout=call_timeout, coordinator=coordinator, asker=asker
         )
         self._lifetime = Lifetime(self._executor)
         self._functions = Functions(self._catalog)
-        self._on_event = on_event
-        self._tracer_provider = tracer_provider
 
     @property
     def max_concurrency(self) -> int | None:
@@ -193,9 +188,7 @@ class Dispatcher:
         Returns:
             None when the call is approved, else why it is denied.
         """
-        policy = approval if approval is not None else self._defaults.approval
-        async with self._person.turn():
-            return await policy.ask(approver, request)
+        return await self._defaults.ask(approver, request, approval)
 
     @property
     def abandoned_threads(self) -> int:
@@ -218,21 +211,11 @@ class Dispatcher:
 
     async def __aenter__(self) -> Self:
         await self._lifetime.enter()
-        # Resolved on entry, so a tracer provider configured after construction is still found.
-        tracer = resolve_tracer(self._tracer_provider)
-        observer = None
-        if tracer is not None or self._on_event is not None:
-            observer = Observer(
-                self._on_event, tracer, limits=functools.partial(OnlineLimit.shown, self._servers.online)
-            )
-        self._defaults.start(observer)
+        self._defaults.start(functools.partial(OnlineLimit.shown, self._servers.online))
         return self
 
     async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
         return await self._lifetime.exit(self._servers.registry.aclose, exc_type, exc, tb)
 
@@ -567,7 +550,7 @@ class Dispatcher:
         batch (see `dispatch`).
         """
         self._lifetime.check_open()
-        return self._batch(approve, approval, guard, fail_fast)
+        return self._defaults.batch(self._executor, self._catalog, approve, approval, guard, fail_fast)
 
     async def dispatch(
         self,
@@ -603,12 +586,6 @@ class Dispatcher:
             ConfigurationError: ``approve``, ``approval`` or ``guard`` is not of the right kind, or the
                 approval policy names a tool that is not registered (see `ApprovalPolicy`).
         """
-        batch = self._batch(approve, approval, guard, fail_fast)
+        batch = self._defaults.batch(self._executor, self._catalog, approve, approval, guard, fail_fast)
         await self._executor.submit_yielding(batch, batch._accept(calls))
         return await batch.wait()
-
-    def _batch(
-        self, approve: Approver | None, approval: ApprovalPolicy | None, guard: SessionGuard | None, fail_fast: object
-    ) -> Batch:
-        fail = self._defaults.fail_fast_for(fail_fast)
-        return Batch(self._executor, self._defaults.for_batch(self._catalog, approve, approval, guard), fail_fast=fail)

@@ -19,18 +19,23 @@ scheduler calls, for each call of a hooked batch:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from .._core import _checks as checks
 from .._core._errors import ConfigurationError
 from ._approval import ApprovalPolicy, ApprovalRequest, Approver, SessionGuard, ask, writes_open_world
-from ._observe import CallState, Observer
+from ._batch import Batch
+from ._observe import CallState, Observer, resolve_tracer
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
+
+    from opentelemetry.trace import TracerProvider
 
     from .._core._calls import CallStatus, ToolCall, ToolResult
     from .._core._catalog import Catalog, ToolEntry
+    from ._execution import Executor
+    from ._observe import CallEvent
     from ._person import Person
 
 __all__ = ["BatchDefaults", "CallHooks", "check_approvals"]
@@ -146,9 +151,19 @@ def check_approvals(approve: object, approval: object, guard: object) -> None:
 
 
 class BatchDefaults:
-    """A dispatcher's own approval settings and ``fail_fast``, and the hooks of each batch built from them."""
+    """A dispatcher's own approval settings, event hook, tracer and ``fail_fast``, and each batch built from them."""
 
-    __slots__ = ("approval", "approve", "fail_fast", "guard", "hooks", "observer", "person")
+    __slots__ = (
+        "_on_event",
+        "_tracer_provider",
+        "approval",
+        "approve",
+        "fail_fast",
+        "guard",
+        "hooks",
+        "observer",
+        "person",
+    )
 
     def __init__(
         self,
@@ -156,29 +171,57 @@ class BatchDefaults:
         approve: Approver | None,
         approval: ApprovalPolicy | None,
         guard: SessionGuard | None,
-        fail_fast: bool,
+        on_event: Callable[[CallEvent], object] | None,
+        tracer_provider: TracerProvider | None,
+        fail_fast: object,
         person: Person,
     ) -> None:
+        check_approvals(approve, approval, guard)
+        if on_event is not None and not callable(on_event):
+            raise ConfigurationError(f"on_event must be a callable taking a CallEvent, got {on_event!r}")
+        self._on_event = on_event
+        self._tracer_provider = tracer_provider
         self.approve = approve
         self.approval = approval if approval is not None else ApprovalPolicy()
         self.guard = guard
-        self.fail_fast = fail_fast
+        self.fail_fast = checks.flag("fail_fast", fail_fast)
         self.person = person
         self.observer: Observer | None = None
         # The hooks of batches that set none of their own; None when nothing is configured.
         self.hooks: CallHooks | None = None
 
-    def start(self, observer: Observer | None) -> None:
-        """The dispatcher is entered, with this observer (None: no event hook and no tracer)."""
-        self.observer = observer
+    def start(self, limits: Callable[[str | None], tuple[int, Literal["server", "fleet"]] | None]) -> None:
+        """The dispatcher is entered: build its observer, reading servers' adaptive limits from `limits`."""
+        # Resolved on entry, so a tracer provider configured after construction is still found.
+        tracer = resolve_tracer(self._tracer_provider)
+        observer = self.observer = None
+        if tracer is not None or self._on_event is not None:
+            observer = self.observer = Observer(self._on_event, tracer, limits=limits)
         if observer is not None or self.approve is not None or self.guard is not None:
             self.hooks = CallHooks(
                 approver=self.approve, policy=self.approval, guard=self.guard, observer=observer, person=self.person
             )
 
-    def fail_fast_for(self, value: object) -> bool:
-        """A batch's ``fail_fast``: its own if set, else the dispatcher's."""
-        return self.fail_fast if value is None else checks.flag("fail_fast", value)
+    def batch(
+        self,
+        executor: Executor,
+        catalog: Catalog,
+        approve: Approver | None,
+        approval: ApprovalPolicy | None,
+        guard: SessionGuard | None,
+        fail_fast: object,
+    ) -> Batch:
+        """A new batch on `executor` with these settings (None: the dispatcher's)."""
+        fail = self.fail_fast if fail_fast is None else checks.flag("fail_fast", fail_fast)
+        return Batch(executor, self.for_batch(catalog, approve, approval, guard), fail_fast=fail)
+
+    async def ask(
+        self, approver: Approver | None, request: ApprovalRequest, approval: ApprovalPolicy | None
+    ) -> str | None:
+        """What `Dispatcher.ask_approval` does: ask in turn with the person's other prompts."""
+        policy = approval if approval is not None else self.approval
+        async with self.person.turn():
+            return await policy.ask(approver, request)
 
     def for_batch(
         self, catalog: Catalog, approve: Approver | None, approval: ApprovalPolicy | None, guard: SessionGuard | None
