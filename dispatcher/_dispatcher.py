@@ -1,8 +1,10 @@
 """The `Dispatcher`: the facade users hold. It registers tools and servers and submits batches.
 
 What a call does once submitted (admission by the gate, attempts, retries, timeouts, settling) is the
-executor's (`_execution`); the handles a caller waits on are in `_batch`; which tool a name means is the
-catalogue's; connections to servers are the registry's (`_registry`).
+executor's (`_execution`); the handles a caller waits on are in `_batch`, built with the dispatcher's own
+settings (`_hooks.BatchDefaults`); which tool a name means is the catalogue's; servers are registered by
+`_servers` and kept by the registry (`_registry`), local functions by `_functions`; `_lifetime` opens
+and closes the task group. The methods here are those pieces' public entry points and their documentation.
 """
 
 from __future__ import annotations
@@ -10,45 +12,36 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any, Literal, Self
 
-import anyio
-
 from ._core import _checks as checks
-from ._core._adaptive import AdaptiveLimit, check_limit
-from ._core._annotations import effective_annotations
 from ._core._catalog import Catalog, ToolEntry
-from ._core._errors import ConfigurationError, DispatcherClosedError, ServerConnectionError
-from ._core._idempotency import IdempotencyKeys
-from ._core._keys import check_domain, check_key_functions
-from ._driver._approval import ApprovalPolicy, ApprovalRequest, SessionGuard
-from ._driver._batch import Batch
+from ._core._errors import ConfigurationError
 from ._driver._execution import Executor
-from ._driver._hooks import CallHooks
-from ._driver._observe import Observer, resolve_tracer
+from ._driver._hooks import BatchDefaults
+from ._driver._lifetime import Lifetime
 from ._driver._person import Person
 from ._driver._retry import RetryPolicy
-from ._functions import FunctionTool, ThreadWatch
-from ._mcp._connections import check_target
-from ._mcp._failures import explain as _describe
-from ._mcp._failures import innermost as _innermost
+from ._functions import Functions
 from ._mcp._online import OnlineLimit
-from ._mcp._questions import Asker, QuestionPolicy
-from ._mcp._registry import ServerRegistry, check_annotations, check_reconnect
+from ._mcp._questions import QuestionPolicy, asker_for
 from ._mcp._transport import DEFAULT_MAX_ANSWER_BYTES
+from ._servers import Servers
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
     from types import TracebackType
 
-    from anyio.abc import TaskGroup
     from mcp import Client, StdioServerParameters
     from mcp.server import Server
     from mcp.server.mcpserver import MCPServer
     from mcp.types import ToolAnnotations
     from opentelemetry.trace import TracerProvider
 
+    from ._core._adaptive import AdaptiveLimit
     from ._core._calls import ToolCall, ToolResult
+    from ._core._idempotency import IdempotencyKeys
     from ._core._keys import KeyFunction
-    from ._driver._approval import Approver
+    from ._driver._approval import ApprovalPolicy, ApprovalRequest, Approver, SessionGuard
+    from ._driver._batch import Batch
     from ._driver._coordination import Coordinator
     from ._driver._observe import CallEvent
     from ._mcp._pins import DefinitionChange
@@ -129,16 +122,21 @@ class Dispatcher:
         call_timeout = checks.seconds("call_timeout", call_timeout, none="none")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ConfigurationError(f"retry must be a RetryPolicy or None, got {type(retry).__name__}")
-        _check_approvals(approve, approval, guard)
-        if on_event is not None and not callable(on_event):
-            raise ConfigurationError(f"on_event must be a callable taking a CallEvent, got {on_event!r}")
+        # The one human channel: approvals and servers' questions reach the person one at a time.
+        self._person = Person()
+        self._defaults = BatchDefaults(
+            approve=approve,
+            approval=approval,
+            guard=guard,
+            on_event=on_event,
+            tracer_provider=tracer_provider,
+            fail_fast=fail_fast,
+            person=self._person,
+        )
         self._max_concurrency = max_concurrency
         self._call_timeout = call_timeout
         self._retry = retry
-        self._fail_fast = checks.flag("fail_fast", fail_fast)
         self._catalog = Catalog(qualified=checks.flag("qualified_names", qualified_names))
-        self._servers = ServerRegistry(self._catalog)
-        self._coordinator = coordinator
         self._executor = Executor(
             self._catalog,
             max_concurrency=max_concurrency,
@@ -146,29 +144,12 @@ class Dispatcher:
             retry=retry,
             coordinator=coordinator,
         )
-        self._servers.on_update = self._executor.accepted
-        if ask_user is not None and not callable(ask_user):
-            raise ConfigurationError(f"ask_user must be an async callable taking a Question, got {ask_user!r}")
-        if questions is not None and not isinstance(questions, QuestionPolicy):
-            raise ConfigurationError(f"questions must be a QuestionPolicy or None, got {type(questions).__name__}")
-        # The one human channel: approvals and servers' questions reach the person one at a time.
-        self._person = Person()
-        if ask_user is not None:
-            self._servers.asker = Asker(
-                ask_user, questions if questions is not None else QuestionPolicy(), person=self._person
-            )
-        self._tg: TaskGroup | None = None
-        self._threads = ThreadWatch()
-        self._approve = approve
-        self._approval = approval if approval is not None else ApprovalPolicy()
-        self._guard = guard
-        self._on_event = on_event
-        self._tracer_provider = tracer_provider
-        self._observer: Observer | None = None
-        # The servers whose limit is adaptive (`AdaptiveLimit`), by name.
-        self._online: dict[str, OnlineLimit] = {}
-        # The hooks of batches that set none of their own; None when nothing is configured.
-        self._hooks: CallHooks | None = None
+        asker = asker_for(ask_user, questions, self._person)
+        self._servers = Servers(
+            self._catalog, self._executor, call_timeout=call_timeout, coordinator=coordinator, asker=asker
+        )
+        self._lifetime = Lifetime(self._executor)
+        self._functions = Functions(self._catalog)
 
     @property
     def max_concurrency(self) -> int | None:
@@ -188,12 +169,12 @@ class Dispatcher:
     @property
     def approval(self) -> ApprovalPolicy:
         """The approval policy of batches that set none of their own (`ApprovalPolicy()` unless given)."""
-        return self._approval
+        return self._defaults.approval
 
     @property
     def approver(self) -> Approver | None:
         """The approver of batches that set none of their own (None: nothing is asked)."""
-        return self._approve
+        return self._defaults.approve
 
     async def ask_approval(
         self, approver: Approver | None, request: ApprovalRequest, approval: ApprovalPolicy | None = None
@@ -207,9 +188,7 @@ class Dispatcher:
         Returns:
             None when the call is approved, else why it is denied.
         """
-        policy = approval if approval is not None else self._approval
-        async with self._person.turn():
-            return await policy.ask(approver, request)
+        return await self._defaults.ask(approver, request, approval)
 
     @property
     def abandoned_threads(self) -> int:
@@ -218,7 +197,7 @@ class Dispatcher:
         A thread cannot be interrupted: the call ends on time, and its function goes on in the background
         until it returns by itself. A number that keeps growing points at a function that hangs.
         """
-        return self._threads.abandoned
+        return self._functions.threads.abandoned
 
     @property
     def idle(self) -> bool:
@@ -231,47 +210,14 @@ class Dispatcher:
         return self._executor.running
 
     async def __aenter__(self) -> Self:
-        if self._tg is not None:
-            raise DispatcherClosedError("this Dispatcher is already open; create one per async with block")
-        tg = anyio.create_task_group()
-        await tg.__aenter__()
-        self._tg = tg
-        self._executor.start(tg)
-        # Resolved on entry, so a tracer provider configured after construction is still found.
-        tracer = resolve_tracer(self._tracer_provider)
-        if tracer is not None or self._on_event is not None:
-            self._observer = Observer(self._on_event, tracer, limits=functools.partial(OnlineLimit.shown, self._online))
-        if self._observer is not None or self._approve is not None or self._guard is not None:
-            self._hooks = CallHooks(
-                approver=self._approve,
-                policy=self._approval,
-                guard=self._guard,
-                observer=self._observer,
-                person=self._person,
-            )
+        await self._lifetime.enter()
+        self._defaults.start(functools.partial(OnlineLimit.shown, self._servers.online))
         return self
 
     async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
-        tg = self._tg
-        assert tg is not None
-        # Outstanding calls end as CANCELLED; waiters get their results instead of hanging.
-        self._executor.close()
-        # Owned clients close cleanly first; cancelling them mid-exit would leave transports half-closed.
-        await self._servers.aclose()
-        tg.cancel_scope.cancel()
-        try:
-            return await tg.__aexit__(exc_type, exc, tb)
-        except BaseExceptionGroup as group:
-            # The dispatcher's own tasks turn every failure into a result, so a group that holds only
-            # the body's exception is the task group wrapping it: let it propagate as it was raised.
-            if exc is not None and group.split(lambda error: error is exc)[1] is None:
-                return False
-            raise
+        return await self._lifetime.exit(self._servers.registry.aclose, exc_type, exc, tb)
 
     # Registration ----------------------------------------------------------------------------------
 
@@ -308,35 +254,10 @@ class Dispatcher:
         Raises:
             ConfigurationError: The name is taken by another local function or is not usable.
         """
-        self._check_not_closed()
-        tool_name = name if name is not None else getattr(fn, "__name__", None)
-        if not isinstance(tool_name, str) or not tool_name or tool_name == "<lambda>":
-            raise ConfigurationError("a tool needs a name: pass name=... for lambdas and callable objects")
-        if self._catalog.has(None, tool_name):
-            raise ConfigurationError(f"a local function named {tool_name!r} is already registered")
-        check_annotations(annotations, tool_name)
-        owner = f"function {tool_name!r}"
-        domain = check_domain(domain, owner)
-        if keys is not None and not callable(keys):
-            raise ConfigurationError(f"keys for {owner} must be a function of the arguments, got {keys!r}")
-        key_function = check_key_functions({tool_name: keys} if keys is not None else None, domain, owner)
-        impl = FunctionTool(fn, threads=self._threads)
-        entry = ToolEntry(
-            tool_name,
-            None,
-            tool_name,
-            effective_annotations(annotations, trusted=True),
-            declared_annotations=annotations,
-            trusted=True,
-            description=description if description is not None else (fn.__doc__ or "").strip() or None,
-            input_schema=impl.input_schema,
-            output_schema=impl.output_schema,
-            title=annotations.title if annotations is not None else None,
-            domain=domain,
-            key_function=key_function.get(tool_name),
+        self._lifetime.check_not_closed()
+        return self._functions.add(
+            fn, name=name, annotations=annotations, description=description, domain=domain, keys=keys
         )
-        self._catalog.put([(entry, impl)])
-        return self._entry(None, tool_name)
 
     async def add_mcp_server(
         self,
@@ -400,32 +321,19 @@ class Dispatcher:
             ConfigurationError: The name is taken or empty, a limit is invalid, or an override names a
                 tool the server does not have.
         """
-        self._check_not_closed()
-        idempotency = self._check_idempotency(name, idempotency)
-        overrides = self._check_server(name, max_concurrency, overrides)
-        limit, online = self._server_limit_setting(name, max_concurrency, trusted)
-        server = self._servers.reserve(
+        self._lifetime.check_not_closed()
+        return await self._servers.add_mcp_server(
             name,
+            client,
             trusted=trusted,
+            max_concurrency=max_concurrency,
             overrides=overrides,
-            on_change=on_definition_change,
+            on_definition_change=on_definition_change,
             domain=domain,
             keys=keys,
             review_new_tools=review_new_tools,
-            online=online,
-            filled=_filled(idempotency),
+            idempotency=idempotency,
         )
-        self._executor.gate.set_server_limit(name, limit)
-        self._executor.set_idempotency(name, idempotency)
-        try:
-            await self._servers.add_client(server, client)
-        except BaseException:
-            self._servers.release(server)
-            self._executor.gate.set_server_limit(name, None)
-            self._online.pop(name, None)
-            self._executor.set_idempotency(name, None)
-            raise
-        return self._server_entries(name)
 
     async def connect(
         self,
@@ -511,85 +419,27 @@ class Dispatcher:
             ServerConnectionError: The server could not be connected to or its tools listed.
             DispatcherClosedError: The dispatcher is not open.
         """
-        self._check_open()
-        overrides = self._check_server(name, max_concurrency, overrides)
-        limit, online = self._server_limit_setting(name, max_concurrency, trusted)
-        check_target(target)
-        if mode not in ("auto", "legacy"):
-            raise ConfigurationError(f"mode must be 'auto' or 'legacy', got {mode!r}")
-        if mode != "auto" and callable(target) and not isinstance(target, str):
-            raise ConfigurationError("mode cannot be set for a client factory: pass mode=... to the Client it builds")
-        connect_timeout = checks.seconds("connect_timeout", connect_timeout, none="no bound")
-        policy = check_reconnect(reconnect)
-        self._check_task_timeout(task_timeout)
-        idempotency = self._check_idempotency(name, idempotency)
-        idle_timeout = checks.seconds("idle_timeout", idle_timeout, none="no idle bound")
-        max_answer_bytes = checks.whole("max_answer_bytes", max_answer_bytes, minimum=1024, none="no limit")
-        server = self._servers.reserve(
+        self._lifetime.check_open()
+        return await self._servers.connect(
+            self._lifetime.task_group,
             name,
+            target,
             trusted=trusted,
+            max_concurrency=max_concurrency,
             overrides=overrides,
-            on_change=on_definition_change,
+            mode=mode,
+            follow_changes=follow_changes,
+            on_definition_change=on_definition_change,
+            connect_timeout=connect_timeout,
+            reconnect=reconnect,
             domain=domain,
             keys=keys,
-            review_new_tools=review_new_tools,
-            online=online,
-            filled=_filled(idempotency),
-        )
-        connection = self._servers.connection(
-            server,
-            target,
-            mode=mode,
-            follow=follow_changes,
-            timeout=connect_timeout,
-            policy=policy,
             max_answer_bytes=max_answer_bytes,
+            review_new_tools=review_new_tools,
             task_timeout=task_timeout,
             idle_timeout=idle_timeout,
+            idempotency=idempotency,
         )
-        self._executor.gate.set_server_limit(name, limit)
-        self._executor.set_idempotency(name, idempotency)
-        assert self._tg is not None
-        try:
-            await self._tg.start(connection.run)
-        except BaseException as exc:
-            self._servers.release(server)
-            self._executor.gate.set_server_limit(name, None)
-            self._online.pop(name, None)
-            self._executor.set_idempotency(name, None)
-            cause = _innermost(exc)
-            if isinstance(cause, ConfigurationError):
-                raise cause from None  # the caller's mistake, found in the listing
-            if isinstance(exc, Exception):
-                raise ServerConnectionError(f"could not connect to server {name!r}: {_describe(exc)}") from exc
-            raise
-        return self._server_entries(name)
-
-    def _check_idempotency(self, name: str, idempotency: object) -> IdempotencyKeys | None:
-        keys = _check_idempotency(idempotency)
-        # A fleet coordinator that fences the server says where its token goes: a key sent in the same
-        # place would be overwritten by the token, and the server could not deduplicate the retries.
-        fencing = getattr(self._coordinator, "fencing", None)
-        if keys is None or fencing is None:
-            return keys
-        argument, meta = fencing(name)
-        if (keys.argument is not None and keys.argument == argument) or (keys.meta is not None and keys.meta == meta):
-            where = f"argument {argument!r}" if keys.argument is not None else f"_meta entry {meta!r}"
-            raise ConfigurationError(
-                f"server {name!r} takes its idempotency key and its fleet fencing token in the same {where}: "
-                "the token would overwrite the key; give IdempotencyKeys and FleetServer different names"
-            )
-        return keys
-
-    def _check_task_timeout(self, task_timeout: object) -> None:
-        task_timeout = checks.seconds("task_timeout", task_timeout, none="the call timeout alone")
-        if task_timeout is None:
-            return
-        if self._call_timeout is not None and task_timeout > self._call_timeout:
-            raise ConfigurationError(
-                f"task_timeout={task_timeout}s exceeds the dispatcher's call_timeout={self._call_timeout}s, "
-                "which caps every call, tasks included: raise Dispatcher(call_timeout=...) or set it to None"
-            )
 
     async def refresh(self, name: str) -> list[ToolEntry]:
         """List a server's tools again now and update the catalogue.
@@ -608,13 +458,7 @@ class Dispatcher:
             ConfigurationError: No server has this name.
             ServerConnectionError: The server could not be reached.
         """
-        try:
-            await self._servers.refresh(name)
-        except ConfigurationError:
-            raise
-        except Exception as exc:
-            raise ServerConnectionError(f"could not list the tools of server {name!r}: {_describe(exc)}") from exc
-        return self._server_entries(name)
+        return await self._servers.refresh(name)
 
     def pending_changes(self, server: str | None = None) -> list[DefinitionChange]:
         """The tools blocked because their definition changed since it was approved, or because they are new.
@@ -625,7 +469,7 @@ class Dispatcher:
         Raises:
             ConfigurationError: No server has this name.
         """
-        return self._servers.pending(server)
+        return self._servers.registry.pending(server)
 
     def accept_changes(
         self, server: str | DefinitionChange | Iterable[DefinitionChange], tool: str | None = None
@@ -654,7 +498,7 @@ class Dispatcher:
             ConfigurationError: No server has this name, `tool` has no pending change, or `server`
                 is neither a name nor changes.
         """
-        return self._servers.accept(server, tool)
+        return self._servers.registry.accept(server, tool)
 
     def export_pins(self) -> dict[str, dict[str, str]]:
         """The approved definition hash of every tool seen, as ``{server: {tool: "sha256:..."}}``.
@@ -663,7 +507,7 @@ class Dispatcher:
         that changed between runs are blocked too, and tools added between runs are reviewed. Tools
         still awaiting review are left out; a server listed with none approved maps to ``{}``.
         """
-        return self._servers.pins.export()
+        return self._servers.registry.pins.export()
 
     def import_pins(self, pins: Mapping[str, Mapping[str, str]]) -> None:
         """Load approvals saved with `export_pins`, replacing the pins of the servers they name.
@@ -676,35 +520,7 @@ class Dispatcher:
         Raises:
             ConfigurationError: `pins` is not in the form `export_pins` returns.
         """
-        self._servers.load_pins(pins)
-
-    def _check_server(
-        self, name: str, max_concurrency: object, overrides: Mapping[str, ToolAnnotations] | None
-    ) -> dict[str, ToolAnnotations]:
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError(f"a server needs a non-empty name, got {name!r}")
-        if name in self._catalog.servers or name in self._servers:
-            raise ConfigurationError(f"a server named {name!r} is already registered")
-        check_limit(max_concurrency, name)
-        return dict(overrides or {})
-
-    def _server_limit_setting(
-        self, name: str, max_concurrency: object, trusted: bool
-    ) -> tuple[int | None, OnlineLimit | None]:
-        """The gate's limit for a server and, for an adaptive one, its `OnlineLimit` (registered here)."""
-        setting = check_limit(max_concurrency, name)
-        if not isinstance(setting, AdaptiveLimit):
-            return setting, None
-        online = self._online[name] = OnlineLimit(
-            name,
-            setting,
-            trusted=trusted,
-            apply=functools.partial(self._executor.gate.set_server_limit, name),
-            waiting=functools.partial(self._executor.gate.server_waiting, name),
-            call_timeout=self._call_timeout,
-            coordinator=self._coordinator,
-        )
-        return online.limit, online
+        self._servers.registry.load_pins(pins)
 
     def server_limit(self, name: str) -> int | None:
         """The most calls in flight on a server now: its `max_concurrency`, where an adaptive one is now, or None.
@@ -712,23 +528,11 @@ class Dispatcher:
         Raises:
             ConfigurationError: No server has this name.
         """
-        if name not in self._catalog.servers:
-            known = ", ".join(sorted(self._catalog.servers)) or "none"
-            raise ConfigurationError(f"no MCP server named {name!r} (servers: {known})")
-        online = self._online.get(name)
-        return online.limit if online is not None else self._executor.gate.server_limit(name)
-
-    def _server_entries(self, name: str) -> list[ToolEntry]:
-        return [entry for entry in self._catalog.entries() if entry.server == name]
+        return self._servers.limit(name)
 
     def tools(self) -> list[ToolEntry]:
         """The catalogue: every callable tool, in registration order."""
         return self._catalog.entries()
-
-    def _entry(self, server: str | None, tool: str) -> ToolEntry:
-        entry = self._catalog.get(server, tool)
-        assert entry is not None
-        return entry
 
     # Dispatch --------------------------------------------------------------------------------------
 
@@ -745,9 +549,8 @@ class Dispatcher:
         ``approve``, ``approval``, ``guard`` and ``fail_fast`` replace the dispatcher's own for this
         batch (see `dispatch`).
         """
-        self._check_open()
-        fail = _check_fail_fast(fail_fast, default=self._fail_fast)
-        return Batch(self._executor, self._batch_hooks(approve, approval, guard), fail_fast=fail)
+        self._lifetime.check_open()
+        return self._defaults.batch(self._executor, self._catalog, approve, approval, guard, fail_fast)
 
     async def dispatch(
         self,
@@ -783,60 +586,6 @@ class Dispatcher:
             ConfigurationError: ``approve``, ``approval`` or ``guard`` is not of the right kind, or the
                 approval policy names a tool that is not registered (see `ApprovalPolicy`).
         """
-        fail = _check_fail_fast(fail_fast, default=self._fail_fast)
-        batch = Batch(self._executor, self._batch_hooks(approve, approval, guard), fail_fast=fail)
+        batch = self._defaults.batch(self._executor, self._catalog, approve, approval, guard, fail_fast)
         await self._executor.submit_yielding(batch, batch._accept(calls))
         return await batch.wait()
-
-    def _batch_hooks(
-        self, approve: Approver | None, approval: ApprovalPolicy | None, guard: SessionGuard | None
-    ) -> CallHooks | None:
-        (approval if isinstance(approval, ApprovalPolicy) else self._approval).check(self._catalog)
-        hooks = self._hooks
-        if approve is not None or approval is not None or guard is not None:
-            _check_approvals(approve, approval, guard)
-            hooks = CallHooks(
-                approver=approve if approve is not None else self._approve,
-                policy=approval if approval is not None else self._approval,
-                guard=guard if guard is not None else self._guard,
-                observer=self._observer,
-                person=self._person,
-            )
-        if hooks is not None and hooks.guard is not None:
-            hooks.submitted(self._catalog.shown())
-        return hooks
-
-    def _check_open(self) -> None:
-        self._executor.check_open()
-
-    def _check_not_closed(self) -> None:
-        if self._tg is not None:
-            self._executor.check_open()  # entered once: registering is only for while it is open
-
-
-def _filled(keys: IdempotencyKeys | None) -> frozenset[str]:
-    """The arguments of a server's calls that the dispatcher fills in: its idempotency key's, if any."""
-    return frozenset() if keys is None or keys.argument is None else frozenset({keys.argument})
-
-
-def _check_idempotency(value: object) -> IdempotencyKeys | None:
-    if value is not None and not isinstance(value, IdempotencyKeys):
-        raise ConfigurationError(
-            f"idempotency must be an IdempotencyKeys (how the server takes a key) or None, got {type(value).__name__}"
-        )
-    return value
-
-
-def _check_fail_fast(value: object, *, default: bool) -> bool:
-    return default if value is None else checks.flag("fail_fast", value)
-
-
-def _check_approvals(approve: object, approval: object, guard: object) -> None:
-    if approve is not None and not callable(approve):
-        raise ConfigurationError(
-            f"approve must be an async callable taking an ApprovalRequest and returning a bool, got {approve!r}"
-        )
-    if approval is not None and not isinstance(approval, ApprovalPolicy):
-        raise ConfigurationError(f"approval must be an ApprovalPolicy, got {type(approval).__name__}")
-    if guard is not None and not isinstance(guard, SessionGuard):
-        raise ConfigurationError(f"guard must be a SessionGuard, got {type(guard).__name__}")

@@ -25,15 +25,22 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent
 from pydantic import ValidationError
 
-from ._core._errors import ArgumentError
+from ._core._annotations import check_annotations, effective_annotations
+from ._core._catalog import ToolEntry
+from ._core._errors import ArgumentError, ConfigurationError
+from ._core._keys import check_domain, check_key_functions
 from ._core._lifecycle import mark_sent
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from mcp.types import ToolAnnotations
+
+    from ._core._catalog import Catalog
+    from ._core._keys import KeyFunction
     from ._driver._coordination import Lease
 
-__all__ = ["FunctionTool", "ThreadWatch", "describe_validation_error"]
+__all__ = ["FunctionTool", "Functions", "ThreadWatch", "describe_validation_error"]
 
 
 class ThreadWatch:
@@ -180,3 +187,55 @@ def _primitive(value: Any) -> CallToolResult:
     """`FuncMetadata.convert_result` for a `str`, `int` or `bool` returned by a function declared to return one."""
     text = value if isinstance(value, str) else pydantic_core.to_json(value).decode()
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content={"result": value})
+
+
+class Functions:
+    """A dispatcher's local functions: checks what `Dispatcher.add_function` is given and registers the tool."""
+
+    __slots__ = ("_catalog", "threads")
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+        self.threads = ThreadWatch()
+
+    def add(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None,
+        annotations: ToolAnnotations | None,
+        description: str | None,
+        domain: str | None,
+        keys: KeyFunction | None,
+    ) -> ToolEntry:
+        """Check the arguments of `Dispatcher.add_function`, register the function, and return its entry."""
+        tool_name = name if name is not None else getattr(fn, "__name__", None)
+        if not isinstance(tool_name, str) or not tool_name or tool_name == "<lambda>":
+            raise ConfigurationError("a tool needs a name: pass name=... for lambdas and callable objects")
+        if self._catalog.has(None, tool_name):
+            raise ConfigurationError(f"a local function named {tool_name!r} is already registered")
+        check_annotations(annotations, tool_name)
+        owner = f"function {tool_name!r}"
+        domain = check_domain(domain, owner)
+        if keys is not None and not callable(keys):
+            raise ConfigurationError(f"keys for {owner} must be a function of the arguments, got {keys!r}")
+        key_function = check_key_functions({tool_name: keys} if keys is not None else None, domain, owner)
+        impl = FunctionTool(fn, threads=self.threads)
+        entry = ToolEntry(
+            tool_name,
+            None,
+            tool_name,
+            effective_annotations(annotations, trusted=True),
+            declared_annotations=annotations,
+            trusted=True,
+            description=description if description is not None else (fn.__doc__ or "").strip() or None,
+            input_schema=impl.input_schema,
+            output_schema=impl.output_schema,
+            title=annotations.title if annotations is not None else None,
+            domain=domain,
+            key_function=key_function.get(tool_name),
+        )
+        self._catalog.put([(entry, impl)])
+        found = self._catalog.get(None, tool_name)
+        assert found is not None
+        return found

@@ -91,6 +91,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "dispatcher._driver._coordination",
             "dispatcher._driver._clock",
             "dispatcher._driver._execution",
+            "dispatcher._driver._lifetime",
         ),
     ),
     (
@@ -129,7 +130,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         "facade",
         "the `Dispatcher` users hold, and the public names of the package",
-        ("dispatcher._dispatcher", "dispatcher"),
+        ("dispatcher._servers", "dispatcher._dispatcher", "dispatcher"),
     ),
     (
         "applications, formats, integrations, testing, examples",

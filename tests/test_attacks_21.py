@@ -179,7 +179,7 @@ async def test_what_the_callback_was_asked_stays_bounded_when_names_churn() -> N
         for listing in range(20):
             evil.tools = [tool(f"t{listing}_{i}") for i in range(200)]
             await d.refresh("weather")
-        record = d._servers._servers["weather"].asked
+        record = d._servers.registry._servers["weather"].asked
         assert len(asked) == 4000  # each new tool was put to the callback once
         assert set(record) == {f"t19_{i}" for i in range(200)}
         # A tool that comes back after it was gone is a new tool again, and is asked about again.

@@ -8,9 +8,13 @@ hint filled in.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from mcp.types import ToolAnnotations
 
-__all__ = ["HINTS", "SPEC_DEFAULTS", "effective_annotations"]
+from ._errors import ConfigurationError
+
+__all__ = ["HINTS", "SPEC_DEFAULTS", "check_annotations", "effective_annotations"]
 
 #: The spec's value for each hint when it is absent: mutating, destructive, non-idempotent, open-world.
 SPEC_DEFAULTS = ToolAnnotations(
@@ -61,3 +65,12 @@ def effective_annotations(
         values[hint] = value
     title = (override.title if override is not None else None) or (declared.title if declared else None)
     return ToolAnnotations(title=title, **values)
+
+
+def check_annotations(value: object, tool: str) -> None:
+    """Raise `ConfigurationError` unless `value` is a `ToolAnnotations` (or None), naming the tool."""
+    if value is not None and not isinstance(value, ToolAnnotations):
+        hint = " (build one: ToolAnnotations(readOnlyHint=True, ...))" if isinstance(value, Mapping) else ""
+        raise ConfigurationError(
+            f"the annotations of tool {tool!r} must be an mcp.types.ToolAnnotations, got {type(value).__name__}{hint}"
+        )

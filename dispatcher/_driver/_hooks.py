@@ -19,19 +19,26 @@ scheduler calls, for each call of a hooked batch:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
+from .._core import _checks as checks
+from .._core._errors import ConfigurationError
 from ._approval import ApprovalPolicy, ApprovalRequest, Approver, SessionGuard, ask, writes_open_world
-from ._observe import CallState, Observer
+from ._batch import Batch
+from ._observe import CallState, Observer, resolve_tracer
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
+
+    from opentelemetry.trace import TracerProvider
 
     from .._core._calls import CallStatus, ToolCall, ToolResult
-    from .._core._catalog import ToolEntry
+    from .._core._catalog import Catalog, ToolEntry
+    from ._execution import Executor
+    from ._observe import CallEvent
     from ._person import Person
 
-__all__ = ["CallHooks"]
+__all__ = ["BatchDefaults", "CallHooks", "check_approvals"]
 
 
 class CallHooks:
@@ -129,3 +136,108 @@ class CallHooks:
             guard._observe(state.entry, result)
         if self.observer is not None:
             self.observer.finished(state, result)
+
+
+def check_approvals(approve: object, approval: object, guard: object) -> None:
+    """Raise `ConfigurationError` unless each of a dispatcher's or a batch's approval settings is of its kind."""
+    if approve is not None and not callable(approve):
+        raise ConfigurationError(
+            f"approve must be an async callable taking an ApprovalRequest and returning a bool, got {approve!r}"
+        )
+    if approval is not None and not isinstance(approval, ApprovalPolicy):
+        raise ConfigurationError(f"approval must be an ApprovalPolicy, got {type(approval).__name__}")
+    if guard is not None and not isinstance(guard, SessionGuard):
+        raise ConfigurationError(f"guard must be a SessionGuard, got {type(guard).__name__}")
+
+
+class BatchDefaults:
+    """A dispatcher's own approval settings, event hook, tracer and ``fail_fast``, and each batch built from them."""
+
+    __slots__ = (
+        "_on_event",
+        "_tracer_provider",
+        "approval",
+        "approve",
+        "fail_fast",
+        "guard",
+        "hooks",
+        "observer",
+        "person",
+    )
+
+    def __init__(
+        self,
+        *,
+        approve: Approver | None,
+        approval: ApprovalPolicy | None,
+        guard: SessionGuard | None,
+        on_event: Callable[[CallEvent], object] | None,
+        tracer_provider: TracerProvider | None,
+        fail_fast: object,
+        person: Person,
+    ) -> None:
+        check_approvals(approve, approval, guard)
+        if on_event is not None and not callable(on_event):
+            raise ConfigurationError(f"on_event must be a callable taking a CallEvent, got {on_event!r}")
+        self._on_event = on_event
+        self._tracer_provider = tracer_provider
+        self.approve = approve
+        self.approval = approval if approval is not None else ApprovalPolicy()
+        self.guard = guard
+        self.fail_fast = checks.flag("fail_fast", fail_fast)
+        self.person = person
+        self.observer: Observer | None = None
+        # The hooks of batches that set none of their own; None when nothing is configured.
+        self.hooks: CallHooks | None = None
+
+    def start(self, limits: Callable[[str | None], tuple[int, Literal["server", "fleet"]] | None]) -> None:
+        """The dispatcher is entered: build its observer, reading servers' adaptive limits from `limits`."""
+        # Resolved on entry, so a tracer provider configured after construction is still found.
+        tracer = resolve_tracer(self._tracer_provider)
+        observer = self.observer = None
+        if tracer is not None or self._on_event is not None:
+            observer = self.observer = Observer(self._on_event, tracer, limits=limits)
+        if observer is not None or self.approve is not None or self.guard is not None:
+            self.hooks = CallHooks(
+                approver=self.approve, policy=self.approval, guard=self.guard, observer=observer, person=self.person
+            )
+
+    def batch(
+        self,
+        executor: Executor,
+        catalog: Catalog,
+        approve: Approver | None,
+        approval: ApprovalPolicy | None,
+        guard: SessionGuard | None,
+        fail_fast: object,
+    ) -> Batch:
+        """A new batch on `executor` with these settings (None: the dispatcher's)."""
+        fail = self.fail_fast if fail_fast is None else checks.flag("fail_fast", fail_fast)
+        return Batch(executor, self.for_batch(catalog, approve, approval, guard), fail_fast=fail)
+
+    async def ask(
+        self, approver: Approver | None, request: ApprovalRequest, approval: ApprovalPolicy | None
+    ) -> str | None:
+        """What `Dispatcher.ask_approval` does: ask in turn with the person's other prompts."""
+        policy = approval if approval is not None else self.approval
+        async with self.person.turn():
+            return await policy.ask(approver, request)
+
+    def for_batch(
+        self, catalog: Catalog, approve: Approver | None, approval: ApprovalPolicy | None, guard: SessionGuard | None
+    ) -> CallHooks | None:
+        """The hooks of a batch with these settings (None: the dispatcher's), told of the catalogue it is shown."""
+        (approval if isinstance(approval, ApprovalPolicy) else self.approval).check(catalog)
+        hooks = self.hooks
+        if approve is not None or approval is not None or guard is not None:
+            check_approvals(approve, approval, guard)
+            hooks = CallHooks(
+                approver=approve if approve is not None else self.approve,
+                policy=approval if approval is not None else self.approval,
+                guard=guard if guard is not None else self.guard,
+                observer=self.observer,
+                person=self.person,
+            )
+        if hooks is not None and hooks.guard is not None:
+            hooks.submitted(catalog.shown())
+        return hooks

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from .._driver._clock import CallClock
     from .._driver._observe import CallState, Observer
 
-__all__ = ["Answer", "Asker", "Flight", "Flights", "Question", "QuestionHandler", "QuestionPolicy"]
+__all__ = ["Answer", "Asker", "Flight", "Flights", "Question", "QuestionHandler", "QuestionPolicy", "asker_for"]
 
 logger = logging.getLogger("dispatcher")
 
@@ -492,3 +492,14 @@ def _plain(char: str) -> bool:
         return True
     category = unicodedata.category(char)
     return category[0] != "C" and category not in ("Zl", "Zp")
+
+
+def asker_for(ask_user: QuestionHandler | None, questions: QuestionPolicy | None, person: Person) -> Asker | None:
+    """The asker of a dispatcher's `ask_user` and `questions` settings, checked (None: no ``ask_user``)."""
+    if ask_user is not None and not callable(ask_user):
+        raise ConfigurationError(f"ask_user must be an async callable taking a Question, got {ask_user!r}")
+    if questions is not None and not isinstance(questions, QuestionPolicy):
+        raise ConfigurationError(f"questions must be a QuestionPolicy or None, got {type(questions).__name__}")
+    if ask_user is None:
+        return None
+    return Asker(ask_user, questions if questions is not None else QuestionPolicy(), person=person)

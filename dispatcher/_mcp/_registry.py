@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,10 +33,9 @@ import anyio.lowlevel
 from mcp import Client, StdioServerParameters
 from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
-from mcp.types import ToolAnnotations
 
 from .._core import _checks as checks
-from .._core._annotations import effective_annotations
+from .._core._annotations import check_annotations, effective_annotations
 from .._core._catalog import ToolEntry, sanitize
 from .._core._errors import ConfigurationError
 from .._core._keys import check_domain, check_key_functions
@@ -51,9 +49,9 @@ from ._tasks import TaskBound, serves_tasks, wants_task
 from ._transport import DEFAULT_MAX_ANSWER_BYTES
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-    from mcp.types import Tool
+    from mcp.types import Tool, ToolAnnotations
 
     from .._core._catalog import Catalog, ToolImpl
     from .._core._keys import KeyFunction
@@ -61,18 +59,9 @@ if TYPE_CHECKING:
     from ._questions import Asker
     from ._session import ToolCaller
 
-__all__ = ["ServerRegistry", "check_annotations", "check_entered", "check_reconnect"]
+__all__ = ["ServerRegistry", "check_entered", "check_reconnect"]
 
 logger = logging.getLogger("dispatcher")
-
-
-def check_annotations(value: object, tool: str) -> None:
-    """Raise `ConfigurationError` unless `value` is a `ToolAnnotations` (or None), naming the tool."""
-    if value is not None and not isinstance(value, ToolAnnotations):
-        hint = " (build one: ToolAnnotations(readOnlyHint=True, ...))" if isinstance(value, Mapping) else ""
-        raise ConfigurationError(
-            f"the annotations of tool {tool!r} must be an mcp.types.ToolAnnotations, got {type(value).__name__}{hint}"
-        )
 
 
 @dataclass(eq=False)
