@@ -660,7 +660,9 @@ async def test_calls_that_fail_are_errors_not_throughput() -> None:
     assert [(s.calls, s.throughput) for s in report.settings] == [(0, 0.0), (0, 0.0)]
     assert all(s.errors >= 10 for s in report.settings)
     assert report.recommended is None and report.how_to_apply == "no recommendation"
-    assert report.explanation.startswith("no setting got a successful answer")
+    assert report.explanation.startswith(
+        "every measured call failed at 1 and 2 (read_note: tool_error: Error executing"
+    )
     text = render_table(report)
     assert "warning: " in text and "measured calls failed; they are counted as errors, not throughput" in text
     assert "tool_error: Error executing tool read_note: there is no note named 'missing'" in text
@@ -1276,3 +1278,59 @@ async def test_online_on_a_tool_that_always_fails_reports_no_settled_limit() -> 
     assert "online limit (max_concurrency=AdaptiveLimit(ceiling=4)): no call of its run succeeded" in text, text
     assert "settled at" not in text and "nan" not in text, text
     json.dumps(report.to_json(), allow_nan=False)
+
+
+# The time budget, calls slower than the window, workloads that only fail ---------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("trio-mockclock")
+async def test_the_time_budget_includes_the_setting_in_progress_and_keeps_it_as_partial() -> None:
+    """max_time cuts the measurement under way there, keeps it marked partial, and ends within a grace band."""
+    begun = anyio.current_time()
+    report = await tune(Workspace(latency=0.05).server, "reads", (1, 2), trusted=True, calls=1000, max_time=3.0)
+    took = anyio.current_time() - begun
+    assert 3.0 <= took <= 3.0 + 2.0  # the budget, plus at most the grace to close up
+    assert report.cut_short == "max_time"
+    [cut] = report.settings
+    assert cut.limit == 1 and cut.partial and cut.to_json()["partial"] is True
+    assert 1.0 < cut.elapsed < 3.0 and cut.calls > 10  # the window ran from the warm-up's end to the budget's
+    assert "1 (1x, partial)" in render_table(report)
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("trio-mockclock")
+async def test_calls_slower_than_the_window_are_cut_off_and_the_advice_says_so() -> None:
+    """Calls of 10 s, windows of 1 s: cut off, timed, and advice to give a larger --duration, on budget."""
+    workload = load_workload(['{"name": "search_notes", "arguments": {"query": "a"}}'])
+    begun = anyio.current_time()
+    report = await tune(
+        Workspace(latency=10).server, workload, (1, 2, 4), trusted=True, calls=5, duration=1, max_time=3, repeats=1
+    )
+    assert 3.0 <= anyio.current_time() - begun <= 3.0 + 2.0  # not the 10 s the call running would take
+    [first] = report.settings
+    assert first.calls == 0 and first.cut_off >= 1 and first.errors == 0
+    assert report.recommended is None
+    assert "the calls take longer than the window" in report.explanation
+    assert "larger --duration" in report.explanation
+    assert "no setting got a successful answer" not in report.explanation
+    # Without a budget too: every setting is measured, and the advice is the same.
+    slow = await tune(Workspace(latency=3).server, workload, (1, 2), trusted=True, calls=5, duration=1, repeats=1)
+    assert [s.limit for s in slow.settings] == [1, 2] and all(s.cut_off >= 1 for s in slow.settings)
+    assert "the calls take longer than the window" in slow.explanation
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("trio-mockclock")
+async def test_a_workload_whose_calls_all_fail_stops_after_the_first_settings() -> None:
+    """Every call fails: two settings are measured, not the whole sweep, and the message names tool and error."""
+    workload = load_workload(['{"name": "read_note", "arguments": {"name": "missing"}}'])
+    report = await tune(Workspace(latency=0.05).server, workload, (1, 2, 4, 8, 16), trusted=True, calls=10)
+    assert [s.limit for s in report.settings] == [1, 2]
+    assert all(s.repeats == 1 and s.calls == 0 and s.errors > 0 for s in report.settings)
+    assert report.recommended is None and report.cut_short is None
+    assert report.explanation.startswith("every measured call failed at 1 and 2 (read_note: tool_error: Error")
+    assert "there is no note named 'missing'" in report.explanation
+    assert report.to_json()["settings"][0]["errors"] > 0
+    table = render_table(report)
+    assert "every measured call failed" in table and "read_note" in table

@@ -67,6 +67,19 @@ def recommend(
     ordered = sorted(settings, key=lambda s: s.limit)
     measured = [s for s in ordered if s.calls > 0 and s.throughput > 0]
     if not measured:
+        running = [s for s in ordered if s.cut_off]
+        if running and not any(s.errors for s in ordered):
+            # Calls slower than the window: every one was still running when it closed.
+            slowest = max((s.run_p95 for s in running if not math.isnan(s.run_p95)), default=math.nan)
+            took = f" (they ran for {format_ms(slowest)} and more)" if not math.isnan(slowest) else ""
+            longer = f" of at least {math.ceil(3 * slowest)} s" if not math.isnan(slowest) else ""
+            return (
+                None,
+                None,
+                f"no call finished inside the measurement window: the calls take longer than the window{took}, "
+                f"so there is nothing to recommend yet; give a larger --duration{longer} (or none, to measure a "
+                "count of calls)",
+            )
         return (
             None,
             None,
