@@ -1334,3 +1334,31 @@ async def test_a_workload_whose_calls_all_fail_stops_after_the_first_settings() 
     assert report.to_json()["settings"][0]["errors"] > 0
     table = render_table(report)
     assert "every measured call failed" in table and "read_note" in table
+
+
+def growing_server() -> MCPServer:
+    """As server-memory with a store that grows: each call is slower than the one before (it reads it all)."""
+    server = MCPServer("memory")
+    reads = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+    store: list[str] = []
+
+    async def read_graph() -> str:
+        store.append("entity")
+        await anyio.sleep(0.01 * (1 + len(store) / 20))  # parses the whole store
+        return f"{len(store)} entities"
+
+    server.add_tool(read_graph, annotations=reads)
+    return server
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("trio-mockclock")
+async def test_a_server_that_slows_down_round_after_round_is_said_to_drift() -> None:
+    """Repeats that drift (a store that grows) get a note: the advice may not repeat, and why."""
+    report = await tune(growing_server(), "reads", (1, 2, 4), trusted=True, calls=30)
+    [drift] = [note for note in report.notes if "round after round" in note]
+    assert "the server changed under the sweep" in drift and "fresh server" in drift
+    assert report.explanation.endswith("It may not repeat: the server got slower during the sweep (see the notes).")
+    # A steady server shows no drift.
+    steady = await tune(Workspace(latency=0.05).server, "reads", (1, 2, 4), trusted=True, calls=30)
+    assert not any("round after round" in note for note in steady.notes)

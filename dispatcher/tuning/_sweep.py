@@ -35,7 +35,7 @@ from ._connection import connected, describe_target
 from ._fleet import check_redis, fleet_measure
 from ._measure import combine, measure
 from ._online import OnlineResult, measure_online
-from ._recommend import TOLERANCE, format_number, recommend
+from ._recommend import TOLERANCE, drift_note, format_number, recommend
 from ._workloads import resolve_workload
 
 if TYPE_CHECKING:
@@ -467,6 +467,10 @@ async def tune(
         )
     else:
         recommended, best, explanation = recommend(results, tolerance=tolerance, planned_top=limits[-1])
+        drift = drift_note(measured, writes=share < 1)
+        if drift is not None:
+            notes.append(drift)
+            explanation += " It may not repeat: the server got slower during the sweep (see the notes)."
     return TuneReport(
         target=describe_target(target),
         trusted=trusted,
