@@ -911,10 +911,12 @@ async def test_a_time_budget_reports_the_settings_measured_so_far() -> None:
         Workspace(latency=0.05).server, "reads", (1, 2, 4, 8), trusted=True, calls=20, repeats=1, max_time=2.0
     )
     assert report.cut_short == "max_time"
-    assert [s.limit for s in report.settings] == [1, 2]
-    assert report.recommended == 2
+    # 1 and 2 were measured whole; 4, when its window had opened before the budget ran out, is kept as partial.
+    assert [s.limit for s in report.settings if not s.partial] == [1, 2]
+    assert [s.limit for s in report.settings if s.partial] in ([], [4])
+    assert report.recommended in (2, 4)
     assert report.explanation.endswith("the sweep stopped before the larger settings were measured.")
-    assert any("cut short by the time budget (2 s)" in n and "not measured: [4, 8]" in n for n in report.notes)
+    assert any("cut short by the time budget (2 s)" in n and "8]" in n for n in report.notes)
     assert "cut short by --max-time: the settings measured so far" in render_table(report)
     assert report.to_json()["cut_short"] == "max_time"
 
@@ -1268,14 +1270,15 @@ def _failing_server() -> MCPServer[Any]:
 @pytest.mark.anyio
 @pytest.mark.backends("trio-mockclock")
 async def test_online_on_a_tool_that_always_fails_reports_no_settled_limit() -> None:
-    """Every call fails: the online run ends without error, and the text does not call its last limit settled."""
+    """Every call fails: the sweep stops after its first settings and the online run, which would only repeat
+    the error, is not run; the text calls no limit settled."""
     report = await tune(
         _failing_server(), [ToolCall("x", "lookup", {"key": "k"})], [1, 2, 4], trusted=True, calls=20, online=True
     )
-    assert report.recommended is None and report.online is not None
-    assert report.online.measured.calls == 0 and report.online.measured.errors > 0
+    assert report.recommended is None and report.online is None
+    assert [s.limit for s in report.settings] == [1, 2]
     text = render_table(report)
-    assert "online limit (max_concurrency=AdaptiveLimit(ceiling=4)): no call of its run succeeded" in text, text
+    assert "every measured call failed at 1 and 2 (lookup: " in text, text
     assert "settled at" not in text and "nan" not in text, text
     json.dumps(report.to_json(), allow_nan=False)
 
