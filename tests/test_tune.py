@@ -1365,3 +1365,31 @@ async def test_a_server_that_slows_down_round_after_round_is_said_to_drift() -> 
     # A steady server shows no drift.
     steady = await tune(Workspace(latency=0.05).server, "reads", (1, 2, 4), trusted=True, calls=30)
     assert not any("round after round" in note for note in steady.notes)
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("trio-mockclock")
+async def test_an_online_run_whose_calls_all_fail_reports_no_settled_limit() -> None:
+    """The online run on its own, every call failing: the text does not call its last limit settled."""
+    from dispatcher import AdaptiveLimit
+    from dispatcher.tuning._online import measure_online
+
+    workload = [ToolCall("x", "lookup", {"key": "k"})]
+    async with Client(_failing_server()) as client:
+        online = await measure_online(
+            client,
+            workload,
+            setting=AdaptiveLimit(ceiling=4),
+            server="server",
+            trusted=True,
+            overrides=None,
+            clients=4,
+            calls=20,
+            duration=None,
+            call_timeout=60.0,
+        )
+    assert online.measured.calls == 0 and online.measured.errors > 0
+    report = await tune(Workspace(latency=0.05).server, "reads", (1,), trusted=True, calls=5, repeats=1)
+    text = render_table(replace(report, online=online))
+    assert "online limit (max_concurrency=AdaptiveLimit(ceiling=4)): no call of its run succeeded" in text, text
+    assert "settled at" not in text and "nan" not in text, text
