@@ -403,7 +403,7 @@ async def tune(
                         failure = exc
                 if failure is not None:
                     return
-        if online is not False and pattern and share > 0:
+        if online is not False and pattern and share > 0 and anyio.current_time() < deadline:
             settled = await measure_online(
                 client,
                 pattern,
