@@ -660,7 +660,9 @@ async def test_calls_that_fail_are_errors_not_throughput() -> None:
     assert [(s.calls, s.throughput) for s in report.settings] == [(0, 0.0), (0, 0.0)]
     assert all(s.errors >= 10 for s in report.settings)
     assert report.recommended is None and report.how_to_apply == "no recommendation"
-    assert report.explanation.startswith("no setting got a successful answer")
+    assert report.explanation.startswith(
+        "every measured call failed at 1 and 2 (read_note: tool_error: Error executing"
+    )
     text = render_table(report)
     assert "warning: " in text and "measured calls failed; they are counted as errors, not throughput" in text
     assert "tool_error: Error executing tool read_note: there is no note named 'missing'" in text
@@ -909,10 +911,12 @@ async def test_a_time_budget_reports_the_settings_measured_so_far() -> None:
         Workspace(latency=0.05).server, "reads", (1, 2, 4, 8), trusted=True, calls=20, repeats=1, max_time=2.0
     )
     assert report.cut_short == "max_time"
-    assert [s.limit for s in report.settings] == [1, 2]
-    assert report.recommended == 2
+    # 1 and 2 were measured whole; 4, when its window had opened before the budget ran out, is kept as partial.
+    assert [s.limit for s in report.settings if not s.partial] == [1, 2]
+    assert [s.limit for s in report.settings if s.partial] in ([], [4])
+    assert report.recommended in (2, 4)
     assert report.explanation.endswith("the sweep stopped before the larger settings were measured.")
-    assert any("cut short by the time budget (2 s)" in n and "not measured: [4, 8]" in n for n in report.notes)
+    assert any("cut short by the time budget (2 s)" in n and "8]" in n for n in report.notes)
     assert "cut short by --max-time: the settings measured so far" in render_table(report)
     assert report.to_json()["cut_short"] == "max_time"
 
@@ -1266,13 +1270,126 @@ def _failing_server() -> MCPServer[Any]:
 @pytest.mark.anyio
 @pytest.mark.backends("trio-mockclock")
 async def test_online_on_a_tool_that_always_fails_reports_no_settled_limit() -> None:
-    """Every call fails: the online run ends without error, and the text does not call its last limit settled."""
+    """Every call fails: the sweep stops after its first settings and the online run, which would only repeat
+    the error, is not run; the text calls no limit settled."""
     report = await tune(
         _failing_server(), [ToolCall("x", "lookup", {"key": "k"})], [1, 2, 4], trusted=True, calls=20, online=True
     )
-    assert report.recommended is None and report.online is not None
-    assert report.online.measured.calls == 0 and report.online.measured.errors > 0
+    assert report.recommended is None and report.online is None
+    assert [s.limit for s in report.settings] == [1, 2]
     text = render_table(report)
-    assert "online limit (max_concurrency=AdaptiveLimit(ceiling=4)): no call of its run succeeded" in text, text
+    assert "every measured call failed at 1 and 2 (lookup: " in text, text
     assert "settled at" not in text and "nan" not in text, text
     json.dumps(report.to_json(), allow_nan=False)
+
+
+# The time budget, calls slower than the window, workloads that only fail ---------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("trio-mockclock")
+async def test_the_time_budget_includes_the_setting_in_progress_and_keeps_it_as_partial() -> None:
+    """max_time cuts the measurement under way there, keeps it marked partial, and ends within a grace band."""
+    begun = anyio.current_time()
+    report = await tune(Workspace(latency=0.05).server, "reads", (1, 2), trusted=True, calls=1000, max_time=3.0)
+    took = anyio.current_time() - begun
+    assert 3.0 <= took <= 3.0 + 2.0  # the budget, plus at most the grace to close up
+    assert report.cut_short == "max_time"
+    [cut] = report.settings
+    assert cut.limit == 1 and cut.partial and cut.to_json()["partial"] is True
+    assert 1.0 < cut.elapsed < 3.0 and cut.calls > 10  # the window ran from the warm-up's end to the budget's
+    assert "1 (1x, partial)" in render_table(report)
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("trio-mockclock")
+async def test_calls_slower_than_the_window_are_cut_off_and_the_advice_says_so() -> None:
+    """Calls of 10 s, windows of 1 s: cut off, timed, and advice to give a larger --duration, on budget."""
+    workload = load_workload(['{"name": "search_notes", "arguments": {"query": "a"}}'])
+    begun = anyio.current_time()
+    report = await tune(
+        Workspace(latency=10).server, workload, (1, 2, 4), trusted=True, calls=5, duration=1, max_time=3, repeats=1
+    )
+    assert 3.0 <= anyio.current_time() - begun <= 3.0 + 2.0  # not the 10 s the call running would take
+    [first] = report.settings
+    assert first.calls == 0 and first.cut_off >= 1 and first.errors == 0
+    assert report.recommended is None
+    assert "the calls take longer than the window" in report.explanation
+    assert "larger --duration" in report.explanation
+    assert "no setting got a successful answer" not in report.explanation
+    # Without a budget too: every setting is measured, and the advice is the same.
+    slow = await tune(Workspace(latency=3).server, workload, (1, 2), trusted=True, calls=5, duration=1, repeats=1)
+    assert [s.limit for s in slow.settings] == [1, 2] and all(s.cut_off >= 1 for s in slow.settings)
+    assert "the calls take longer than the window" in slow.explanation
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("trio-mockclock")
+async def test_a_workload_whose_calls_all_fail_stops_after_the_first_settings() -> None:
+    """Every call fails: two settings are measured, not the whole sweep, and the message names tool and error."""
+    workload = load_workload(['{"name": "read_note", "arguments": {"name": "missing"}}'])
+    report = await tune(Workspace(latency=0.05).server, workload, (1, 2, 4, 8, 16), trusted=True, calls=10)
+    assert [s.limit for s in report.settings] == [1, 2]
+    assert all(s.repeats == 1 and s.calls == 0 and s.errors > 0 for s in report.settings)
+    assert report.recommended is None and report.cut_short is None
+    assert report.explanation.startswith("every measured call failed at 1 and 2 (read_note: tool_error: Error")
+    assert "there is no note named 'missing'" in report.explanation
+    assert report.to_json()["settings"][0]["errors"] > 0
+    table = render_table(report)
+    assert "every measured call failed" in table and "read_note" in table
+
+
+def growing_server() -> MCPServer:
+    """As server-memory with a store that grows: each call is slower than the one before (it reads it all)."""
+    server = MCPServer("memory")
+    reads = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+    store: list[str] = []
+
+    async def read_graph() -> str:
+        store.append("entity")
+        await anyio.sleep(0.01 * (1 + len(store) / 20))  # parses the whole store
+        return f"{len(store)} entities"
+
+    server.add_tool(read_graph, annotations=reads)
+    return server
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("trio-mockclock")
+async def test_a_server_that_slows_down_round_after_round_is_said_to_drift() -> None:
+    """Repeats that drift (a store that grows) get a note: the advice may not repeat, and why."""
+    report = await tune(growing_server(), "reads", (1, 2, 4), trusted=True, calls=30)
+    [drift] = [note for note in report.notes if "round after round" in note]
+    assert "the server changed under the sweep" in drift and "fresh server" in drift
+    assert report.explanation.endswith("It may not repeat: the server got slower during the sweep (see the notes).")
+    # A steady server shows no drift.
+    steady = await tune(Workspace(latency=0.05).server, "reads", (1, 2, 4), trusted=True, calls=30)
+    assert not any("round after round" in note for note in steady.notes)
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("trio-mockclock")
+async def test_an_online_run_whose_calls_all_fail_reports_no_settled_limit() -> None:
+    """The online run on its own, every call failing: the text does not call its last limit settled."""
+    from dispatcher import AdaptiveLimit
+    from dispatcher.tuning._online import measure_online
+
+    workload = [ToolCall("x", "lookup", {"key": "k"})]
+    async with Client(_failing_server()) as client:
+        online = await measure_online(
+            client,
+            workload,
+            setting=AdaptiveLimit(ceiling=4),
+            server="server",
+            trusted=True,
+            overrides=None,
+            clients=4,
+            calls=20,
+            duration=None,
+            call_timeout=60.0,
+        )
+    assert online.measured.calls == 0 and online.measured.errors > 0
+    report = await tune(Workspace(latency=0.05).server, "reads", (1,), trusted=True, calls=5, repeats=1)
+    text = render_table(replace(report, online=online))
+    assert "online limit (max_concurrency=AdaptiveLimit(ceiling=4)): no call of its run succeeded" in text, text
+    assert "settled at" not in text and "nan" not in text, text

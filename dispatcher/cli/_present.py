@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import TextIO
 
+    from ..tuning._measure import SettingResult
     from ..tuning._online import OnlineResult
     from ..tuning._sweep import TuneProgress, TuneReport
     from ._inspect import Report
@@ -120,7 +121,7 @@ def _tune_rows(report: TuneReport) -> list[list[str]]:
     best = max((s.throughput for s in report.settings if math.isfinite(s.throughput)), default=0.0)
     return [
         [
-            str(s.limit) if s.repeats == report.repeats else f"{s.limit} ({s.repeats}x)",
+            _setting_label(s, report.repeats),
             format_number(s.throughput),
             f"±{s.spread:.0%}" if s.repeats > 1 else "-",
             f"{s.throughput / best:.0%}" if best > 0 and math.isfinite(s.throughput) else "-",
@@ -135,6 +136,14 @@ def _tune_rows(report: TuneReport) -> list[list[str]]:
         ]
         for s in report.settings
     ]
+
+
+def _setting_label(s: SettingResult, repeats: int) -> str:
+    """The setting, with how many times it was measured when fewer than planned, and "partial" when cut off."""
+    marks = [f"{s.repeats}x"] if s.repeats != repeats else []
+    if s.partial:
+        marks.append("partial")
+    return f"{s.limit} ({', '.join(marks)})" if marks else str(s.limit)
 
 
 def _tune_table(report: TuneReport) -> Any:

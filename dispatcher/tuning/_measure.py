@@ -55,12 +55,16 @@ class SettingResult:
         queue_p95: The 95th percentile of that wait.
         in_flight: The mean number of calls running during the window.
         error: The first error among the measured calls, if any.
+        error_tool: The tool of the call that gave `error`.
         cut_off: Calls still running when the window closed. They were left to finish, and their run
             and queue times are in the latency figures (leaving them out would drop the slowest calls).
         repeats: The measurements this result combines (see `combine`): its figures are their medians,
             its counts their sums.
         throughput_range: The lowest and highest throughput of those measurements.
         run_p95_range: The lowest and highest p95 run time of those measurements.
+        partial: The measurement was cut off by the sweep's time budget before its window would have
+            closed: its figures cover the part of the window that ran (and the calls running then count as
+            cut off, timed up to that moment).
     """
 
     limit: int
@@ -78,6 +82,8 @@ class SettingResult:
     repeats: int = 1
     throughput_range: tuple[float, float] | None = None
     run_p95_range: tuple[float, float] | None = None
+    partial: bool = False
+    error_tool: str | None = None
 
     @property
     def spread(self) -> float:
@@ -106,6 +112,7 @@ class SettingResult:
             "repeats": self.repeats,
             "throughput_range": None if self.throughput_range is None else [_finite(v) for v in self.throughput_range],
             "run_p95_range_ms": None if self.run_p95_range is None else [_finite(v * ms) for v in self.run_p95_range],
+            "partial": self.partial,
         }
 
 
@@ -124,6 +131,7 @@ async def measure(
     duration: float | None,
     report: Callable[[int, int | None], None] | None,
     phase: Callable[[str], None] | None = None,
+    deadline: float = math.inf,
 ) -> SettingResult:
     """Run one setting's closed loop (`closed_loop`) and summarise its measurement window."""
     window = await closed_loop(
@@ -135,8 +143,17 @@ async def measure(
         duration=duration,
         report=report,
         phase=phase,
+        deadline=deadline,
     )
-    return summarise(limit, window.results, window.start, window.stop, inclusive=window.inclusive)
+    return summarise(
+        limit,
+        window.results,
+        window.start,
+        window.stop,
+        inclusive=window.inclusive,
+        abandoned=window.abandoned,
+        partial=window.partial,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,12 +165,18 @@ class Window:
         start: When the window opened (the end of the warm-up).
         stop: When it closed.
         inclusive: Whether a call ending exactly at `start` counts (there was no warm-up).
+        abandoned: (queued_at, started_at) of the calls still running when the deadline closed the
+            window: they were cancelled rather than left to finish, so their run time is known only to
+            be at least `stop - started_at`.
+        partial: The deadline closed the window (or ended the warm-up) before it would have closed.
     """
 
     results: list[ToolResult]
     start: float
     stop: float
     inclusive: bool
+    abandoned: tuple[tuple[float, float], ...] = ()
+    partial: bool = False
 
 
 async def closed_loop(
@@ -166,6 +189,7 @@ async def closed_loop(
     duration: float | None,
     report: Callable[[int, int | None], None] | None,
     phase: Callable[[str], None] | None = None,
+    deadline: float = math.inf,
 ) -> Window:
     """Run one setting's closed loop: callers each submit a call and wait for it, until the window closes.
 
@@ -186,6 +210,9 @@ async def closed_loop(
         duration: Seconds the window may last, or None.
         report: Called with (completed, planned) after every completed call (planned: warm-up included).
         phase: Called with "warming up" and "measuring" as the loop enters each.
+        deadline: When the sweep's time budget runs out (loop clock). At that moment the window closes
+            (the measurement is `partial`) and the calls still running are cancelled instead of left to
+            finish: a budget includes the setting in progress.
     """
     source = _repeat(workload)
     finished: list[ToolResult] = []  # completed before the measurement stopped
@@ -198,6 +225,8 @@ async def closed_loop(
     stop = False
     before = 0  # calls completed before the window opened
     opened_by_count = closed_by_count = False
+    abandoned: list[tuple[float, float]] = []
+    partial = False
 
     def open_window(at: float) -> None:
         nonlocal window_start, before
@@ -248,6 +277,18 @@ async def closed_loop(
         if not stop:
             close_window(window_start + duration)
 
+    async def budget(callers: anyio.CancelScope) -> None:
+        nonlocal partial
+        await anyio.sleep_until(deadline)
+        if not stop:  # the window was still open (or the warm-up running): the measurement is partial
+            partial = True
+            now = anyio.current_time()
+            if window_start is None:
+                open_window(now)
+            close_window(now)
+        abandoned.extend((queued.queued_at, queued.started_at) for queued in waiting if queued.started_at is not None)
+        callers.cancel()
+
     if phase is not None and warmup:
         phase("warming up")
     if not warmup:
@@ -256,6 +297,8 @@ async def closed_loop(
         if duration is not None:
             outer.start_soon(timer)
         async with anyio.create_task_group() as tg:
+            if math.isfinite(deadline):
+                outer.start_soon(budget, tg.cancel_scope)
             for _ in range(clients):
                 tg.start_soon(caller)
         outer.cancel_scope.cancel()
@@ -265,9 +308,16 @@ async def closed_loop(
     # in: a window opened or closed by a count of calls is placed by the calls' own times.
     if warmup and opened_by_count:
         window_start = finished[warmup - 1].finished_at
-    if closed_by_count:
+    if closed_by_count and not partial:
         window_stop = finished[-1].finished_at
-    return Window(results=[*finished, *tail], start=window_start, stop=window_stop, inclusive=not warmup)
+    return Window(
+        results=[*finished, *tail],
+        start=window_start,
+        stop=window_stop,
+        inclusive=not warmup,
+        abandoned=tuple(abandoned),
+        partial=partial,
+    )
 
 
 def _repeat(workload: Sequence[ToolCall]) -> Iterator[ToolCall]:
@@ -277,7 +327,14 @@ def _repeat(workload: Sequence[ToolCall]) -> Iterator[ToolCall]:
 
 
 def summarise(
-    limit: int, results: Sequence[ToolResult], start: float, stop: float, *, inclusive: bool
+    limit: int,
+    results: Sequence[ToolResult],
+    start: float,
+    stop: float,
+    *,
+    inclusive: bool,
+    abandoned: Sequence[tuple[float, float]] = (),
+    partial: bool = False,
 ) -> SettingResult:
     """The figures of the window from `start` to `stop`.
 
@@ -285,7 +342,10 @@ def summarise(
     that straddle an edge count in part. That keeps the estimate exact whatever the phase of the
     window: completions often come in bursts (calls that started together end together), and a
     count of whole calls between two completions would include part of a burst at one end only.
-    The latencies are those of the successful calls that ended inside the window.
+    The latencies are those of the successful calls that ended inside the window and of the cut-off
+    ones; `abandoned` calls (cancelled at a deadline, as (queued_at, started_at)) count as cut off, with
+    the run time they had reached by `stop` (a lower bound) and no share of throughput (their outcome is
+    unknown).
     """
 
     def ended_inside(r: ToolResult) -> bool:
@@ -307,13 +367,15 @@ def summarise(
             busy += max(0.0, inside)
         elif ended_inside(r):
             done += 1
+    for _, began in abandoned:
+        busy += max(0.0, stop - max(began, start))
     if elapsed > 0:
         throughput, in_flight = done / elapsed, busy / elapsed
     else:
         throughput, in_flight = (math.inf if succeeded else 0.0), math.nan
     timed = succeeded + [r for r in cut_off if r.status is CallStatus.OK]
-    runs = [r.run_time for r in timed]
-    queues = [r.queue_time for r in timed]
+    runs = [r.run_time for r in timed] + [stop - began for _, began in abandoned]
+    queues = [r.queue_time for r in timed] + [began - queued for queued, began in abandoned]
     return SettingResult(
         limit=limit,
         calls=len(succeeded),
@@ -326,9 +388,11 @@ def summarise(
         queue_p95=_percentile(queues, 95),
         in_flight=in_flight,
         error=f"{failed[0].status.value}: {failed[0].error}" if failed else None,
-        cut_off=len(cut_off),
+        cut_off=len(cut_off) + len(abandoned),
         throughput_range=(throughput, throughput),
         run_p95_range=(_percentile(runs, 95),) * 2,
+        partial=partial,
+        error_tool=failed[0].call.name if failed else None,
     )
 
 
@@ -355,7 +419,8 @@ def combine(measurements: Sequence[SettingResult]) -> SettingResult:
 
     throughputs = [m.throughput for m in measurements]
     p95s = [m.run_p95 for m in measurements if not math.isnan(m.run_p95)]
-    errors = next((m.error for m in measurements if m.error is not None), None)
+    first = next((m for m in measurements if m.error is not None), None)
+    errors = None if first is None else first.error
     return SettingResult(
         limit=measurements[0].limit,
         calls=sum(m.calls for m in measurements),
@@ -372,6 +437,8 @@ def combine(measurements: Sequence[SettingResult]) -> SettingResult:
         repeats=sum(m.repeats for m in measurements),
         throughput_range=(min(throughputs), max(throughputs)),
         run_p95_range=(min(p95s), max(p95s)) if p95s else None,
+        partial=any(m.partial for m in measurements),
+        error_tool=None if first is None else first.error_tool,
     )
 
 

@@ -23,15 +23,16 @@ run and on it the next; run time doubles with every setting past the knee, which
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from ._measure import SettingResult
 
-__all__ = ["TOLERANCE", "format_ms", "format_number", "power", "recommend"]
+__all__ = ["TOLERANCE", "drift_note", "format_ms", "format_number", "power", "recommend"]
 
 TOLERANCE = 0.05
 """A setting is good enough when its power (throughput / run time) is within this share of the best."""
@@ -67,6 +68,19 @@ def recommend(
     ordered = sorted(settings, key=lambda s: s.limit)
     measured = [s for s in ordered if s.calls > 0 and s.throughput > 0]
     if not measured:
+        running = [s for s in ordered if s.cut_off]
+        if running and not any(s.errors for s in ordered):
+            # Calls slower than the window: every one was still running when it closed.
+            slowest = max((s.run_p95 for s in running if not math.isnan(s.run_p95)), default=math.nan)
+            took = f" (they ran for {format_ms(slowest)} and more)" if not math.isnan(slowest) else ""
+            longer = f" of at least {math.ceil(3 * slowest)} s" if not math.isnan(slowest) else ""
+            return (
+                None,
+                None,
+                f"no call finished inside the measurement window: the calls take longer than the window{took}, "
+                f"so there is nothing to recommend yet; give a larger --duration{longer} (or none, to measure a "
+                "count of calls)",
+            )
         return (
             None,
             None,
@@ -181,3 +195,41 @@ def format_number(value: float) -> str:
     if abs(value) >= 10:
         return f"{value:.1f}"
     return f"{value:.2f}"
+
+
+# Run time at one setting that grew by more than this from the first round to the last, in every round, on
+# most settings, says the server changed under the sweep.
+_DRIFT = 1.5
+
+
+def drift_note(rounds: Mapping[int, Sequence[SettingResult]], *, writes: bool) -> str | None:
+    """A note when the same setting got slower round after round: the server's state changes under the sweep.
+
+    A server that keeps state its calls add to (server-memory's knowledge graph, a file every write appends
+    to and every read parses whole) answers the same call more slowly each time: repeats drift instead of
+    scattering, the knee moves from run to run, and no sweep's advice can repeat. None when no drift shows.
+
+    Args:
+        rounds: Each setting's measurements, in the order they were made (one per round).
+        writes: Whether the workload has writes (calls that may change the server's state).
+    """
+    grew = []
+    for limit, runs in sorted(rounds.items()):
+        times = [run.run_p50 for run in runs if not math.isnan(run.run_p50) and run.run_p50 > 0]
+        if len(times) < 2:
+            continue
+        rising = all(later > earlier for earlier, later in itertools.pairwise(times))
+        grew.append((limit, times[0], times[-1], rising and times[-1] > _DRIFT * times[0]))
+    if len(grew) < 2 or sum(drifted for *_, drifted in grew) * 2 <= len(grew):
+        return None
+    limit, first, last, _ = next(g for g in grew if g[3])
+    cause = (
+        "its writes accumulate state (each one leaves something every later call has to read)"
+        if writes
+        else "its state grows or changes between calls (another client, or data that accumulates)"
+    )
+    return (
+        f"the same setting got slower round after round (at {limit}, median run time {format_ms(first)} -> "
+        f"{format_ms(last)}): the server changed under the sweep, likely because {cause}, so this advice may not "
+        "repeat; measure against a fresh server (its store emptied) with read-only calls"
+    )

@@ -35,7 +35,7 @@ from ._connection import connected, describe_target
 from ._fleet import check_redis, fleet_measure
 from ._measure import combine, measure
 from ._online import OnlineResult, measure_online
-from ._recommend import TOLERANCE, format_number, recommend
+from ._recommend import TOLERANCE, drift_note, format_number, recommend
 from ._workloads import resolve_workload
 
 if TYPE_CHECKING:
@@ -49,6 +49,10 @@ if TYPE_CHECKING:
     from ._workloads import Synthetic
 
 __all__ = ["DEFAULT_REPEATS", "DEFAULT_SETTINGS", "TuneProgress", "TuneReport", "tune"]
+
+# Seconds past `max_time` the sweep may take to close up (cancel the calls of the setting cut off, close the
+# dispatcher) before it is cancelled outright.
+_GRACE = 2.0
 
 # The most processes a fleet sweep starts: each is a Python interpreter of its own on this machine.
 _MAX_PROCESSES = 256
@@ -293,6 +297,7 @@ async def tune(
     description = ""
     share = 0.0
     settled: OnlineResult | None = None
+    gave_up: str | None = None  # why the sweep stopped early on its own: the first settings failed every call
 
     def report_to(limit: int, index: int, repeat: int) -> tuple[Callable[[int, int | None], None] | None, Any]:
         if progress is None:
@@ -315,10 +320,13 @@ async def tune(
 
         return on_call, on_phase
 
-    async def sweep(client: Any) -> None:
-        nonlocal pattern, description, share, failure, settled
+    async def sweep(client: Any, deadline: float) -> None:
+        nonlocal pattern, description, share, failure, settled, cut_short, gave_up
         for repeat in range(repeats):
             for index, limit in enumerate(limits):
+                if anyio.current_time() >= deadline:
+                    cut_short = "max_time"
+                    return
                 async with Dispatcher(
                     max_concurrency=None if per_server else limit, call_timeout=call_timeout, retry=None
                 ) as dispatcher:
@@ -334,9 +342,13 @@ async def tune(
                         if not pattern:
                             if progress is not None and isinstance(workload, str):
                                 progress(TuneProgress(limit, index, len(limits), 0, None, 0, repeats, "probing"))
-                            pattern, description = await resolve_workload(
-                                dispatcher, workload, _as_declared(entries, overrides or {}), seed=seed, notes=notes
-                            )
+                            with anyio.CancelScope(deadline=deadline) as probing:
+                                pattern, description = await resolve_workload(
+                                    dispatcher, workload, _as_declared(entries, overrides or {}), seed=seed, notes=notes
+                                )
+                            if probing.cancelled_caught:
+                                pattern, cut_short = [], "max_time"
+                                return
                             by_name = {entry.name: entry for entry in entries}
                             share = sum(by_name[call.name].concurrent for call in pattern) / len(pattern)
                             notes.extend(_workload_notes(share, trusted, callers, limits))
@@ -364,24 +376,34 @@ async def tune(
                             if on_call is not None:
                                 on_call(calls or 1, calls)
                             continue
-                        measured[limit].append(
-                            await measure(
-                                dispatcher,
-                                pattern,
-                                limit=limit,
-                                clients=callers,
-                                warmup=2 * limit if warmup is None else warmup,
-                                calls=calls,
-                                duration=duration,
-                                report=on_call,
-                                phase=on_phase,
-                            )
+                        result = await measure(
+                            dispatcher,
+                            pattern,
+                            limit=limit,
+                            clients=callers,
+                            warmup=2 * limit if warmup is None else warmup,
+                            calls=calls,
+                            duration=duration,
+                            report=on_call,
+                            phase=on_phase,
+                            deadline=deadline,
                         )
+                        if result.partial:
+                            cut_short = "max_time"
+                            # A part of a window counts only for a setting measured in no other round.
+                            if not measured[limit] and result.elapsed > 0:
+                                measured[limit].append(result)
+                            return
+                        measured[limit].append(result)
+                        if repeat == 0 and index == min(1, len(limits) - 1) and _failed_entirely(measured):
+                            # The first settings failed every call: the rest would only repeat the error.
+                            gave_up = _failed_note(measured, limits)
+                            return
                     except DispatcherError as exc:
                         failure = exc
                 if failure is not None:
                     return
-        if online is not False and pattern and share > 0:
+        if online is not False and pattern and share > 0 and anyio.current_time() < deadline:
             settled = await measure_online(
                 client,
                 pattern,
@@ -395,28 +417,30 @@ async def tune(
                 call_timeout=call_timeout,
             )
 
-    async with connected(target, mode=mode, connect_timeout=connect_timeout) as client:
-        deadline = math.inf if max_time is None else anyio.current_time() + max_time
-        interrupted = False
-        async with anyio.create_task_group() as tg:
+    # The budget counts from here: connecting and probing are part of it. The measurement under way when
+    # it runs out is cut off there (and kept, marked partial); closing up gets `_GRACE` seconds more.
+    deadline = math.inf if max_time is None else anyio.current_time() + max_time
+    interrupted = False
+    with anyio.CancelScope(deadline=deadline + _GRACE) as budget:
+        async with connected(target, mode=mode, connect_timeout=connect_timeout) as client:
+            async with anyio.create_task_group() as tg:
 
-            async def watch() -> None:
-                nonlocal interrupted
-                assert stop is not None
-                await stop.wait()
-                interrupted = True
+                async def watch() -> None:
+                    nonlocal interrupted
+                    assert stop is not None
+                    await stop.wait()
+                    interrupted = True
+                    tg.cancel_scope.cancel()
+
+                if stop is not None:
+                    tg.start_soon(watch)
+                await sweep(client, deadline)
                 tg.cancel_scope.cancel()
-
-            if stop is not None:
-                tg.start_soon(watch)
-            with anyio.CancelScope(deadline=deadline) as budget:
-                await sweep(client)
-            if budget.cancelled_caught:
-                cut_short = "max_time"
-            tg.cancel_scope.cancel()
-        if interrupted and cut_short is None:
-            cut_short = "interrupted"
-    if all(len(measured[limit]) == repeats for limit in limits):
+    if budget.cancelled_caught:
+        cut_short = "max_time"
+    if interrupted and cut_short is None:
+        cut_short = "interrupted"
+    if all(len(measured[limit]) == repeats and not measured[limit][-1].partial for limit in limits):
         cut_short = None  # stopped while closing up after the last measurement: nothing is missing
     if failure is not None:
         raise failure
@@ -427,7 +451,9 @@ async def tune(
     notes.extend(_error_notes(results, synthetic=isinstance(workload, str)))
     if cut_short is not None:
         notes.append(_cut_short_note(cut_short, max_time, measured, repeats))
-    if not results:
+    if gave_up is not None:
+        recommended, best, explanation = None, None, gave_up
+    elif not results:
         recommended, best = None, None
         explanation = "the sweep was cut short before any setting was measured, so there is nothing to recommend"
     elif share == 0:
@@ -441,6 +467,10 @@ async def tune(
         )
     else:
         recommended, best, explanation = recommend(results, tolerance=tolerance, planned_top=limits[-1])
+        drift = drift_note(measured, writes=share < 1)
+        if drift is not None:
+            notes.append(drift)
+            explanation += " It may not repeat: the server got slower during the sweep (see the notes)."
     return TuneReport(
         target=describe_target(target),
         trusted=trusted,
@@ -546,3 +576,20 @@ def _error_notes(results: Sequence[SettingResult], *, synthetic: bool) -> list[s
         )
         notes.append(f"failed calls count as errors, not throughput, and no setting is chosen from them; {where}")
     return notes
+
+
+def _failed_entirely(measured: Mapping[int, Sequence[SettingResult]]) -> bool:
+    """Whether every setting measured so far got errors and not one successful or cut-off call."""
+    runs = [run for results in measured.values() for run in results]
+    return bool(runs) and all(run.errors and not run.calls and not run.cut_off for run in runs)
+
+
+def _failed_note(measured: Mapping[int, Sequence[SettingResult]], limits: Sequence[int]) -> str:
+    done = [limit for limit in limits if measured[limit]]
+    first = measured[done[0]][0]
+    tool = f"{first.error_tool}: " if first.error_tool else ""
+    return (
+        f"every measured call failed at {' and '.join(map(str, done))} ({tool}{first.error}), so there is nothing "
+        "to recommend and the sweep stopped there: the other settings would only repeat the error; fix the "
+        "workload's calls (or the server) and run again"
+    )
