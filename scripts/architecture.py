@@ -90,6 +90,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "dispatcher._driver._batch",
             "dispatcher._driver._retry",
             "dispatcher._driver._coordination",
+            "dispatcher._driver._deadlines",
             "dispatcher._driver._clock",
             "dispatcher._driver._attempts",
             "dispatcher._driver._asking",

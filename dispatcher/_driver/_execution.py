@@ -46,6 +46,7 @@ from ._attempts import absorb_stray, attempt_scoped, invoke
 from ._batch import Batch, PendingCall
 from ._clock import start_clock
 from ._coordination import admitted_runner, budget_factory
+from ._deadlines import Deadlines
 from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible
 
 if TYPE_CHECKING:
@@ -111,6 +112,8 @@ class Executor(Approvals):
         self._now: Callable[[], float] = anyio.current_time
         self._cancel_scope: Callable[..., anyio.CancelScope] = anyio.CancelScope
         self._checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint
+        # The call timeout of the calls running their one attempt (`_deadlines`).
+        self._deadlines = Deadlines(self._now, None)
 
     @property
     def idle(self) -> bool:
@@ -132,6 +135,7 @@ class Executor(Approvals):
         self._now = backend.current_time
         self._cancel_scope = backend.create_cancel_scope
         self._checkpoint = backend.checkpoint
+        self._deadlines = Deadlines(self._now, tg.start_soon)
 
     def close(self) -> None:
         """Take no more calls; the outstanding ones end as CANCELLED."""
@@ -469,11 +473,13 @@ class Executor(Approvals):
         recheck = state is not None and state.recheck
         timeout = self._call_timeout
         # Without an approval to ask at the start, nothing waits between here and the start: the call's
-        # only attempt gets its deadline as its scope is made (setting it afterwards costs as much again).
+        # only attempt gets its deadline now, kept by the watcher rather than a timer of its own (`_deadlines`).
         started = self._now()
         once, keyed = self._once(entry, work)
-        deadline = started + timeout if once and timeout is not None and not recheck else math.inf
-        with self._cancel_scope(deadline=deadline) as scope:
+        watch = None
+        with self._cancel_scope() as scope:
+            if once and timeout is not None and not recheck:
+                watch = self._deadlines.watch(scope, started + timeout)
             work.waiting(scope)
             if recheck:
                 if await self._approve_at_start(work):
@@ -483,13 +489,19 @@ class Executor(Approvals):
                 if once and timeout is not None:
                     scope.deadline = started + timeout
             if not work.start(started):
+                if watch is not None:
+                    watch.forget()
                 return  # settled while it was on its way (its fleet hold lost)
             # The call's deadlines stop while a person answers its server's question (`_clock`).
             clock = start_clock(work.call, scope)
             if once:
                 if timeout is not None:
-                    clock.bound(scope)
-                last = await self._attempt(work, False, started, math.inf)
+                    clock.bound(scope, watch)
+                try:
+                    last = await self._attempt(work, False, started, math.inf)
+                finally:
+                    if watch is not None:
+                        watch.forget()
             else:
                 assert retry is not None  # a call of a policy's retries has one
                 still = functools.partial(self._still_eligible, retry, entry, keyed)
