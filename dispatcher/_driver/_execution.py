@@ -64,9 +64,8 @@ __all__ = ["Executor"]
 # submits between two readings of the clock.
 _SLICE = 0.002
 _SLICE_CHECK = 32
-
-# The policy of a call that may not be retried: one attempt, bounded by the call timeout alone.
-_ONE_ATTEMPT = RetryPolicy(attempts=1, timeout=None, jitter=False, budget=None)
+# Seconds for which a call's task under trio carries on with the calls it takes before letting the loop run.
+_FOLLOW = 0.0002
 
 
 class Executor(Approvals):
@@ -112,6 +111,7 @@ class Executor(Approvals):
         self._now: Callable[[], float] = anyio.current_time
         self._cancel_scope: Callable[..., anyio.CancelScope] = anyio.CancelScope
         self._checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint
+        self._strays = True
         # The call timeout of the calls running their one attempt (`_deadlines`).
         self._deadlines = Deadlines(self._now, None)
 
@@ -135,6 +135,8 @@ class Executor(Approvals):
         self._now = backend.current_time
         self._cancel_scope = backend.create_cancel_scope
         self._checkpoint = backend.checkpoint
+        # Only asyncio lets a tool cancel its own task without a scope (see `_run`).
+        self._strays = getattr(backend, "__name__", "") != "TrioBackend"
         self._deadlines = Deadlines(self._now, tg.start_soon)
 
     def close(self) -> None:
@@ -390,11 +392,12 @@ class Executor(Approvals):
         that moment, instead of starting a task for it (starting an anyio task costs several times what
         running a call that does not wait costs: docs/benchmarks.md, "Choosing the executor"); the other
         calls the gate admits get tasks of their own (`_pump`). Between two calls the task lets the loop
-        run once, as a new task would wait for its first turn: a run of calls that never wait cannot
-        hold the loop, and a cancellation a tool left on its own task lands there (`_absorb_stray`).
-        Each call runs under a cancel scope of its own; nothing of one call is left for the next.
+        run once (under trio, once per `_FOLLOW`: no tool can cancel its task there), so a run of calls that
+        never wait cannot hold the loop, and a cancellation a tool left on its task lands there
+        (`absorb_stray`). Each call runs under a cancel scope of its own; nothing of one is left for the next.
         """
         gate = self.gate
+        until = self._now() + _FOLLOW
         while True:
             try:
                 if not self._open:
@@ -423,8 +426,12 @@ class Executor(Approvals):
             if self._open:
                 self._pump()
             del work, ticket  # hold no finished call while the loop runs
+            if following is not None and not self._strays and self._now() < until:
+                work, ticket = following.item, following
+                continue  # no cancellation can be stray here, and this task took no slice yet
             try:
                 await absorb_stray(self._checkpoint)
+                until = self._now() + _FOLLOW
             except BaseException:
                 if following is not None:  # the dispatcher is closing: the call taken ends with it
                     following.item.settle(Ending.CLOSED, self._now())
