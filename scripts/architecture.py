@@ -77,6 +77,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "dispatcher._core._adaptive",
             "dispatcher._core._keys",
             "dispatcher._core._idempotency",
+            "dispatcher._core._outcomes",
             "dispatcher._core._lifecycle",
         ),
     ),
@@ -89,7 +90,10 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "dispatcher._driver._batch",
             "dispatcher._driver._retry",
             "dispatcher._driver._coordination",
+            "dispatcher._driver._deadlines",
             "dispatcher._driver._clock",
+            "dispatcher._driver._attempts",
+            "dispatcher._driver._asking",
             "dispatcher._driver._execution",
             "dispatcher._driver._lifetime",
         ),
@@ -207,9 +211,10 @@ CALL_PATH: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ),
     (
         "finds the tool in the catalogue, reads its effective annotations and conflict keys, opens the call's"
-        " record in the lifecycle and submits a ticket to the gate; approvals are asked at the call's place",
+        " record in the lifecycle and submits a ticket to the gate; approvals are asked at the call's place"
+        " (`_asking`)",
         "dispatcher._driver._execution",
-        ("Executor.submit_all", "Executor._queue", "Executor._ask"),
+        ("Executor.submit_all", "Executor._queue"),
     ),
     (
         "decides when the call may start: reads together, a write after everything before it (or beside calls"
@@ -230,10 +235,11 @@ CALL_PATH: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("MCPTool", "check_arguments"),
     ),
     (
-        "turns what happened, and when, into the call's status, error and effect (the one table, `OUTCOMES`)"
-        " and builds its one `ToolResult`; failures are read by `_mcp._failures`",
+        "turns what happened, and when, into the call's status, error and effect (the one table,"
+        " `_outcomes.OUTCOMES`) and builds its one `ToolResult` (`_outcomes.build_result`); failures are read"
+        " by `_mcp._failures`",
         "dispatcher._core._lifecycle",
-        ("CallRecord.settle", "build_result", "OUTCOMES"),
+        ("CallRecord.settle", "CallRecord._settle"),
     ),
     (
         "holds the result at the call's position; the gate, told the call finished, admits what waited on it",

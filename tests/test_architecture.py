@@ -29,7 +29,7 @@ KNOWN_RUNTIME_CYCLE_EDGES: frozenset[tuple[str, str]] = frozenset()
 # The most lines a module may have (issue 22); the modules listed below are known to be longer, each to
 # be removed from the list when it is split.
 MAX_LINES = 600
-KNOWN_LONG_MODULES: frozenset[str] = frozenset({"dispatcher/_driver/_execution.py", "dispatcher/_core/_lifecycle.py"})
+KNOWN_LONG_MODULES: frozenset[str] = frozenset()
 
 # The sans-I/O core: state machines and data, driven by `dispatcher._driver`.
 CORE = "dispatcher._core"

@@ -1,8 +1,9 @@
 """The lifecycle of one call, from its submission to its one result.
 
 Everything that changes a call's phase lives in this file (as h11's `_state.py` holds a connection's): a
-`CallRecord` per call, its `Phase`, the transitions, the one table that turns how a call ended into its
-status and error, and the one place a `ToolResult` is built. It does no I/O and imports no event loop:
+`CallRecord` per call and its transitions; the `Phase`s, the one table that turns how a call ended into its
+status and error, and the one builder of a `ToolResult` are its data, in `_outcomes` (re-exported here), and
+`settle` is the one place that builder is called. It does no I/O and imports no event loop:
 the driver (`_execution`) asks it for every change and carries out the waiting, the gate (`_gate`) decides
 when a call may start.
 
@@ -51,14 +52,19 @@ Cost: every transition is O(1); `settle` builds one result (its slots set direct
 from __future__ import annotations
 
 import bisect
-import dataclasses
-import enum
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ._calls import CallStatus, Effect, ToolResult, quoted_id
 from ._errors import LifecycleError, ToolUnavailableError
 from ._gate import ROOT_KEYS, conflicts
+from ._outcomes import EFFECTS as EFFECTS
+from ._outcomes import MAX_ERROR as MAX_ERROR
+from ._outcomes import OUTCOMES as OUTCOMES
+from ._outcomes import Ending as Ending
+from ._outcomes import Moment as Moment
+from ._outcomes import Phase as Phase
+from ._outcomes import build_result as build_result
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -90,66 +96,6 @@ __all__ = [
     "request_meta",
 ]
 
-MAX_ERROR = 1000
-"""The longest `ToolResult.error` kept; a longer explanation is cut, saying how long it was."""
-
-
-class Phase(enum.IntEnum):
-    """Where a call is in its life."""
-
-    QUEUED = 0
-    """Submitted and checked; waiting in the gate for its turn."""
-    AWAITING_APPROVAL = 1
-    """Held at its place in the gate while a person (or the session guard) is asked."""
-    ADMITTED = 2
-    """The gate let it start; its task is on its way (or waits for a fleet hold, or a last approval)."""
-    RUNNING = 3
-    """Its first attempt has started: the tool may have been sent something."""
-    SETTLED = 4
-    """It has its result; nothing changes any more."""
-
-
-class Ending(enum.Enum):
-    """What ended a call (read with the phase it happened in, through `OUTCOMES`)."""
-
-    ANSWERED = "answered"
-    """Its last attempt ended; the attempt says how."""
-    REJECTED = "rejected"
-    """It could not be queued, or no longer can: an unknown tool, bad arguments or conflict keys."""
-    DENIED = "denied"
-    """Its approval was refused, failed or timed out."""
-    CANCELLED = "cancelled"
-    """The caller cancelled it."""
-    TIMED_OUT = "timed out"
-    """Its only attempt reached the call timeout."""
-    CLOSED = "closed"
-    """The dispatcher closed under it."""
-    SELF_CANCELLED = "self-cancelled"
-    """The tool cancelled the task running it (asyncio's `Task.cancel`), which ended the call."""
-    NO_HOLD = "no hold"
-    """A fleet-wide hold could not be granted in time; it never ran."""
-    HOLD_LOST = "hold lost"
-    """Its fleet-wide hold was lost before its request was sent: it never ran."""
-    HOLD_LOST_IN_FLIGHT = "hold lost in flight"
-    """Its fleet-wide hold was lost after its request was sent: it may have run (its effect is unknown)."""
-    SKIPPED = "skipped"
-    """Fail-fast: an earlier call of its batch that it conflicts with, and that may mutate, failed (`FailFast`)."""
-
-
-class Moment(enum.IntEnum):
-    """How far a call's request got: the one thing that decides its `Effect` (through `EFFECTS`)."""
-
-    BEFORE_SEND = 0
-    """Nothing of the call was handed to its tool yet."""
-    SENT = 1
-    """The request was handed to the SDK (or the local function was called): it may have reached the tool."""
-    ANSWERED = 2
-    """The tool's answer (a `CallToolResult`, OK or isError) came back."""
-
-
-EFFECTS = {Moment.BEFORE_SEND: Effect.NEVER_RAN, Moment.SENT: Effect.UNKNOWN, Moment.ANSWERED: Effect.RAN}
-"""The effect of a call, by the last moment it reached before it settled."""
-
 _sending: ContextVar[CallRecord | None] = ContextVar("dispatcher_sending", default=None)
 
 
@@ -174,47 +120,6 @@ def request_meta() -> dict[str, Any] | None:
 def done_sending() -> None:
     """This task runs no call any more: forget it (a settled call must not be kept alive by its task)."""
     _sending.set(None)
-
-
-_BEFORE = (Phase.QUEUED, Phase.AWAITING_APPROVAL, Phase.ADMITTED)
-_ANY = (*_BEFORE, Phase.RUNNING)
-
-
-def _table() -> dict[tuple[Ending, Phase], tuple[CallStatus, str]]:
-    """(ending, phase) -> (status, error); ``{}`` in an error is the driver's detail (a reason, a time)."""
-    cancelled = CallStatus.CANCELLED
-    table: dict[tuple[Ending, Phase], tuple[CallStatus, str]] = {}
-    for phase in _BEFORE:
-        table[Ending.REJECTED, phase] = (CallStatus.FAILED, "{}")
-        table[Ending.CANCELLED, phase] = (cancelled, "cancelled before it started")
-    table[Ending.CANCELLED, Phase.AWAITING_APPROVAL] = (cancelled, "cancelled while waiting for approval")
-    # Admitted, a call may still wait for something before its tool is sent anything: its detail says what.
-    table[Ending.CANCELLED, Phase.ADMITTED] = (cancelled, "cancelled {}")
-    table[Ending.CANCELLED, Phase.RUNNING] = (cancelled, "cancelled while running")
-    for phase in (Phase.AWAITING_APPROVAL, Phase.ADMITTED):
-        table[Ending.DENIED, phase] = (CallStatus.DENIED, "{}")
-    for phase in _ANY:
-        table[Ending.CLOSED, phase] = (cancelled, "the dispatcher closed")
-    table[Ending.TIMED_OUT, Phase.RUNNING] = (CallStatus.TIMEOUT, "no result within call_timeout={}s")
-    # A task is cancelled by itself only by code running in it: the tool, or an approver asked at the start.
-    for phase in (Phase.ADMITTED, Phase.RUNNING):
-        table[Ending.SELF_CANCELLED, phase] = (cancelled, "the tool's task was cancelled by itself")
-        table[Ending.HOLD_LOST, phase] = (CallStatus.FAILED, "{}; the call was not sent")
-    # Like a timeout, not a failure: the lease ran out while the request was on its way or on the server.
-    table[Ending.HOLD_LOST_IN_FLIGHT, Phase.RUNNING] = (
-        CallStatus.TIMEOUT,
-        "{}; the call was abandoned after its request was sent: it may have run, or still be running on the server",
-    )
-    table[Ending.NO_HOLD, Phase.ADMITTED] = (CallStatus.FAILED, "{}")
-    # Only a call that waits can be skipped: one that conflicts with a failed write waits behind it.
-    for phase in (Phase.QUEUED, Phase.AWAITING_APPROVAL):
-        table[Ending.SKIPPED, phase] = (CallStatus.FAILED, "not run: {}")
-    return table
-
-
-OUTCOMES = _table()
-"""How a call ended, read in the phase it ended in, as (status, error). `ANSWERED` is not here: an
-answered attempt brings its own status."""
 
 
 class Owner(Protocol):
@@ -620,83 +525,3 @@ class FailFast:
 
     def __bool__(self) -> bool:
         return bool(self._failed)
-
-
-_new = object.__new__
-_slot = ToolResult.__dict__
-_set_call = _slot["call"].__set__
-_set_status = _slot["status"].__set__
-_set_result = _slot["result"].__set__
-_set_error = _slot["error"].__set__
-_set_attempts = _slot["attempts"].__set__
-_set_tool = _slot["tool"].__set__
-_set_server = _slot["server"].__set__
-_set_queued_at = _slot["queued_at"].__set__
-_set_started_at = _slot["started_at"].__set__
-_set_finished_at = _slot["finished_at"].__set__
-_set_attempt_errors = _slot["attempt_errors"].__set__
-_set_untrusted_content = _slot["untrusted_content"].__set__
-_set_effect = _slot["effect"].__set__
-_set_mutating = _slot["mutating"].__set__
-_set_depends_on = _slot["depends_on"].__set__
-# `build_result` sets every field (each by its name) and relies on nothing to run after __init__.
-assert [field.name for field in dataclasses.fields(ToolResult)] == [
-    "call",
-    "status",
-    "result",
-    "error",
-    "attempts",
-    "tool",
-    "server",
-    "queued_at",
-    "started_at",
-    "finished_at",
-    "attempt_errors",
-    "untrusted_content",
-    "effect",
-    "mutating",
-    "depends_on",
-]
-assert not hasattr(ToolResult, "__post_init__")
-
-
-def build_result(
-    call: ToolCall,
-    status: CallStatus,
-    result: CallToolResult | None,
-    error: str | None,
-    attempts: int,
-    tool: str | None,
-    server: str | None,
-    queued_at: float,
-    started_at: float | None,
-    finished_at: float,
-    attempt_errors: tuple[str, ...],
-    untrusted_content: bool,
-    effect: Effect = Effect.UNKNOWN,
-    mutating: bool = True,
-    depends_on: str | None = None,
-) -> ToolResult:
-    """A `ToolResult` equal to the one its constructor builds, at less than half the cost.
-
-    A frozen dataclass sets each field through `object.__setattr__`; one result is built per call, so
-    its slots are set directly (the class has no `__post_init__` to skip), one slot descriptor per field,
-    unrolled (a loop over them costs as much again).
-    """
-    new = _new(ToolResult)
-    _set_call(new, call)
-    _set_status(new, status)
-    _set_result(new, result)
-    _set_error(new, error)
-    _set_attempts(new, attempts)
-    _set_tool(new, tool)
-    _set_server(new, server)
-    _set_queued_at(new, queued_at)
-    _set_started_at(new, started_at)
-    _set_finished_at(new, finished_at)
-    _set_attempt_errors(new, attempt_errors)
-    _set_untrusted_content(new, untrusted_content)
-    _set_effect(new, effect)
-    _set_mutating(new, mutating)
-    _set_depends_on(new, depends_on)
-    return new

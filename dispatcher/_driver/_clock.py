@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from .._core._calls import ToolCall
+    from ._deadlines import Watch
 
 __all__ = ["CallClock", "current_clock", "start_clock"]
 
@@ -34,7 +35,7 @@ __all__ = ["CallClock", "current_clock", "start_clock"]
 class CallClock:
     """The deadlines of one call (see the module docstring); `call` is the call they bound."""
 
-    __slots__ = ("_interrupt", "_left", "_paused", "_scopes", "call")
+    __slots__ = ("_interrupt", "_left", "_paused", "_scopes", "_watch", "call")
 
     def __init__(self, call: ToolCall | None, interrupt: anyio.CancelScope | None = None) -> None:
         self.call = call
@@ -44,6 +45,8 @@ class CallClock:
         self._paused = 0
         # While paused: the time each scope had left when the pause began (None: never paused).
         self._left: dict[int, float] | None = None
+        # The call timeout, while the executor's watcher keeps it rather than the scope (`_deadlines`).
+        self._watch: Watch | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -59,10 +62,17 @@ class CallClock:
         """Whether a question to the person is open for this call."""
         return self._paused > 0
 
-    def bound(self, scope: anyio.CancelScope) -> None:
-        """Let `scope`'s deadline stop while the call is paused (a scope bound while paused stops at once)."""
+    def bound(self, scope: anyio.CancelScope, watch: Watch | None = None) -> None:
+        """Let `scope`'s deadline stop while the call is paused (a scope bound while paused stops at once).
+
+        `watch`: the scope's deadline is kept by the executor's watcher (`_deadlines`); a pause hands it
+        to the scope first, so that it stops with the others.
+        """
         self._scopes.append(scope)
+        if watch is not None:
+            self._watch = watch
         if self._paused:
+            self._take_watch()
             self._stop(scope, anyio.current_time())
 
     def reset(self, scope: anyio.CancelScope, seconds: float) -> None:
@@ -77,6 +87,7 @@ class CallClock:
         """A question is with the person: stop every bound deadline (nested pauses count)."""
         self._paused += 1
         if self._paused == 1:
+            self._take_watch()
             self._left = {}
             now = anyio.current_time()
             for scope in self._scopes:
@@ -104,6 +115,12 @@ class CallClock:
             yield
         finally:
             self.resume()
+
+    def _take_watch(self) -> None:
+        watch = self._watch
+        if watch is not None:
+            self._watch = None
+            watch.take()
 
     def _stop(self, scope: anyio.CancelScope, now: float) -> None:
         deadline = scope.deadline

@@ -17,7 +17,7 @@ may run, nothing clever around it.
   twice what running a call that does not wait costs (docs/benchmarks.md, "Choosing the executor").
 
 Failures are results, never exceptions that could cancel siblings. A tool that cancels its own task
-(asyncio's `Task.cancel`, which no cancel scope catches) is absorbed in one place, `_absorb_stray`,
+(asyncio's `Task.cancel`, which no cancel scope catches) is absorbed in one place, `_attempts.absorb_stray`,
 after every call and between attempts, so that the cancellation lands on neither the next call or
 attempt nor the task group.
 """
@@ -36,43 +36,39 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
-from .._core._calls import CallStatus
-from .._core._errors import ArgumentError, DispatcherClosedError, KeyRuleError, ToolUnavailableError
-from .._core._gate import Gate, TicketState
+from .._core._errors import ArgumentError, DispatcherClosedError, KeyRuleError
+from .._core._gate import Gate
 from .._core._idempotency import IdempotencyKeys, call_key, takes_key
 from .._core._keys import call_keys
 from .._core._lifecycle import Ending, Phase, done_sending
-from .._mcp._failures import describe as describe_failure
+from ._asking import WAITING, Approvals
+from ._attempts import absorb_stray, attempt_scoped, invoke
 from ._batch import Batch, PendingCall
-from ._clock import current_clock, start_clock
+from ._clock import start_clock
 from ._coordination import admitted_runner, budget_factory
-from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible, is_transient
+from ._deadlines import Deadlines
+from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable
 
     from anyio.abc import TaskGroup
-    from mcp.types import CallToolResult
 
     from .._core._calls import ToolCall
     from .._core._catalog import Catalog, Resolution, ToolEntry
     from .._core._gate import Ticket
-    from ._approval import ApprovalRequest
 
 __all__ = ["Executor"]
-
-_WAITING = (TicketState.PENDING, TicketState.HELD)
 
 # Seconds of submitting calls after which `submit_yielding` lets the loop run, and how many calls it
 # submits between two readings of the clock.
 _SLICE = 0.002
 _SLICE_CHECK = 32
+# Seconds for which a call's task under trio carries on with the calls it takes before letting the loop run.
+_FOLLOW = 0.0002
 
-# The policy of a call that may not be retried: one attempt, bounded by the call timeout alone.
-_ONE_ATTEMPT = RetryPolicy(attempts=1, timeout=None, jitter=False, budget=None)
 
-
-class Executor:
+class Executor(Approvals):
     """Admits, runs and settles the calls of every batch of one dispatcher.
 
     Args:
@@ -115,6 +111,9 @@ class Executor:
         self._now: Callable[[], float] = anyio.current_time
         self._cancel_scope: Callable[..., anyio.CancelScope] = anyio.CancelScope
         self._checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint
+        self._strays = True
+        # The call timeout of the calls running their one attempt (`_deadlines`).
+        self._deadlines = Deadlines(self._now, None)
 
     @property
     def idle(self) -> bool:
@@ -136,6 +135,9 @@ class Executor:
         self._now = backend.current_time
         self._cancel_scope = backend.create_cancel_scope
         self._checkpoint = backend.checkpoint
+        # Only asyncio lets a tool cancel its own task without a scope (see `_run`).
+        self._strays = getattr(backend, "__name__", "") != "TrioBackend"
+        self._deadlines = Deadlines(self._now, tg.start_soon)
 
     def close(self) -> None:
         """Take no more calls; the outstanding ones end as CANCELLED."""
@@ -274,136 +276,7 @@ class Executor:
             self._ask(work, request)
         return work
 
-    # Changes, approvals, cancellation --------------------------------------------------------------
-
-    def accepted(self, server: str, tools: list[str]) -> None:
-        """A server's tools reached the catalogue: calls of theirs not started follow their current entry.
-
-        A changed definition is approved (accepted, or by imported pins) while calls queued under the
-        old one wait: a call queued while its tool was read-only, whose tool is now mutating, waits for
-        an exclusive turn at its place in the order, and is put to the approver if the policy now
-        selects it; a call whose approval is being asked is asked again with the new definition once
-        the answer comes (see `_approve`). Costs one pass over the unfinished calls, at each listing of
-        a server's tools.
-        """
-        if not self.live:
-            return
-        listed = set(tools)
-        changed = False
-        for batch in list(self.live):
-            for work in batch._works:
-                entry = work.entry
-                ticket = work.ticket
-                if ticket is None or entry is None or ticket.state not in _WAITING:
-                    continue
-                if entry.server != server or entry.tool not in listed:
-                    continue
-                new = self._catalog.get(server, entry.tool)
-                if new is None or new == entry:
-                    continue
-                self._reclassify(work, ticket, new)
-                changed = True
-        if changed and self._open:
-            self._pump()
-
-    def _reclassify(self, work: PendingCall, ticket: Ticket[PendingCall], entry: ToolEntry) -> None:
-        arguments = work.call.arguments if work.call.arguments is not None else {}
-        try:
-            keys = call_keys(entry, arguments)
-        except KeyRuleError as exc:
-            self.gate.withdraw(ticket)
-            work.settle(Ending.REJECTED, self._now(), f"invalid conflict keys: {exc}")
-            return
-        work.resolve(entry)
-        hooks = work.hooks
-        state = work.state
-        request = None
-        if hooks is not None and state is not None:
-            state.entry = entry
-            state.keys = keys
-            if work.phase is Phase.QUEUED:
-                # A held call is asked again once its current answer comes (`_approve`); a queued one
-                # may need asking now.
-                request = hooks.approval(work.call, entry, state)
-        self.gate.reclassify(ticket, exclusive=entry.exclusive, keys=keys, held=True if request is not None else None)
-        if request is not None:
-            work.hold()
-            self._ask(work, request)
-
-    def _ask(self, work: PendingCall, request: ApprovalRequest) -> None:
-        tg = self._tg
-        assert tg is not None
-        tg.start_soon(self._approve, work, request)
-
-    async def _approve(self, work: PendingCall, request: ApprovalRequest) -> None:
-        """Ask for a held call's approval, then release it to take its turn, or deny it.
-
-        An approval binds to the definition the person was shown: if the call's tool changed while it
-        was asked (`accepted`), the call is asked again about the definition it has now, the session
-        guard included, and an answer about the old one authorises nothing.
-        """
-        hooks = work.hooks
-        state = work.state
-        assert hooks is not None and state is not None
-        while True:
-            # Cancelling the call (see `cancel`) or settling it cancels this scope: the approver stops being asked.
-            with anyio.CancelScope() as scope:
-                work.waiting(scope)
-                denial = await hooks.ask(request, state)
-            ticket = work.ticket
-            if work.phase is not Phase.AWAITING_APPROVAL or ticket is None:
-                return  # settled meanwhile (cancelled, or its new definition cannot be queued)
-            work.waiting(None)
-            if denial is not None:
-                self.gate.withdraw(ticket)
-                work.settle(Ending.DENIED, self._now(), denial)
-                break
-            entry = work.entry
-            assert entry is not None
-            if self._shown(request, entry):
-                self.gate.release(ticket)
-                work.release()
-                break
-            # Approved, but for a definition the call no longer has.
-            again = hooks.approval(work.call, entry, state)
-            if again is None:
-                self.gate.release(ticket)
-                work.release()
-                break
-            request = again
-        if self._open:
-            self._pump()
-
-    @staticmethod
-    def _shown(request: ApprovalRequest, entry: ToolEntry) -> bool:
-        """Whether an approval was asked about the definition the call has now."""
-        return request.tool is entry
-
-    async def _approve_at_start(self, work: PendingCall) -> bool:
-        """Ask the approval the session guard may now require of a call about to start.
-
-        Returns:
-            Whether the call was denied (and settled).
-        """
-        hooks = work.hooks
-        state = work.state
-        assert hooks is not None and state is not None
-        request = hooks.recheck(work.call, state)
-        if request is None:
-            return False
-        denial = await hooks.ask(request, state)
-        entry = work.entry
-        assert entry is not None
-        if denial is None and self._catalog.get(entry.server, entry.tool) not in (entry, None):
-            # Its definition changed while it was asked: what was approved is not what would run.
-            denial = (
-                f"not run: the definition of tool {entry.name!r} changed while its approval was asked; "
-                "submit the call again to be asked about the new one"
-            )
-        if denial is None:
-            return False
-        work.settle(Ending.DENIED, self._now(), denial)
-        return True
+    # Cancellation, keys, fail-fast ----------------------------------------------------------------
 
     def cancel(self, works: Iterable[PendingCall]) -> None:
         """Cancel calls that have not ended: queued ones settle now, running ones are interrupted."""
@@ -483,7 +356,7 @@ class Executor:
             works = batch._works
             for later in works[failed.position + 1 :]:
                 ticket = later.ticket
-                if ticket is None or ticket.state not in _WAITING:
+                if ticket is None or ticket.state not in WAITING:
                     continue
                 dependency = rules.blocker(later.position, ticket.keys)
                 if dependency is not None and self.gate.withdraw(ticket):
@@ -519,11 +392,12 @@ class Executor:
         that moment, instead of starting a task for it (starting an anyio task costs several times what
         running a call that does not wait costs: docs/benchmarks.md, "Choosing the executor"); the other
         calls the gate admits get tasks of their own (`_pump`). Between two calls the task lets the loop
-        run once, as a new task would wait for its first turn: a run of calls that never wait cannot
-        hold the loop, and a cancellation a tool left on its own task lands there (`_absorb_stray`).
-        Each call runs under a cancel scope of its own; nothing of one call is left for the next.
+        run once (under trio, once per `_FOLLOW`: no tool can cancel its task there), so a run of calls that
+        never wait cannot hold the loop, and a cancellation a tool left on its task lands there
+        (`absorb_stray`). Each call runs under a cancel scope of its own; nothing of one is left for the next.
         """
         gate = self.gate
+        until = self._now() + _FOLLOW
         while True:
             try:
                 if not self._open:
@@ -552,8 +426,12 @@ class Executor:
             if self._open:
                 self._pump()
             del work, ticket  # hold no finished call while the loop runs
+            if following is not None and not self._strays and self._now() < until:
+                work, ticket = following.item, following
+                continue  # no cancellation can be stray here, and this task took no slice yet
             try:
-                await _absorb_stray(self._checkpoint)
+                await absorb_stray(self._checkpoint)
+                until = self._now() + _FOLLOW
             except BaseException:
                 if following is not None:  # the dispatcher is closing: the call taken ends with it
                     following.item.settle(Ending.CLOSED, self._now())
@@ -602,11 +480,13 @@ class Executor:
         recheck = state is not None and state.recheck
         timeout = self._call_timeout
         # Without an approval to ask at the start, nothing waits between here and the start: the call's
-        # only attempt gets its deadline as its scope is made (setting it afterwards costs as much again).
+        # only attempt gets its deadline now, kept by the watcher rather than a timer of its own (`_deadlines`).
         started = self._now()
         once, keyed = self._once(entry, work)
-        deadline = started + timeout if once and timeout is not None and not recheck else math.inf
-        with self._cancel_scope(deadline=deadline) as scope:
+        watch = None
+        with self._cancel_scope() as scope:
+            if once and timeout is not None and not recheck:
+                watch = self._deadlines.watch(scope, started + timeout)
             work.waiting(scope)
             if recheck:
                 if await self._approve_at_start(work):
@@ -616,13 +496,19 @@ class Executor:
                 if once and timeout is not None:
                     scope.deadline = started + timeout
             if not work.start(started):
+                if watch is not None:
+                    watch.forget()
                 return  # settled while it was on its way (its fleet hold lost)
             # The call's deadlines stop while a person answers its server's question (`_clock`).
             clock = start_clock(work.call, scope)
             if once:
                 if timeout is not None:
-                    clock.bound(scope)
-                last = await self._attempt(work, False, started, math.inf)
+                    clock.bound(scope, watch)
+                try:
+                    last = await self._attempt(work, False, started, math.inf)
+                finally:
+                    if watch is not None:
+                        watch.forget()
             else:
                 assert retry is not None  # a call of a policy's retries has one
                 still = functools.partial(self._still_eligible, retry, entry, keyed)
@@ -677,12 +563,12 @@ class Executor:
         work.attempted()
         state = work.state
         if state is None:
-            outcome = await (self._attempt_scoped(work, start, limit) if scoped else self._invoke(work))
+            outcome = await (self._attempt_scoped(work, start, limit) if scoped else invoke(work))
         else:
             hooks = work.hooks
             assert hooks is not None
             hooks.attempt_started(work.call, state, start)
-            outcome = await (self._attempt_scoped(work, start, limit) if scoped else self._invoke(work))
+            outcome = await (self._attempt_scoped(work, start, limit) if scoped else invoke(work))
             hooks.attempt_finished(state, outcome.status, outcome.error)
         if outcome.error is not None:
             work.failed_attempt(outcome.error)
@@ -691,102 +577,12 @@ class Executor:
             # A final outcome (an answer in hand) goes straight to its settling, with no checkpoint
             # where a cancellation could replace the answer by "cancelled while running" (UNKNOWN);
             # the call's task absorbs a stray cancellation once the call has settled (`_run`).
-            await _absorb_stray(self._checkpoint)
+            await absorb_stray(self._checkpoint)
         return outcome
 
-    @staticmethod
-    async def _invoke(work: PendingCall) -> Attempt:
-        """Invoke the tool once and describe how that ended."""
-        impl = work.impl
-        assert impl is not None
-        try:
-            result = await impl.invoke(work.prepared, work.lease)
-        except Exception as exc:
-            return _failed(exc)
-        except BaseException as exc:
-            if not _tool_failure(exc):
-                raise
-            return _failed_base(exc)
-        if result.is_error:
-            return Attempt(CallStatus.TOOL_ERROR, result, _error_text(result))
-        return Attempt(CallStatus.OK, result)
-
-    async def _attempt_scoped(self, work: PendingCall, start: float, limit: float) -> Attempt:
-        """Invoke the tool once, cut off at the call timeout or at `limit` (the retry deadline)."""
-        call_timeout = self._call_timeout
-        deadline = limit if call_timeout is None else min(limit, start + call_timeout)
-        with self._cancel_scope(deadline=deadline) as scope:
-            clock = current_clock()
-            if clock is not None:
-                clock.bound(scope)
-            return await self._invoke(work)
-        # Only the attempt's own deadline is absorbed by its scope; a cancellation of the call
-        # (or of the dispatcher) is still pending and is raised here.
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        if call_timeout is None or deadline == limit:
-            assert self._retry is not None  # a finite limit comes from the retry policy's deadline
-            return Attempt(
-                CallStatus.TIMEOUT,
-                error=f"no result before the retry deadline (RetryPolicy.timeout={self._retry.timeout}s)",
-                transient=True,
-            )
-        return Attempt(CallStatus.TIMEOUT, error=f"no result within call_timeout={call_timeout}s", transient=True)
-
-
-async def _absorb_stray(checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint) -> None:
-    """Let a cancellation the tool left on its own task land here, and absorb it (asyncio only).
-
-    A tool may cancel the task it runs in (`asyncio.current_task().cancel()`, now or scheduled with
-    `call_soon`) and return: no cancel scope asked for that cancellation, so none would catch it, and
-    it would land on whatever the task waits for next (the next attempt's backoff) or, as the task
-    ends, cancel the dispatcher's task group. One checkpoint between attempts, and one as the call's
-    task ends (after the call settled and the gate was told), let it land here. A
-    cancellation that comes from a cancelled scope around the call (the call's, the dispatcher's) is
-    not the tool's and propagates.
-    """
-    try:
-        await checkpoint()
-    except anyio.get_cancelled_exc_class():
-        if anyio.current_effective_deadline() == -math.inf:  # a scope around this task is cancelled
-            raise
-
-
-def _tool_failure(exc: BaseException) -> bool:
-    """Whether `exc`, which is no `Exception`, is the tool's failure rather than a request to stop.
-
-    KeyboardInterrupt and SystemExit stop the program, and a cancellation raised because a scope
-    (the call's, the dispatcher's) was cancelled ends the call as cancelled: those propagate. Any
-    other (GeneratorExit, a BaseException subclass of the tool's own, the cancellation exception
-    raised while nothing was cancelled) ends that call alone, so a hostile tool cannot end the batch.
-    """
-    cancelled = anyio.get_cancelled_exc_class()
-    if isinstance(exc, BaseExceptionGroup):
-        if exc.split((KeyboardInterrupt, SystemExit))[0] is not None:
-            return False
-        if exc.split(cancelled)[0] is None:
-            return True
-    elif isinstance(exc, (KeyboardInterrupt, SystemExit)):
-        return False
-    elif not isinstance(exc, cancelled):
-        return True
-    # No enclosing scope was cancelled (-inf once one is): the tool raised the exception itself, or
-    # cancelled its own task.
-    return anyio.current_effective_deadline() != -math.inf
-
-
-def _failed_base(exc: BaseException) -> Attempt:
-    """How an attempt whose tool raised `exc`, which is no `Exception`, ended."""
-    if isinstance(exc, anyio.get_cancelled_exc_class()):
-        return Attempt(CallStatus.CANCELLED, error=f"the tool raised {type(exc).__name__} without being cancelled")
-    return Attempt(CallStatus.FAILED, error=f"the tool raised {type(exc).__name__}")
-
-
-def _failed(exc: Exception) -> Attempt:
-    """How an attempt that raised `exc` ended."""
-    status, error = describe_failure(exc)
-    # Why a tool is unavailable can quote its server (a blocked tool's changed definition).
-    unavailable = isinstance(exc, ToolUnavailableError)
-    return Attempt(status, error=error, transient=is_transient(exc), untrusted=unavailable)
+    def _attempt_scoped(self, work: PendingCall, start: float, limit: float) -> Awaitable[Attempt]:
+        retry_timeout = self._retry.timeout if self._retry is not None else None
+        return attempt_scoped(work, start, limit, self._call_timeout, retry_timeout, self._cancel_scope)
 
 
 def _invalid_arguments(arguments: object) -> str:
@@ -801,8 +597,3 @@ def _invalid_arguments(arguments: object) -> str:
             return f"invalid arguments: expected a JSON object, got text that is not valid JSON ({why}): {text!r}"
         return "invalid arguments: expected a JSON object, got a str of JSON text; parse it into a dict"
     return f"invalid arguments: expected a JSON object, got {type(arguments).__name__}"
-
-
-def _error_text(result: CallToolResult) -> str:
-    texts = [block.text for block in result.content if getattr(block, "type", None) == "text"]  # type: ignore[union-attr]
-    return " ".join(texts).strip() or "the tool reported an error"

@@ -1,0 +1,79 @@
+"""The executor's deadline watcher (`_deadlines`): one FIFO of call timeouts instead of a timer per call."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from dispatcher._driver._clock import CallClock
+from dispatcher._driver._deadlines import Deadlines
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.backends("trio-mockclock")
+async def test_a_watched_scope_is_cancelled_at_its_deadline_and_a_forgotten_one_never() -> None:
+    cut_at: list[float] = []
+    async with anyio.create_task_group() as tg:
+        deadlines = Deadlines(anyio.current_time, tg.start_soon)
+
+        async def call(seconds: float, runs: float) -> None:
+            with anyio.CancelScope() as scope:
+                watch = deadlines.watch(scope, anyio.current_time() + seconds)
+                try:
+                    await anyio.sleep(runs)
+                finally:
+                    watch.forget()
+            if scope.cancelled_caught:
+                cut_at.append(anyio.current_time())
+
+        start = anyio.current_time()
+        tg.start_soon(call, 5.0, 10.0)  # cut at 5
+        await anyio.sleep(1)
+        tg.start_soon(call, 5.0, 1.0)  # ends at 2, before its deadline (6)
+        await anyio.sleep(1)
+        tg.start_soon(call, 5.0, 100.0)  # cut at 7
+        tg.start_soon(call, 1.0, 100.0)  # out of order: its scope's own deadline cuts it at 3
+        await anyio.sleep(20)
+        tg.cancel_scope.cancel()
+    assert sorted(round(t - start, 6) for t in cut_at) == [3.0, 5.0, 7.0]
+
+
+@pytest.mark.backends("asyncio", "trio")
+async def test_an_ended_call_s_scope_is_not_kept_alive_by_the_watcher() -> None:
+    async with anyio.create_task_group() as tg:
+        deadlines = Deadlines(anyio.current_time, tg.start_soon)
+        scope = anyio.CancelScope()
+        with scope:
+            watch = deadlines.watch(scope, anyio.current_time() + 60)
+            await anyio.lowlevel.checkpoint()
+            watch.forget()
+        gone = weakref.ref(scope)
+        del scope, watch
+        await anyio.sleep(0.01)  # the watcher runs, and sleeps until the oldest deadline
+        gc.collect()
+        assert gone() is None
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.backends("trio-mockclock")
+async def test_a_pause_hands_the_deadline_to_the_scope_and_stops_it() -> None:
+    async with anyio.create_task_group() as tg:
+        deadlines = Deadlines(anyio.current_time, tg.start_soon)
+        start = anyio.current_time()
+        with anyio.CancelScope() as scope:
+            clock = CallClock(None, scope)
+            watch = deadlines.watch(scope, start + 5)
+            clock.bound(scope, watch)
+            await anyio.sleep(2)
+            with clock.pausing():  # a person answers for 100 s: not counted
+                await anyio.sleep(100)
+            await anyio.sleep(10)
+        watch.forget()
+        assert scope.cancelled_caught
+        assert anyio.current_time() - start == pytest.approx(105.0)
+        tg.cancel_scope.cancel()
