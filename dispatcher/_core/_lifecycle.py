@@ -340,7 +340,14 @@ class CallRecord:
             self.moment = Moment.SENT
 
     def failed_attempt(self, error: str) -> None:
-        """An attempt ended without success, for `error`."""
+        """An attempt ended without success, for `error`; nothing changes once the call has settled.
+
+        A call may be settled from outside while its attempt is still on its way out: its fleet hold lost
+        in the check right before the send (`Lease.confirm` settles it, then raises), or its lease ending
+        meanwhile. That attempt's failure is the settling's own cause, already told.
+        """
+        if self.phase is Phase.SETTLED:
+            return
         self._expect(Phase.RUNNING, what="fail an attempt")
         if self.errors is None:
             self.errors = [error]
