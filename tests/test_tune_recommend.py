@@ -125,4 +125,6 @@ def test_combine_keeps_the_range_of_the_repeats_power() -> None:
     single = [replace(r, power_range=None, repeats=1) for r in repeats]
     combined = combine(single)
     assert combined.power_range == (3000.0, 15000.0)
+    assert combined.to_json()["power_range"] == [3000.0, 15000.0]
+    assert single[0].to_json()["power_range"] is None
     assert combined.throughput == 100 and combined.run_p50 == 0.010

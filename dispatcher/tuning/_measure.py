@@ -117,6 +117,8 @@ class SettingResult:
             "throughput_range": None if self.throughput_range is None else [_finite(v) for v in self.throughput_range],
             "run_p95_range_ms": None if self.run_p95_range is None else [_finite(v * ms) for v in self.run_p95_range],
             "partial": self.partial,
+            # Calls/s per second of median run time, as the recommendation reads it.
+            "power_range": None if self.power_range is None else [_finite(v) for v in self.power_range],
         }
 
 
