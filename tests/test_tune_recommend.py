@@ -14,12 +14,18 @@ from dispatcher.tuning._measure import combine
 
 
 def row(
-    limit: int, throughput: float, p50_ms: float, spread: tuple[float, float] | None = None, *, p95_ms: float = 0.0
+    limit: int,
+    throughput: float,
+    p50_ms: float,
+    spread: tuple[float, float] | None = None,
+    *,
+    p95_ms: float = 0.0,
+    power: tuple[float, float] | None = None,
 ) -> SettingResult:
     """A setting measured three times: median throughput and run time, and the range of the repeats' throughput.
 
-    The repeats' power is taken as their throughput over the median run time (a repeat's own run time moves
-    with its throughput, which only widens the range).
+    The repeats' power is `power` when given (as measured), else their throughput over the median run time
+    (a repeat's own run time moves with its throughput, which only widens the range).
     """
     p50 = p50_ms / 1000
     low, high = spread or (throughput, throughput)
@@ -36,7 +42,7 @@ def row(
         in_flight=throughput * p50,
         repeats=3,
         throughput_range=(low, high),
-        power_range=(low / p50, high / p50),
+        power_range=power or (low / p50, high / p50),
     )
 
 
@@ -69,6 +75,24 @@ def test_a_knee_inside_a_smaller_settings_spread_is_not_believed() -> None:
     # Without the spread (one measurement a setting), the medians decide as before: 4 is the peak.
     medians = [replace(s, power_range=None, repeats=1) for s in GIT[2]]
     assert recommend(medians)[0] == 4
+
+
+def test_one_lucky_round_high_on_the_scale_does_not_move_the_knee() -> None:
+    """server-memory, third of three sweeps: 16's median came from a quiet round; 1's repeats reached it too."""
+    # The first two sweeps measured 545 and 629 calls/s at 16, at 25 ms; this one 1,633 at 10 ms.
+    # The repeats' power as measured: at 1, one repeat ran at 462 calls/s and 1.77 ms.
+    table = [
+        row(1, 193.2, 3.45, (180.3, 461.7), power=(52_290, 260_774)),
+        row(2, 299.5, 5.86, (235.6, 647.0), power=(35_455, 249_956)),
+        row(4, 484.5, 7.26, (417.4, 582.0), power=(57_505, 118_341)),
+        row(8, 1018.5, 7.74, (529.3, 1219.2), power=(35_156, 279_005)),
+        row(16, 1633.0, 10.24, (845.8, 1649.0), power=(65_460, 172_674)),
+        row(32, 1069.1, 29.48, (752.3, 1093.4), power=(17_485, 40_988)),
+    ]
+    recommended, best, why = recommend(table)
+    assert (recommended, best) == (1, 16), why
+    # The medians alone: 16's power is the highest, by far.
+    assert recommend([replace(s, power_range=None) for s in table])[0] == 16
 
 
 def test_a_clear_knee_stands_out_of_the_spread_and_is_kept() -> None:
