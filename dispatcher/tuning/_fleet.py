@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from dispatcher._core._calls import ToolResult
 
-    from ._measure import SettingResult
+    from ._measure import SettingResult, Window
 
 __all__ = ["check_redis", "fleet_measure", "shares"]
 
@@ -282,21 +282,29 @@ async def _process(config: dict[str, Any]) -> None:
             calls=config["calls"],
             duration=config["duration"],
             report=None,
-            deadline=math.inf if config.get("deadline") is None else config["deadline"],
+            deadline=math.inf if config["deadline"] is None else config["deadline"],
         )
-        # Sent before closing the dispatcher and the connection: a setting cut short by the budget is waited
-        # for only so long.
-        rows = [[r.status.value, r.queued_at, r.started_at, r.finished_at, r.error] for r in window.results]
-        line = {
-            "results": rows,
-            "start": window.start,
-            "stop": window.stop,
-            "inclusive": window.inclusive,
-            "abandoned": [list(pair) for pair in window.abandoned],
-            "partial": window.partial,
-        }
-        sys.stdout.write(json.dumps(line) + "\n")
-        sys.stdout.flush()
+        if window.partial:
+            # The budget ran out, and closing up gets a few seconds at most: the figures go before closing.
+            _send(window)
+    if not window.partial:
+        # After closing: the parent stops this process once it has the figures, and the server's session
+        # and the fleet's holds are released first.
+        _send(window)
+
+
+def _send(window: Window) -> None:
+    rows = [[r.status.value, r.queued_at, r.started_at, r.finished_at, r.error] for r in window.results]
+    line = {
+        "results": rows,
+        "start": window.start,
+        "stop": window.stop,
+        "inclusive": window.inclusive,
+        "abandoned": [list(pair) for pair in window.abandoned],
+        "partial": window.partial,
+    }
+    sys.stdout.write(json.dumps(line) + "\n")
+    sys.stdout.flush()
 
 
 def main() -> None:
