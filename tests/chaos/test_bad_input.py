@@ -241,7 +241,7 @@ async def test_duplicate_ids_and_bad_items_are_refused_before_anything_runs(anyi
 
 
 @pytest.mark.slow
-async def test_a_hundred_thousand_calls_in_one_batch(anyio_backend: Any) -> None:
+async def test_a_huge_mixed_batch_returns_every_result_in_order(anyio_backend: Any) -> None:
     """A 20,000-call batch (100,000 under `make stress`) of reads, writes, unknown tools and bad arguments:
     every result, in order.
 
