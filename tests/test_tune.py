@@ -471,7 +471,7 @@ def test_cli_over_stdio_reports_the_sweep(tmp_path: pathlib.Path) -> None:
     wins depends on how busy the machine is (stdio round trips and a busy CPU move the knee, and a stall
     during one setting can make it lose to a smaller one). The virtual clock tests pin the knee exactly.
     """
-    server = f"{WORKSPACE} --latency 0.15 --saturation 8"
+    server = f"{WORKSPACE} --latency 0.05 --saturation 8"
     out, plot = tmp_path / "tune.json", tmp_path / "tune.png"
     argv = ["--stdio", server, "--trusted", "--synthetic", "reads", "--range", "2,4,8,16,32", "--calls", "24"]
     argv += ["--repeats", "1"]

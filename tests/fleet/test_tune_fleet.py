@@ -8,7 +8,6 @@ that allows it.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 from typing import TYPE_CHECKING
@@ -21,6 +20,7 @@ from dispatcher._core._errors import FleetTuneError
 from dispatcher.cli import main
 from dispatcher.tuning import tune
 from dispatcher.tuning._fleet import shares
+from tests.ledger import Ledger
 
 if TYPE_CHECKING:
     from benchmarks._redis import RedisServer
@@ -61,17 +61,7 @@ async def endless_setting(url: str, redis_url: str) -> None:
 
 def ledger_peak(path: pathlib.Path) -> int:
     """The most calls the server ran at once, from its ledger."""
-    running: set[tuple[int, int]] = set()
-    peak = 0
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        key = (record["pid"], record["seq"])
-        if record["event"] == "start":
-            running.add(key)
-            peak = max(peak, len(running))
-        else:
-            running.discard(key)
-    return peak
+    return Ledger(path).peak()
 
 
 @pytest.mark.anyio
