@@ -42,7 +42,6 @@ holds the shared limit, and events and spans carry it, said to be the fleet's.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -73,16 +72,11 @@ _HTTP_OVERLOAD = (429, 503)
 class FleetController(Controller):
     """The controller of a server whose limit the fleet shares: the same rule, its level the fleet's.
 
-    The hook `OnlineLimit` needs on top of `Controller`: the level it moves (a float: growth below a
-    known knee is half a call per answer), and following the level the fleet has.
+    What `OnlineLimit` needs on top of `Controller`'s public `level`, `follow` and `hold`: the fleet's
+    calls in flight, whether a probe is armed, and the fleet's bounds.
     """
 
     __slots__ = ()
-
-    @property
-    def level(self) -> float:
-        """The level the limit is the whole calls of."""
-        return self._level
 
     def sending(self, held: int | None) -> None:
         """A call is about to be sent with `held` holds in force across the fleet (itself included).
@@ -96,18 +90,12 @@ class FleetController(Controller):
     @property
     def probing(self) -> bool:
         """Whether a probe is armed: the limit shows one call more than the level."""
-        return self.limit > min(self.ceiling, max(self.floor, math.floor(self._level + 1e-9)))
+        return self.limit > self.level_limit()
 
-    def follow(self, level: float, *, cut: bool) -> None:
-        """Take the fleet's level; `cut`: the fleet cut it (another process's overload or slowdown).
-
-        A cut is adopted as the controller's own: the knee is the new level and calls sent before it
-        cannot cut again, since they report the load the cut answered.
-        """
-        if cut:
-            self._cut(level, level, self.limit)
-        elif level != self._level:
-            self._set_level(level)
+    def bound(self, floor: int, ceiling: int) -> None:
+        """Take the fleet's floor and ceiling (the first process's, when this one configured others)."""
+        self.floor, self.ceiling = floor, ceiling
+        self.follow(self.level)
 
 
 class OnlineLimit:
