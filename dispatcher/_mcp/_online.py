@@ -175,13 +175,24 @@ class OnlineLimit:
             self.applied = limit
             self._apply(limit)
 
-    def follow_fleet(self, level: float, epoch: int, source: object) -> None:
-        """The fleet's level now (`SharedLimit` tells it); `source` made the move that set it, if known."""
+    def follow_fleet(self, level: float, epoch: int, source: object, pause: float) -> None:
+        """The fleet's level now (`SharedLimit` tells it); `source` made the move that set it, if known.
+
+        A new epoch it did not cause is a cut it adopts; an epoch lower than the last (Redis lost the
+        hash and the fleet started again) is followed as it is. `pause`: seconds left of the fleet's
+        pause (a trusted server's Retry-After heard by any process), held here too up to `max_wait`.
+        """
         controller = self.controller
-        if isinstance(controller, FleetController):
-            cut = epoch != self._epoch and source is not self
+        shared = self.shared
+        if isinstance(controller, FleetController) and shared is not None:
+            floor, ceiling, _ = shared.bounds
+            if (floor, ceiling) != (controller.floor, controller.ceiling):
+                controller.bound(floor, ceiling)
+            cut = epoch > self._epoch and source is not self
             self._epoch = epoch
             controller.follow(level, cut=cut)
+            if pause > 0:
+                controller.hold(anyio.current_time(), pause)
         self.sync()
 
     @property
@@ -210,11 +221,14 @@ class OnlineLimit:
 
     def level(self) -> float:
         """The controller's level (0 for a limit that is this process's: nothing to send)."""
-        controller = self.controller
-        return controller.level if isinstance(controller, FleetController) else 0.0
+        return self.controller.level if self.shared is not None else 0.0
 
-    def moved(self, before: float, epoch: int) -> None:
-        """The controller went from level `before` on a call sent under the fleet's `epoch`: tell the fleet."""
+    def moved(self, before: float, epoch: int, pause: float | None = None) -> None:
+        """The controller went from level `before` on a call sent under the fleet's `epoch`: tell the fleet.
+
+        `pause`: the seconds a trusted server's Retry-After asked for (the controller holds them up to
+        `max_wait`): the fleet holds them too, up to the same.
+        """
         shared = self.shared
         if shared is None:
             return
@@ -223,6 +237,9 @@ class OnlineLimit:
             shared.move(self, "cut", epoch, after / before)
         elif after > before:
             shared.move(self, "grow", epoch, after - before)
+        wait = min(pause or 0.0, self.controller.setting.max_wait)
+        if wait > 0:
+            shared.move(self, "pause", epoch, wait)
 
 
 class LimitedTool:
@@ -274,6 +291,10 @@ class LimitedTool:
             signal, pause = classify_result(result, online.trusted)
             return result
         finally:
+            if lease is not None and (lease.lost or anyio.current_time() >= lease.valid_until):
+                # Its hold was lost or its lease ran out (the process was frozen, cut off from Redis): what
+                # it saw is not the fleet's load under its hold, and a Retry-After may be long past.
+                signal, pause = Signal.OTHER, None
             before = online.level()
             controller.finish(
                 flight,
@@ -284,7 +305,7 @@ class LimitedTool:
                 retry_after=pause,
                 waiting=online.waiting(),
             )
-            online.moved(before, epoch)
+            online.moved(before, epoch, pause if signal is Signal.OVERLOAD else None)
             online.sync()
 
 

@@ -394,7 +394,7 @@ class RedisCoordinator:
                     lease.held = int(reply[3])
                     shared = self._limits.get(server)
                     if shared is not None:
-                        shared.seen(str(reply[4]), str(reply[5]))
+                        shared.seen(list(reply))
                     if now >= lease.valid_until - self.recheck:
                         # The reply came too late to be sure the lease still holds (a frozen process,
                         # a stalled network): not granted, and given back by the handler below.
