@@ -9,7 +9,9 @@ both anyio backends, on the real clock: assertions are bands and orders.
 
 from __future__ import annotations
 
+import json
 import logging
+import signal
 import time
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING
@@ -26,6 +28,9 @@ from dispatcher.fleet._lua import LIMIT, MAX_PAUSE_MS
 from tests.fleet.test_shared_limit import Service, calls, coordinator, fleet_of, level, until
 
 if TYPE_CHECKING:
+    import pathlib
+    import subprocess
+
     from benchmarks._redis import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
@@ -42,9 +47,10 @@ def key_of(namespace: str) -> str:
 def bounds_in(server: RedisServer, namespace: str) -> str | None:
     client = client_of(server)
     try:
-        return client.hget(key_of(namespace), "bounds")
+        found = client.hget(key_of(namespace), "bounds")
     finally:
         client.close()
+    return None if found is None else str(found)
 
 
 def pause_left(server: RedisServer, namespace: str) -> float | None:
@@ -110,7 +116,7 @@ def test_garbage_moves_and_epochs_move_nothing(redis_server: RedisServer) -> Non
     try:
         script = client.register_script(LIMIT)
 
-        def run(op: str, epoch: object, value: str) -> tuple[float, int, int]:
+        def run(op: str, epoch: int | str, value: str) -> tuple[float, int, int]:
             reply = script(keys=["t:limit"], args=[2, 10, 8, op, epoch, value])
             return float(reply[0]), int(reply[1]), int(reply[2])
 
@@ -358,3 +364,86 @@ async def test_after_a_flushall_the_fleet_starts_again_from_the_initial_level(
 
 def _fetch(call_id: str, key: str) -> ToolCall:
     return ToolCall(call_id, "fetch", {"key": key})
+
+
+# Real processes ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(("fault", "backend"), [("kill", "asyncio"), ("stop", "trio")])
+def test_a_process_killed_or_stopped_holding_slots_leaves_the_others_carrying_on(
+    tmp_path: pathlib.Path,
+    redis_server: RedisServer,
+    namespace: str,
+    workspace: tuple[str, pathlib.Path],
+    fault: str,
+    backend: str,
+) -> None:
+    """P0 SIGKILLed or SIGSTOPped holding slots of the shared level: P1 and P2 get every call done, never above 4."""
+    from tests.fleet.test_processes import read_ledger, spawn, wait_all
+
+    mcp, ledger = workspace
+    ceiling = 4
+
+    def config(index: int, rounds: int) -> dict[str, object]:
+        return {
+            "redis": redis_server.url, "namespace": namespace, "mcp": mcp, "mode": "reads", "agents": 4,
+            "rounds": rounds, "adaptive": [1, ceiling, 2], "max_call_time": 0.5, "ttl": 1.0, "recheck": 0.2,
+            "backend": ("asyncio", "trio")[index % 2] if index else backend, "name": f"p{index}",
+            "out": str(tmp_path / f"results-{index}.json"),
+        }  # fmt: skip
+
+    client = client_of(redis_server)
+    victim = spawn(config(0, 30))
+    others: list[subprocess.Popen[bytes]] = []
+    try:
+        assert victim.stdout is not None
+        assert victim.stdout.readline().strip() == b"READY"
+        holders = f"{namespace}:server:ws:holders"
+        deadline = time.monotonic() + 20
+        while client.hlen(holders) == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        victim.send_signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        held = client.hlen(holders)
+        assert held >= 1, "the victim held no slot when it was stopped"
+        stopped = time.monotonic()
+        others = [spawn(config(index, 10)) for index in (1, 2)]
+        wait_all(others, timeout=60)
+        carried_on = time.monotonic() - stopped
+        if fault == "stop":
+            victim.send_signal(signal.SIGCONT)
+            # It wakes to find its holds gone, finishes its rounds and exits; every call has its result.
+            assert victim.wait(60) == 0
+            with open(tmp_path / "results-0.json") as file:
+                assert len(json.load(file)) == 4 * 30 * 2
+        results = []
+        for index in (1, 2):
+            with open(tmp_path / f"results-{index}.json") as file:
+                results.extend(json.load(file))
+        assert len(results) == 2 * 4 * 10 * 2
+        assert all(result["status"] == "ok" for result in results), [r for r in results if r["status"] != "ok"][:3]
+        # The victim's slots came free within its lease and max_call_time; the band absorbs a loaded machine.
+        assert carried_on < 30.0
+        seen = read_ledger(ledger)
+        assert seen.peak <= ceiling, f"{seen.peak} calls ran at once; the fleet's ceiling is {ceiling}"
+        fleet_level, epoch = level_of(redis_server, namespace)
+        assert 1.0 <= fleet_level <= ceiling and epoch >= 0
+    finally:
+        client.close()
+        for process in (victim, *others):
+            if process.poll() is None:
+                if fault == "stop":
+                    process.send_signal(signal.SIGCONT)
+                process.kill()
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+def level_of(server: RedisServer, namespace: str) -> tuple[float, int]:
+    client = client_of(server)
+    try:
+        found = client.hmget(f"{namespace}:server:ws:limit", ["level", "epoch"])
+    finally:
+        client.close()
+    return float(found[0] or "nan"), int(found[1] or "0")
