@@ -27,6 +27,24 @@ cannot cut again), so a cut anywhere is seen by every process at its next grant 
 round. Moves are sent by the coordinator's own task, never on a call's path: a call's end does not wait
 for Redis. A move that cannot reach Redis is dropped (the level stays where Redis has it; calls get
 no hold meanwhile, per the fleet's failure rules) and the next reply brings the processes back to it.
+
+What it trusts. The hash is state anyone with write access to Redis can change, and a process of the
+fleet can be misconfigured, buggy or frozen, so nothing read from Redis or sent as a move is taken as
+it is (`_lua`'s ``read_limit``, and `_show` here reads replies the same way):
+
+- the fleet's floor, ceiling and initial level are the first process's (the hash's ``bounds``); a
+  process configured otherwise logs a warning, records it in `conflict` and follows the fleet's;
+- a level that is not a finite number is the initial level, and every level is clamped into the
+  bounds, so no content of the hash admits more than the ceiling; an epoch that is not a whole number
+  is 0; a move whose value or epoch is not a finite number moves nothing;
+- a trusted server's Retry-After (the controller's; an untrusted server's never reaches it) is a
+  ``pause`` move: the hash keeps its end, capped at the reporting call's `max_wait` and at an hour
+  (`_lua.MAX_PAUSE_MS`), and every reply carries what is left of it, which each process holds up to
+  its own `max_wait`;
+- a call whose hold was lost or whose lease ran out before it ended moves nothing (`_mcp._online`).
+
+A hash that is lost (a FLUSHALL) starts again at the initial level and epoch 0: an epoch lower than a
+process's last is followed, not adopted as a cut.
 """
 
 from __future__ import annotations

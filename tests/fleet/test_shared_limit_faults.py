@@ -313,12 +313,20 @@ async def test_an_untrusted_servers_retry_after_pauses_nothing(redis_server: Red
         assert level(redis_server, namespace) == (4.0, 0)
 
 
-async def test_a_call_whose_lease_ran_out_moves_no_limit(redis_server: RedisServer, namespace: str) -> None:
-    """A frozen past its lease while its call runs, then told "rate limit": no cut; the same within its lease cuts."""
+@pytest.mark.parametrize("max_call_time", [None, 5.0])
+async def test_a_call_whose_lease_ran_out_moves_no_limit(
+    redis_server: RedisServer, namespace: str, max_call_time: float | None
+) -> None:
+    """A frozen past its lease while its call runs, then told "rate limit": no cut; the same within its lease cuts.
+
+    With a max_call_time Redis still has the hold when the process wakes, and a renewal may come first:
+    it does not revive a lease that ran out here.
+    """
     service = Service2(delay=0.05)
     setting = AdaptiveLimit(initial=8, ceiling=8, tolerance=3.0)
+    config = FleetServer(max_call_time=max_call_time)
     async with AsyncExitStack() as stack:
-        a, _ = await fleet_of(stack, redis_server, namespace, service, setting)
+        a, _ = await fleet_of(stack, redis_server, namespace, service, setting, config=config)
         await a.dispatch([_fetch("frozen", "freeze")])
         assert "freeze" in service.ran  # it ran, and answered an overload after its lease had run out
         await anyio.sleep(0.3)  # any move it queued would have been sent by now
