@@ -37,7 +37,10 @@ the same rule on the same signals, fed each call's view of the fleet (the holds 
 when it was granted, the shared limit then); what it does with an answer (its level cut by a factor, or
 grown by some calls) is sent to the fleet as a move, and it follows every level the fleet's replies show
 (a cut it did not make is adopted as a cut: its calls sent before it cannot cut again). The gate then
-holds the shared limit, and events and spans carry it, said to be the fleet's.
+holds the shared limit, and events and spans carry it, said to be the fleet's. A trusted server's
+Retry-After is sent as well, as a pause of the fleet (capped at `max_wait`), and the pause a reply
+shows holds this process's sends. A call whose fleet hold was lost, or whose lease ran out before it
+ended (a frozen process), reports nothing: its latency and words are not the fleet's load under a hold.
 """
 
 from __future__ import annotations
