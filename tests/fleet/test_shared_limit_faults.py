@@ -198,6 +198,54 @@ def test_max_call_time_is_accepted_under_share_limit_without_a_limit() -> None:
         FleetServer(share_limit=False, max_call_time=5.0)
 
 
+class _Follower:
+    """Records what a `SharedLimit` tells it."""
+
+    probing = False
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, int, float]] = []
+
+    def follow_fleet(self, level: float, epoch: int, source: object, pause: float) -> None:
+        self.seen.append((level, epoch, pause))
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [[1, "1", "e", 1, "nan", "3", "0", "2:6:4"], [1, "1", "e", 1, "inf", "3", "0", "2:6:4"],
+     [1, "1", "e", 1, "1e9", "3", "1e300", "2:6:4"], [1, "1", "e", 1, "-7", "3", "-5", "junk"],
+     [1, "1", "e", 1, "5", "nan", "0", "2:6:4"], [1, "1", "e", 1, "5", "3"], [1, "1", "e", 1, "", "", "", ""]],
+)  # fmt: skip
+def test_the_python_side_reads_a_reply_as_the_scripts_read_the_hash(reply: list[object]) -> None:
+    """A grant's reply with garbage in it: whatever is followed stays in 2..6, a pause at most an hour."""
+    from dispatcher.fleet._shared import SharedLimit
+
+    shared = SharedLimit("k", AdaptiveLimit(floor=2, initial=4, ceiling=6), None, lambda: None)
+    follower = _Follower()
+    shared.follow(follower)
+    shared.seen(reply)
+    assert 2 <= shared.limit <= 6 and 2.0 <= shared.level <= 6.0
+    for shown, epoch, pause in follower.seen:
+        assert 2.0 <= shown <= 6.0 and epoch >= 0 and 0 <= pause <= MAX_PAUSE_MS / 1000
+    assert shared.conflict is None
+
+
+def test_the_python_side_follows_the_fleets_bounds_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """A reply showing bounds 2:6:4 to a process configured 1:32:16: a warning, `conflict`, the level clamped."""
+    from dispatcher.fleet._shared import SharedLimit
+
+    shared = SharedLimit("k", AdaptiveLimit(floor=1, initial=16, ceiling=32), None, lambda: None)
+    with caplog.at_level(logging.WARNING, logger="dispatcher"):
+        shared.seen([1, "1", "e", 1, "30.000000", "0", "0", "2:6:4"])
+    assert shared.bounds == (2, 6, 4) and shared.limit == 6
+    assert shared.conflict == "floor:ceiling:initial 1:32:16 here, 2:6:4 in the fleet"
+    assert len([record for record in caplog.records if "other bounds" in record.getMessage()]) == 1
+    # The oracle: the same process's own bounds shown back are no conflict.
+    alike = SharedLimit("k", AdaptiveLimit(floor=1, initial=16, ceiling=32), None, lambda: None)
+    alike.seen([1, "1", "e", 1, "30.000000", "0", "0", "1:32:16"])
+    assert alike.conflict is None and alike.limit == 30
+
+
 # Processes --------------------------------------------------------------------------------------------------
 
 
