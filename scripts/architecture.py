@@ -94,6 +94,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "dispatcher._driver._clock",
             "dispatcher._driver._attempts",
             "dispatcher._driver._asking",
+            "dispatcher._driver._submission",
             "dispatcher._driver._execution",
             "dispatcher._driver._lifetime",
         ),
@@ -213,8 +214,8 @@ CALL_PATH: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "finds the tool in the catalogue, reads its effective annotations and conflict keys, opens the call's"
         " record in the lifecycle and submits a ticket to the gate; approvals are asked at the call's place"
         " (`_asking`)",
-        "dispatcher._driver._execution",
-        ("Executor.submit_all", "Executor._queue"),
+        "dispatcher._driver._submission",
+        ("Submission.submit_all", "Submission._queue"),
     ),
     (
         "decides when the call may start: reads together, a write after everything before it (or beside calls"

@@ -432,9 +432,9 @@ async def test_cancelling_a_batch_mid_send(transport: str, tmp_path: pathlib.Pat
 
 async def test_the_oracle_catches_a_key_sent_to_a_tool_that_drops_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """With every write of a keyed server taken as carrying the key, the undeclared one is applied twice: caught."""
-    from dispatcher._driver import _execution
+    from dispatcher._driver import _submission
 
-    monkeypatch.setattr(_execution, "takes_key", lambda keys, schema: True)
+    monkeypatch.setattr(_submission, "takes_key", lambda keys, schema: True)
     server, applied = _appender(declares_key=False)
     faults = inject_faults(server, rate=0.0)
     faults.fail_next("append", "drop", strike="after")

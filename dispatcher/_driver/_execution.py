@@ -5,7 +5,7 @@ call's phase and builds its result. This module does the waiting between them, i
 and aiometer's drivers: a task group (the dispatcher's) and a meter (the gate) saying when `start_soon`
 may run, nothing clever around it.
 
-- Submitting a call resolves it, checks its arguments and queues it in the gate (`Executor.submit`);
+- Submitting a call resolves it, checks its arguments and queues it in the gate (`_submission`);
   a long batch is submitted in slices of a few milliseconds, letting the loop run between them.
 - Whenever the gate may admit calls (a call queued, ended, approved or withdrawn) the driver takes
   every call it admits and starts a task for each (`_pump`). Only admitted calls have a task, so the
@@ -26,49 +26,41 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import math
 import random
 import secrets
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.lowlevel
 
-from .._core._errors import ArgumentError, DispatcherClosedError, KeyRuleError
 from .._core._gate import Gate
-from .._core._idempotency import IdempotencyKeys, call_key, takes_key
-from .._core._keys import call_keys
 from .._core._lifecycle import Ending, Phase, done_sending
-from ._asking import WAITING, Approvals
+from ._asking import WAITING
 from ._attempts import absorb_stray, attempt_scoped, invoke
-from ._batch import Batch, PendingCall
 from ._clock import start_clock
 from ._coordination import admitted_runner, budget_factory
 from ._deadlines import Deadlines
 from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible
+from ._submission import Submission
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable
 
     from anyio.abc import TaskGroup
 
-    from .._core._calls import ToolCall
-    from .._core._catalog import Catalog, Resolution, ToolEntry
+    from .._core._catalog import Catalog, ToolEntry
     from .._core._gate import Ticket
+    from .._core._idempotency import IdempotencyKeys
+    from ._batch import Batch, PendingCall
 
 __all__ = ["Executor"]
 
-# Seconds of submitting calls after which `submit_yielding` lets the loop run, and how many calls it
-# submits between two readings of the clock.
-_SLICE = 0.002
-_SLICE_CHECK = 32
 # Seconds for which a call's task under trio carries on with the calls it takes before letting the loop run.
 _FOLLOW = 0.0002
 
 
-class Executor(Approvals):
+class Executor(Submission):
     """Admits, runs and settles the calls of every batch of one dispatcher.
 
     Args:
@@ -146,136 +138,6 @@ class Executor(Approvals):
         for batch in list(self.live):
             batch.cancel()
 
-    def check_open(self) -> None:
-        """Raise `DispatcherClosedError` unless calls can be submitted."""
-        if not self._open:
-            raise DispatcherClosedError("the Dispatcher is not open: use it inside `async with Dispatcher() as d:`")
-
-    # Submission ------------------------------------------------------------------------------------
-
-    def submit_all(self, batch: Batch, calls: list[ToolCall]) -> list[PendingCall]:
-        """Queue checked calls of `batch` in order."""
-        queue = self._queue
-        names: dict[object, Resolution] = {}
-        works = []
-        now = self._now()
-        for position, call in enumerate(calls, start=1):
-            works.append(queue(batch, call, names, now))
-            if not position % _SLICE_CHECK:
-                now = self._now()
-        self._pump()
-        return works
-
-    async def submit_yielding(self, batch: Batch, calls: list[ToolCall]) -> None:
-        """Queue checked calls of `batch` in order, letting the event loop run every few milliseconds.
-
-        Checking a call's arguments takes microseconds, so a batch of thousands would otherwise hold
-        the loop for as long (and, with no concurrency limit, start all of its calls in one go). If the
-        caller is cancelled meanwhile, the calls already queued are cancelled and awaited.
-        """
-        queue = self._queue
-        clock = self._now
-        now = clock()
-        until = now + _SLICE
-        names: dict[object, Resolution] = {}
-        for position, call in enumerate(calls, start=1):
-            queue(batch, call, names, now)
-            if position % _SLICE_CHECK:
-                continue
-            now = clock()
-            if now >= until:
-                self._pump()
-                try:
-                    await anyio.lowlevel.checkpoint()
-                except BaseException:
-                    with anyio.CancelScope(shield=True):
-                        batch.cancel()
-                        await batch.wait()
-                    raise
-                now = clock()
-                until = now + _SLICE
-                names.clear()  # the catalogue may have changed while the loop ran
-        self._pump()
-
-    def submit(self, batch: Batch, call: ToolCall) -> PendingCall:
-        """Queue one checked call of `batch`; a call that cannot run settles at once as FAILED."""
-        work = self._queue(batch, call)
-        self._pump()
-        return work
-
-    def _queue(
-        self, batch: Batch, call: ToolCall, names: dict[object, Resolution] | None = None, now: float | None = None
-    ) -> PendingCall:
-        """Queue one checked call of `batch` without starting anything; see `submit`.
-
-        `names` keeps the resolutions of the names seen so far in one synchronous run of submissions,
-        during which the catalogue cannot change; `now`, a recent reading of the loop clock (one per
-        few dozen calls of a run), is taken as the time the call was queued.
-        """
-        self.check_open()
-        if now is None:
-            now = self._now()
-        work = PendingCall(call, batch, now)
-        batch._add(work)
-        name = call.name
-        if names is not None and type(name) is str and call.server is None:
-            resolution = names.get(name)
-            if resolution is None:
-                resolution = names[name] = self._catalog.resolve(name)
-        else:
-            resolution = self._catalog.resolve(name, call.server)
-        hooks = work.hooks
-        entry = resolution.entry
-        if hooks is not None:
-            work.observe(hooks.queued(call, entry, now))
-        if entry is None or resolution.impl is None:
-            work.settle(Ending.REJECTED, now, resolution.error, untrusted=resolution.untrusted)
-            return work
-        work.resolve(entry, resolution.impl)
-        arguments = call.arguments if call.arguments is not None else {}
-        if type(arguments) is not dict and not isinstance(arguments, Mapping):
-            work.settle(Ending.REJECTED, now, _invalid_arguments(arguments))
-            return work
-        # Checking arguments against an untrusted server's schema can quote it (a required argument's
-        # name is whatever the server wrote): every result of an untrusted server's tool is marked.
-        try:
-            sent = arguments
-            if self._idempotency and entry.server in self._idempotency:
-                sent = self._give_key(work, batch.number, entry, arguments)
-            work.prepare(resolution.impl.prepare(sent))
-        except ArgumentError as exc:
-            work.settle(Ending.REJECTED, now, exc, untrusted=not entry.trusted)
-            return work
-        except Exception as exc:
-            error = f"invalid arguments: {type(exc).__name__}: {exc}"
-            work.settle(Ending.REJECTED, now, error, untrusted=not entry.trusted)
-            return work
-        try:
-            keys = call_keys(entry, arguments)
-        except KeyRuleError as exc:
-            work.settle(Ending.REJECTED, now, f"invalid conflict keys: {exc}")
-            return work
-        fail_fast = batch.fail_fast
-        if fail_fast:  # an earlier call of the batch failed: this one may depend on it
-            dependency = fail_fast.blocker(work.position, keys)
-            if dependency is not None:
-                work.skip(keys, dependency, now)  # with its keys: a failure in turn, for what conflicts with it
-                return work
-        if hooks is None:
-            work.enter(self.gate.submit(work, exclusive=entry.exclusive, server=entry.server, keys=keys), held=False)
-            return work
-        state = work.state
-        assert state is not None
-        state.keys = keys
-        request = hooks.approval(call, entry, state)
-        held = request is not None
-        work.enter(
-            self.gate.submit(work, exclusive=entry.exclusive, server=entry.server, held=held, keys=keys), held=held
-        )
-        if request is not None:
-            self._ask(work, request)
-        return work
-
     # Cancellation, keys, fail-fast ----------------------------------------------------------------
 
     def cancel(self, works: Iterable[PendingCall]) -> None:
@@ -294,50 +156,9 @@ class Executor(Approvals):
         if withdrew and self._open:
             self._pump()
 
-    def set_idempotency(self, server: str, keys: IdempotencyKeys | None) -> None:
-        """How `server` takes idempotency keys from now on (None: it takes none)."""
-        if keys is None:
-            self._idempotency.pop(server, None)
-        else:
-            self._idempotency[server] = keys
-
     def number_batch(self) -> int:
         """A number for a new batch, never given before by this executor."""
         return next(self._batches)
-
-    def _keyed(self, entry: ToolEntry) -> bool:
-        """Whether the calls of `entry` carry their server's idempotency key (a write that can take it)."""
-        how = self._idempotency.get(entry.server) if entry.server is not None else None
-        return how is not None and not entry.annotations.read_only_hint and takes_key(how, entry.input_schema)
-
-    def _give_key(
-        self, work: PendingCall, batch: int, entry: ToolEntry, arguments: Mapping[str, Any]
-    ) -> Mapping[str, Any]:
-        """Give a call of a server that takes idempotency keys its key, if its tool takes one.
-
-        One key per logical call, the same on every attempt. On a server that takes the key in an
-        argument, that argument is the dispatcher's on every call: what the model put there is dropped,
-        and the call's key put in its place before the arguments are checked, so that a tool whose
-        schema requires the argument takes a call the model could not give it to.
-
-        Returns:
-            The arguments to check and send.
-        """
-        server = entry.server
-        assert server is not None
-        how = self._idempotency[server]
-        argument = how.argument
-        if argument is not None and argument in arguments:
-            arguments = {name: value for name, value in arguments.items() if name != argument}
-        if not self._keyed(entry):
-            return arguments
-        key = call_key(self._key_secret, batch, work.position, work.call.id, server, entry.tool)
-        if how.meta is not None:
-            work.carry_key(meta={how.meta: key})
-            return arguments
-        assert argument is not None
-        work.carry_key()
-        return {**arguments, argument: key}
 
     def skip_dependents(self, batch: Batch, failed: PendingCall) -> None:
         """Settle as SKIPPED the waiting calls of `batch` after `failed` that depend on a failure (`FailFast`).
@@ -583,17 +404,3 @@ class Executor(Approvals):
     def _attempt_scoped(self, work: PendingCall, start: float, limit: float) -> Awaitable[Attempt]:
         retry_timeout = self._retry.timeout if self._retry is not None else None
         return attempt_scoped(work, start, limit, self._call_timeout, retry_timeout, self._cancel_scope)
-
-
-def _invalid_arguments(arguments: object) -> str:
-    """Why arguments that are not a mapping are rejected; JSON text that failed to parse says where."""
-    if isinstance(arguments, str):
-        try:
-            json.loads(arguments)
-        except (ValueError, RecursionError) as exc:
-            # RecursionError: nested deeper than the parser goes, which fails this call alone.
-            why = exc if isinstance(exc, ValueError) else "nested too deep to parse"
-            text = arguments if len(arguments) <= 200 else f"{arguments[:200]}..."
-            return f"invalid arguments: expected a JSON object, got text that is not valid JSON ({why}): {text!r}"
-        return "invalid arguments: expected a JSON object, got a str of JSON text; parse it into a dict"
-    return f"invalid arguments: expected a JSON object, got {type(arguments).__name__}"
