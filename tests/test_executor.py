@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from mcp.types import ToolAnnotations
 from trio.testing import MockClock
 
 from dispatcher import CallStatus, Dispatcher, PendingCall, ToolCall, ToolResult
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
 
 pytestmark = pytest.mark.anyio
 
@@ -206,6 +212,75 @@ async def test_a_long_batch_has_no_more_call_tasks_than_its_limit(anyio_backend:
             assert _call_tasks() == 0, "a call's task outlived its call"
     assert len(counts) == 80
     assert 1 <= max(counts) <= 2 * limit, counts
+
+
+def _line_counter(lines: list[int]) -> Callable[[FrameType, str, Any], Any]:
+    """A `sys.settrace` function counting the lines Python runs (the dispatcher's, anyio's, trio's)."""
+
+    def local(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line":
+            lines[0] += 1
+        return local
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        return local
+
+    return trace
+
+
+@pytest.mark.backends("trio-mockclock")
+@pytest.mark.parametrize("limit", [1, 16, None])
+async def test_the_work_per_call_does_not_grow_with_the_batch(anyio_backend: Any, limit: int | None) -> None:
+    """The lines of Python run per call are the same in a batch of 500 calls and one of 2,000: nothing
+    in the dispatcher walks the batch, the queue or the results once per call (a list scanned or popped
+    from the front, positions recomputed, every pending call looked at when one ends).
+
+    Counted, not timed, on the virtual clock (whose time does not move while calls compute, so the
+    batch is submitted and run the same way at both sizes): a mix of reads, some that wait a turn,
+    writes (each one a barrier), unknown tools and bad arguments.
+    """
+
+    async def peek(key: int, wait: bool) -> int:
+        if wait:
+            await anyio.lowlevel.checkpoint()
+        return key
+
+    async def bump(key: int) -> int:
+        return key
+
+    def batch(size: int) -> list[ToolCall]:
+        calls = []
+        for i in range(size):
+            kind = i % 50
+            if kind == 0:
+                calls.append(ToolCall(f"c{i}", "no_such_tool", {"key": i}))
+            elif kind == 1:
+                calls.append(ToolCall(f"c{i}", "peek", {"key": "not a number"}))
+            elif kind in (2, 27):
+                calls.append(ToolCall(f"c{i}", "bump", {"key": i}))
+            else:
+                calls.append(ToolCall(f"c{i}", "peek", {"key": i, "wait": i % 3 == 0}))
+        return calls
+
+    per_call = {}
+    async with Dispatcher(max_concurrency=limit) as dispatcher:
+        dispatcher.add_function(peek, annotations=READ_ONLY)
+        dispatcher.add_function(bump)
+        await dispatcher.dispatch(batch(50))  # anything done once (first calls of a tool) is done before
+        for size in (500, 2_000):
+            calls = batch(size)
+            lines = [0]
+            previous = sys.gettrace()  # a coverage tool's, say: put back afterwards
+            sys.settrace(_line_counter(lines))
+            try:
+                results = await dispatcher.dispatch(calls)
+            finally:
+                sys.settrace(previous)
+            assert [result.call for result in results] == calls
+            assert sum(result.ok for result in results) == size - 2 * size // 50
+            per_call[size] = lines[0] / size
+    assert per_call[500] > 50, per_call  # the trace saw the calls run
+    assert per_call[2_000] <= 1.02 * per_call[500], per_call
 
 
 @pytest.mark.backends("trio-mockclock")
