@@ -77,3 +77,24 @@ async def test_a_pause_hands_the_deadline_to_the_scope_and_stops_it() -> None:
         assert scope.cancelled_caught
         assert anyio.current_time() - start == pytest.approx(105.0)
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.backends("trio-mockclock")
+async def test_calls_that_end_behind_a_long_call_leave_no_entries_and_the_long_one_is_still_cut() -> None:
+    """One call runs the whole time; a thousand start and end behind it: the FIFO stays small."""
+    async with anyio.create_task_group() as tg:
+        deadlines = Deadlines(anyio.current_time, tg.start_soon)
+        queued: list[int] = []
+        long_scope = anyio.CancelScope()
+        with long_scope:
+            deadlines.watch(long_scope, anyio.current_time() + 60)
+            for _ in range(1000):
+                with anyio.CancelScope() as scope:
+                    watch = deadlines.watch(scope, anyio.current_time() + 60)
+                    await anyio.sleep(0.01)
+                    watch.forget()
+                queued.append(len(deadlines._watches))
+            await anyio.sleep(100)  # the long call's deadline cuts it
+        assert long_scope.cancelled_caught
+        assert max(queued) <= 2, max(queued)
+        tg.cancel_scope.cancel()

@@ -13,7 +13,7 @@ deadline would have cancelled it, unless its call forgot it first. A person answ
 call's server stops the call's deadlines (`_clock`): the call's clock hands the deadline back to the scope
 itself then (`Watch.take`), and the watcher no longer cuts it.
 
-Cost: O(1) per call (an append, and a pop at the head later); the watcher wakes at most once per
+Cost: O(1) per call (an append, and a pop at the head or at the back later); the watcher wakes at most once per
 deadline it sleeps for. An entry holds its scope only while its call runs, and the watcher holds no entry
 while it sleeps, so a settled call is freed at once.
 """
@@ -79,6 +79,10 @@ class Deadlines:
         watches = self._watches
         while watches and watches[0].scope is None:
             watches.popleft()
+        # And from the back: behind a long call at the head, the calls that started and ended during it
+        # would otherwise leave their entries until it ends.
+        while watches and watches[-1].scope is None:
+            watches.pop()
         start_soon = self._start_soon
         if start_soon is not None:
             self._start_soon = None
