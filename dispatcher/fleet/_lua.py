@@ -16,8 +16,9 @@ Every script works on one server's keys (all declared in KEYS, so each runs as o
 
     ARGV[1] lease ttl (ms), ARGV[2] the server's limit (0: none;
     ``auto:<floor>:<ceiling>:<initial>:<cap>:<probe>`` for a shared adaptive limit: the level in
-    KEYS[10] within the bounds found there (else these), `initial` while it has none, at most `cap`
-    unless 0, plus `probe` (0 or 1): one call past the level, asked by a process whose controller probes),
+    KEYS[10] within the bounds found there (else these), `initial` while it has none, at most this
+    caller's `ceiling` whatever the bounds found there, at most `cap` unless 0, plus `probe` (0 or 1):
+    one call past the level, asked by a process whose controller probes),
     ARGV[3] the wake-up channel prefix, ARGV[4] the server's max write time (ms; 0: none), ARGV[5] its
     max call time (ms; 0: none).
 
@@ -138,6 +139,8 @@ if initial then
   shared_level, shared_epoch = string.format('%.6f', level), string.format('%.0f', shared)
   shared_pause, shared_bounds = string.format('%.0f', left), string.format('%.0f:%.0f:%.0f', f, c, i)
   limit = math.max(1, math.floor(level + 1e-9))  -- whole calls, at least 1
+  -- Never past the caller's own ceiling: the fleet's bounds (the first writer's) may narrow it, not widen it.
+  limit = math.min(limit, tonumber(ceiling))
   if tonumber(cap) > 0 then limit = math.min(limit, tonumber(cap)) end
   limit = limit + tonumber(probe)
 end

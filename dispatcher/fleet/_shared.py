@@ -33,7 +33,9 @@ fleet can be misconfigured, buggy or frozen, so nothing read from Redis or sent 
 it is (`_lua`'s ``read_limit``, and `_show` here reads replies the same way):
 
 - the fleet's floor, ceiling and initial level are the first process's (the hash's ``bounds``); a
-  process configured otherwise logs a warning, records it in `conflict` and follows the fleet's;
+  process configured otherwise logs a warning, records it in `conflict` and follows the fleet's, but
+  never past its own ceiling (`within`; ACQUIRE caps the limit at the caller's ceiling too): bounds
+  written first by a hostile or misconfigured writer can narrow the fleet, not widen it;
 - a level that is not a finite number is the initial level, and every level is clamped into the
   bounds, so no content of the hash admits more than the ceiling; an epoch that is not a whole number
   is 0; a move whose value or epoch is not a finite number moves nothing;
@@ -115,10 +117,20 @@ class SharedLimit:
 
     @property
     def limit(self) -> int:
-        """The most calls the fleet may have in flight on the server now (the level in whole calls)."""
-        floor, ceiling, _ = self.bounds
+        """The most calls the fleet may have in flight on the server now (the level in whole calls).
+
+        Never past this process's own ceiling: the fleet's bounds (the first writer's) narrow it, never widen it.
+        """
+        floor, ceiling = self.within
         limit = min(ceiling, max(floor, math.floor(self.level + 1e-9)))
         return limit if self.cap is None else min(limit, self.cap)
+
+    @property
+    def within(self) -> tuple[int, int]:
+        """The floor and ceiling this process's controller keeps to: the fleet's, but never above its own ceiling."""
+        floor, ceiling, _ = self.bounds
+        ceiling = min(ceiling, self.setting.ceiling)
+        return min(floor, ceiling), ceiling
 
     @property
     def argument(self) -> str:
@@ -197,7 +209,7 @@ class SharedLimit:
         if conflict is not None and conflict != self.conflict:
             logger.warning(
                 "the shared limit %s has other bounds than this process's AdaptiveLimit (%s): following the "
-                "fleet's, set by its first process; configure every process alike",
+                "fleet's, set by its first process, up to this process's own ceiling; configure every process alike",
                 self.key,
                 conflict,
             )

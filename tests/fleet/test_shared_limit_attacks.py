@@ -1,0 +1,72 @@
+"""The shared limit against a hostile writer of its hash and odd Retry-After values, on a real redis-server.
+
+The faults suite (test_shared_limit_faults.py) checks what is read from the `limit` hash; this one checks the
+one entry the fleet follows on purpose, the `bounds` written first: a writer that gets there first (or
+rewrites them later) may narrow the fleet, never take a process past its own configured ceiling.
+In-process dispatchers run on both anyio backends, on the real clock: assertions are bands and orders.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING
+
+import anyio
+import pytest
+import redis
+
+from dispatcher import AdaptiveLimit
+from dispatcher.fleet._shared import SharedLimit
+from tests.fleet.test_shared_limit import Service, calls, fleet_of
+
+if TYPE_CHECKING:
+    from benchmarks._redis import RedisServer
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+
+HUGE = "1:1000000000:1000000000"
+
+
+def client_of(server: RedisServer) -> redis.Redis:
+    return redis.Redis.from_url(server.url, decode_responses=True)
+
+
+def key_of(namespace: str) -> str:
+    return f"{namespace}:server:svc:limit"
+
+
+@pytest.mark.parametrize("when", ["first", "between"])
+async def test_hostile_bounds_never_take_a_process_past_its_own_ceiling(
+    redis_server: RedisServer, namespace: str, when: str
+) -> None:
+    """Bounds 1:1e9:1e9 and level 1e9 written before the fleet starts, or between its moves: at most 6 run at once."""
+    service = Service(delay=0.1)
+    setting = AdaptiveLimit(floor=2, initial=4, ceiling=6, tolerance=3.0)
+    client = client_of(redis_server)
+    try:
+        if when == "first":
+            client.hset(key_of(namespace), mapping={"bounds": HUGE, "level": "1000000000", "epoch": "0"})
+        async with AsyncExitStack() as stack:
+            a, b = await fleet_of(stack, redis_server, namespace, service, setting)
+            if when == "between":
+                client.hset(key_of(namespace), mapping={"bounds": HUGE, "level": "1000000000", "epoch": "0"})
+            service.peak = 0
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(a.dispatch, calls(20, "a"))
+                tg.start_soon(b.dispatch, calls(20, "b"))
+            assert 1 <= service.peak <= 6, f"{service.peak} calls ran at once; every process's ceiling is 6"
+            for dispatcher in (a, b):
+                assert 1 <= (dispatcher.server_limit("svc") or 0) <= 6
+    finally:
+        client.close()
+
+
+def test_hostile_bounds_narrow_the_python_side_only_within_its_own() -> None:
+    """A reply showing bounds 1e9:1e9:1e9: the process's limit stays at its own ceiling (6), a conflict recorded."""
+    shared = SharedLimit("k", AdaptiveLimit(floor=2, initial=4, ceiling=6), None, lambda: None)
+    shared.seen([1, "1", "0", 1, "1000000000.000000", "0", "0", "1000000000:1000000000:1000000000"])
+    assert shared.limit == 6
+    assert shared.conflict is not None
+    # The oracle: narrower bounds are followed as they are.
+    shared.seen([1, "1", "0", 1, "3.000000", "0", "0", "1:3:2"])
+    assert shared.limit == 3
