@@ -15,11 +15,13 @@ import anyio
 import pytest
 import redis
 
-from dispatcher import AdaptiveLimit
+from dispatcher import AdaptiveLimit, Dispatcher
 from dispatcher.fleet._shared import SharedLimit
-from tests.fleet.test_shared_limit import Service, calls, fleet_of
+from tests.fleet.test_shared_limit import Service, calls, fleet_of, level
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from benchmarks._redis import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
@@ -70,3 +72,33 @@ def test_hostile_bounds_narrow_the_python_side_only_within_its_own() -> None:
     # The oracle: narrower bounds are followed as they are.
     shared.seen([1, "1", "0", 1, "3.000000", "0", "0", "1:3:2"])
     assert shared.limit == 3
+
+
+async def grow_past_knee(dispatcher: Dispatcher, service: Service, limit: Callable[[], float]) -> float:
+    """Cut to a knee of 4 by one rate-limited answer, then unloaded bursts for up to 15 s: the level reached."""
+    service.overloaded = True
+    await dispatcher.dispatch(calls(1, "cut"))
+    service.overloaded = False
+    with anyio.move_on_after(15):
+        burst = 0
+        while limit() <= 4:
+            burst += 1
+            await dispatcher.dispatch(calls(12, f"b{burst}-"))
+    return limit()
+
+
+async def test_a_single_process_sharing_its_limit_probes_past_a_knee_as_a_local_limit_does(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """One process alone with share_limit: after a cut to 4 a probe goes out and the level grows, as without a fleet."""
+    setting = AdaptiveLimit(initial=8, ceiling=16, tolerance=3.0)
+    # The oracle: the same process without a fleet grows past its knee.
+    service = Service(delay=0.05)
+    async with Dispatcher(max_concurrency=None, retry=None) as alone:
+        await alone.connect("svc", service.server, trusted=True, max_concurrency=setting)
+        await alone.dispatch(calls(1, "warm-up"))
+        assert await grow_past_knee(alone, service, lambda: float(alone.server_limit("svc") or 0)) > 4
+    service = Service(delay=0.05)
+    async with AsyncExitStack() as stack:
+        [one] = await fleet_of(stack, redis_server, namespace, service, setting, processes=1)
+        assert await grow_past_knee(one, service, lambda: level(redis_server, namespace)[0]) > 4
