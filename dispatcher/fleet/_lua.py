@@ -11,8 +11,8 @@ Every script works on one server's keys (all declared in KEYS, so each runs as o
     KEYS[7] meta         HASH  run_id, quiet_until (ms), epoch, held, waiting: see below
     KEYS[8] tokens       HASH  lease id -> fencing token    (of the granted holds)
     KEYS[9] fence        STRING  the last fencing token granted
-    KEYS[10] limit       HASH  bounds, level, epoch, pause_until, cut_at (ms): the fleet's shared
-                               adaptive limit (see LIMIT)
+    KEYS[10] limit       HASH  bounds, level, epoch, pause_until, pause_at, cut_at (ms): the fleet's
+                               shared adaptive limit (see LIMIT)
 
     ARGV[1] lease ttl (ms), ARGV[2] the server's limit (0: none;
     ``auto:<floor>:<ceiling>:<initial>:<cap>:<probe>`` for a shared adaptive limit: the level in
@@ -85,11 +85,13 @@ MAX_PAUSE_MS = 3_600_000
 of one read back from Redis: an hour, whatever a process or the hash says."""
 
 _SHARED = """
--- The fleet's shared adaptive limit (a HASH: bounds, level, epoch, pause_until, cut_at), read so that
--- nothing found there takes the level outside its bounds. Its `bounds` ("floor:ceiling:initial") are the
--- first process's: valid ones there replace the caller's. A level that is not a finite number is the
--- initial level, an epoch that is not a whole number from 0 to 1e15 is 0, a pause that is not a finite
--- time is none, and what is left of a pause is at most MAX_PAUSE ms. A key of another type reads as none.
+-- The fleet's shared adaptive limit (a HASH: bounds, level, epoch, pause_until, pause_at, cut_at), read so
+-- that nothing found there takes the level outside its bounds. Its `bounds` ("floor:ceiling:initial") are
+-- the first process's (a caller still admits no more than its own ceiling: ACQUIRE): valid ones there
+-- replace the caller's. A level that is not a finite number is the initial level, an epoch that is not a
+-- whole number from 0 to 1e15 is 0, a pause that is not a finite time is none, and what is left of a pause
+-- is at most MAX_PAUSE ms, and none when it was set (`pause_at`) later than Redis' clock now (the clock
+-- went back: else it would last as long as the step). A key of another type reads as none.
 -- Returns floor, ceiling, initial, whether the bounds were found, level, epoch, the pause left (ms).
 local function whole_number(text, low, high)
   local n = tonumber(text or '')
@@ -104,7 +106,7 @@ end
 local function read_limit(key, floor, ceiling, initial, now)
   local got = {}
   if redis.call('TYPE', key)['ok'] == 'hash' then
-    got = redis.call('HMGET', key, 'bounds', 'level', 'epoch', 'pause_until')
+    got = redis.call('HMGET', key, 'bounds', 'level', 'epoch', 'pause_until', 'pause_at')
   end
   local f, c, i = string.match(got[1] or '', '^(%d+):(%d+):(%d+)$')
   f, c, i = whole_number(f, 1, 1e9), whole_number(c, 1, 1e9), whole_number(i, 1, 1e9)
@@ -114,9 +116,11 @@ local function read_limit(key, floor, ceiling, initial, now)
   if not finite(level) then level = initial end
   level = math.min(ceiling, math.max(floor, level))
   local epoch = whole_number(got[3], 0, 1e15) or 0
-  local pause = tonumber(got[4] or '')
+  local pause, since = tonumber(got[4] or ''), tonumber(got[5] or '')
   local left = 0
   if finite(pause) and pause > now then left = math.min(pause - now, MAX_PAUSE) end
+  -- Set later than Redis' clock now: the clock went back, and the pause would last as long as the step.
+  if finite(since) and since > now then left = 0 end
   return floor, ceiling, initial, known, level, epoch, math.floor(left)
 end
 """.replace("MAX_PAUSE", str(MAX_PAUSE_MS))
@@ -437,8 +441,8 @@ return taken
 LIMIT = (
     _SHARED
     + """
--- A server's shared adaptive limit (KEYS[1], a HASH: bounds, level, epoch, pause_until, cut_at). ARGV[1]
--- floor, ARGV[2] ceiling, ARGV[3] initial (the caller's: the hash's own bounds, once set, win), ARGV[4]
+-- A server's shared adaptive limit (KEYS[1], a HASH: bounds, level, epoch, pause_until, pause_at, cut_at).
+-- ARGV[1] floor, ARGV[2] ceiling, ARGV[3] initial (the caller's: the hash's own bounds, once set, win), ARGV[4]
 -- 'read', 'cut', 'grow' or 'pause', ARGV[5] the epoch the call that reports it was sent under, ARGV[6]
 -- for a cut the factor (0 < f < 1) its controller cut its own level by, for a growth the calls its
 -- controller added (> 0), for a pause the seconds a trusted server's Retry-After asked for (> 0, at
@@ -474,7 +478,8 @@ elseif op == 'pause' and value > 0 then
   local wanted = math.floor(math.min(value * 1000, MAX_PAUSE))
   if wanted > left then
     left = wanted
-    redis.call('HSET', key, 'pause_until', string.format('%.0f', now + wanted))
+    redis.call('HSET', key, 'pause_until', string.format('%.0f', now + wanted),
+      'pause_at', string.format('%.0f', now))
   end
   applied = 1
 end

@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from dispatcher import AdaptiveLimit, Dispatcher
+from dispatcher.fleet._lua import LIMIT, MAX_PAUSE_MS
 from dispatcher.fleet._shared import SharedLimit
 from tests.fleet.test_shared_limit import Service, calls, fleet_of, level
 
@@ -102,3 +103,25 @@ async def test_a_single_process_sharing_its_limit_probes_past_a_knee_as_a_local_
     async with AsyncExitStack() as stack:
         [one] = await fleet_of(stack, redis_server, namespace, service, setting, processes=1)
         assert await grow_past_knee(one, service, lambda: level(redis_server, namespace)[0]) > 4
+
+
+def test_a_pause_is_not_stretched_by_redis_clock_going_back(redis_server: RedisServer) -> None:
+    """A 30 s pause set "2 h from now" (Redis' clock stepped back 2 h since): over, not an hour's pause."""
+    client = client_of(redis_server)
+    try:
+        script = client.register_script(LIMIT)
+        # The oracle: a pause set now is kept, and one written by hand without `pause_at` still counts.
+        assert 29_000 <= script(keys=["t:limit"], args=[2, 10, 8, "pause", 0, "30.0"])[3] <= 30_000
+        seconds, micros = client.time()
+        now = seconds * 1000 + micros // 1000
+        client.hdel("t:limit", "pause_at")
+        client.hset("t:limit", "pause_until", str(now + 7_200_000 + 30_000))
+        assert script(keys=["t:limit"], args=[2, 10, 8, "read", -1, "0.0"])[3] == MAX_PAUSE_MS
+        # Set at a time later than Redis' clock now: the clock went back, the pause is over.
+        client.hset("t:limit", mapping={"pause_at": str(now + 7_200_000), "pause_until": str(now + 7_230_000)})
+        assert script(keys=["t:limit"], args=[2, 10, 8, "read", -1, "0.0"])[3] == 0
+        # A new pause after the step starts from Redis' clock now, and is kept.
+        assert 4_000 <= script(keys=["t:limit"], args=[2, 10, 8, "pause", 0, "5.0"])[3] <= 5_000
+        assert 3_000 <= script(keys=["t:limit"], args=[2, 10, 8, "read", -1, "0.0"])[3] <= 5_000
+    finally:
+        client.close()
