@@ -56,6 +56,8 @@ import math
 import weakref
 from typing import TYPE_CHECKING, Protocol
 
+import anyio
+
 from .._core._errors import CoordinationError
 from ._lua import MAX_PAUSE_MS
 
@@ -112,7 +114,7 @@ class SharedLimit:
         self._wake = wake
         self._followers: weakref.WeakSet[Follower] = weakref.WeakSet()
         # Moves to send, in order: (who, "read" | "cut" | "grow" | "pause", the epoch it was sent under,
-        # its value).
+        # its value; for a pause, when it ends by the event loop's clock, so one sent late asks for less).
         self._pending: list[tuple[object, str, int, float]] = [(None, "read", -1, 0.0)]
 
     @property
@@ -155,6 +157,8 @@ class SharedLimit:
         last = pending[-1] if pending else None
         if op == "read" and last is not None:
             return  # any reply shows the level
+        if op == "pause":
+            value = anyio.current_time() + value
         if op in ("grow", "pause") and last is not None and last[:3] == (source, op, epoch):
             # One request for a run of answers; the longest of a run of pauses.
             pending[-1] = (source, op, epoch, last[3] + value if op == "grow" else max(last[3], value))
@@ -172,6 +176,11 @@ class SharedLimit:
         setting = self.setting
         while self._pending:
             source, op, epoch, value = self._pending.pop(0)
+            if op == "pause":
+                # What is left of it now: a move that waited behind a slow Redis does not pause anew.
+                value -= anyio.current_time()
+                if value <= 0:
+                    continue
             try:
                 reply = await link.run(
                     "limit", [self.key], [setting.floor, setting.ceiling, setting.start, op, epoch, repr(value)]

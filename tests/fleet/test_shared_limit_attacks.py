@@ -9,7 +9,7 @@ In-process dispatchers run on both anyio backends, on the real clock: assertions
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import pytest
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from benchmarks._redis import RedisServer
+    from dispatcher.fleet._links import Link
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
@@ -125,3 +126,33 @@ def test_a_pause_is_not_stretched_by_redis_clock_going_back(redis_server: RedisS
         assert 3_000 <= script(keys=["t:limit"], args=[2, 10, 8, "read", -1, "0.0"])[3] <= 5_000
     finally:
         client.close()
+
+
+class Recording:
+    """A link that records the moves sent to the limit script and answers as the script would."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[Any]] = []
+
+    async def run(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        self.sent.append(args)
+        return ["4.000000", 0, 1, 0, "2:6:4"]
+
+
+async def test_a_pause_sent_late_asks_only_for_what_is_left_of_it() -> None:
+    """A 2 s pause that waits 0.5 s behind a slow Redis asks for about 1.5 s; one that ran out is not sent."""
+    shared = SharedLimit("k", AdaptiveLimit(floor=2, initial=4, ceiling=6), None, lambda: None)
+    link = Recording()
+    await shared.flush(cast("Link", link))  # the first read
+    link.sent.clear()
+    shared.move(None, "pause", 0, 2.0)
+    await anyio.sleep(0.5)
+    await shared.flush(cast("Link", link))
+    [args] = link.sent
+    assert args[3] == "pause" and 0.3 <= float(args[5]) <= 1.5 + 1e-6
+    # The oracle's other side: a pause that ran out while it waited asks for nothing.
+    link.sent.clear()
+    shared.move(None, "pause", 0, 0.1)
+    await anyio.sleep(0.3)
+    await shared.flush(cast("Link", link))
+    assert link.sent == []
