@@ -21,6 +21,7 @@ from dispatcher.fleet._shared import SharedLimit
 from tests.fleet.test_shared_limit import Service, calls, fleet_of, level
 
 if TYPE_CHECKING:
+    import pathlib
     from collections.abc import Callable
 
     from benchmarks._redis import RedisServer
@@ -156,3 +157,40 @@ async def test_a_pause_sent_late_asks_only_for_what_is_left_of_it() -> None:
     await anyio.sleep(0.3)
     await shared.flush(cast("Link", link))
     assert link.sent == []
+
+
+@pytest.mark.subprocess
+def test_real_processes_under_hostile_bounds_stay_within_their_own_ceiling(
+    tmp_path: pathlib.Path, redis_server: RedisServer, namespace: str, workspace: tuple[str, pathlib.Path]
+) -> None:
+    """Bounds 1:1e9:1e9 written before two real processes (ceiling 4, one each backend) start: never above 4."""
+    from tests.fleet.test_processes import read_ledger, spawn, wait_all
+
+    mcp, ledger = workspace
+    client = client_of(redis_server)
+    try:
+        client.hset(f"{namespace}:server:ws:limit", mapping={"bounds": HUGE, "level": "1000000000", "epoch": "0"})
+    finally:
+        client.close()
+    processes = [
+        spawn({
+            "redis": redis_server.url, "namespace": namespace, "mcp": mcp, "mode": "reads", "agents": 6,
+            "rounds": 5, "adaptive": [1, 4, 2], "ttl": 1.0, "recheck": 0.2, "backend": backend,
+            "name": f"p{index}", "out": str(tmp_path / f"results-{index}.json"),
+        })
+        for index, backend in enumerate(("asyncio", "trio"))
+    ]  # fmt: skip
+    try:
+        for process in processes:
+            assert process.stdout is not None
+            assert process.stdout.readline().strip() == b"READY"
+        wait_all(processes, timeout=60)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+    seen = read_ledger(ledger)
+    assert 1 <= seen.peak <= 4, f"{seen.peak} calls ran at once; each process's ceiling is 4"
