@@ -92,7 +92,8 @@ _SHARED = """
 -- whole number from 0 to 1e15 is 0, a pause that is not a finite time is none, and what is left of a pause
 -- is at most MAX_PAUSE ms, and none when it was set (`pause_at`) later than Redis' clock now (the clock
 -- went back: else it would last as long as the step). A key of another type reads as none.
--- Returns floor, ceiling, initial, whether the bounds were found, level, epoch, the pause left (ms).
+-- Returns floor, ceiling, initial, whether the bounds were found, level, epoch, the pause left (ms), the
+-- lowest level (the smaller of the two floors).
 local function whole_number(text, low, high)
   local n = tonumber(text or '')
   if n and n >= low and n <= high and n == math.floor(n) then return n end
@@ -111,17 +112,20 @@ local function read_limit(key, floor, ceiling, initial, now)
   local f, c, i = string.match(got[1] or '', '^(%d+):(%d+):(%d+)$')
   f, c, i = whole_number(f, 1, 1e9), whole_number(c, 1, 1e9), whole_number(i, 1, 1e9)
   local known = f ~= nil and c ~= nil and i ~= nil and f <= i and i <= c
-  if known then floor, ceiling, initial = f, c, i end
+  -- The lowest level: never above the caller's floor (the fleet's bounds may narrow what it admits,
+  -- never hold a cut up).
+  local low = floor
+  if known then floor, ceiling, initial, low = f, c, i, math.min(f, floor) end
   local level = tonumber(got[2] or '')
   if not finite(level) then level = initial end
-  level = math.min(ceiling, math.max(floor, level))
+  level = math.min(ceiling, math.max(low, level))
   local epoch = whole_number(got[3], 0, 1e15) or 0
   local pause, since = tonumber(got[4] or ''), tonumber(got[5] or '')
   local left = 0
   if finite(pause) and pause > now then left = math.min(pause - now, MAX_PAUSE) end
   -- Set later than Redis' clock now: the clock went back, and the pause would last as long as the step.
   if finite(since) and since > now then left = 0 end
-  return floor, ceiling, initial, known, level, epoch, math.floor(left)
+  return floor, ceiling, initial, known, level, epoch, math.floor(left), low
 end
 """.replace("MAX_PAUSE", str(MAX_PAUSE_MS))
 
@@ -459,7 +463,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local kind = redis.call('TYPE', key)['ok']
 if kind ~= 'hash' and kind ~= 'none' then redis.call('DEL', key) end  -- not ours to read: start again
-local floor, ceiling, initial, known, level, epoch, left =
+local floor, ceiling, initial, known, level, epoch, left, low =
   read_limit(key, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), now)
 local op, sent, value = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local applied = 0
@@ -467,7 +471,8 @@ if not finite(value) or not finite(sent) then
   op = 'read'
 end
 if op == 'cut' and sent == epoch and value > 0 and value < 1 then
-  level = math.max(floor, math.floor(level * value + 1e-9))
+  -- The factor is of the caller's own level, which is never above its ceiling (ARGV[2]).
+  level = math.max(low, math.floor(math.min(level, tonumber(ARGV[2])) * value + 1e-9))
   epoch = epoch + 1
   applied = 1
   redis.call('HSET', key, 'cut_at', now)

@@ -35,7 +35,8 @@ it is (`_lua`'s ``read_limit``, and `_show` here reads replies the same way):
 - the fleet's floor, ceiling and initial level are the first process's (the hash's ``bounds``); a
   process configured otherwise logs a warning, records it in `conflict` and follows the fleet's, but
   never past its own ceiling (`within`; ACQUIRE caps the limit at the caller's ceiling too): bounds
-  written first by a hostile or misconfigured writer can narrow the fleet, not widen it;
+  written first by a hostile or misconfigured writer can narrow the fleet, not widen it (nor, with a
+  floor above this process's, hold its cuts up);
 - a level that is not a finite number is the initial level, and every level is clamped into the
   bounds, so no content of the hash admits more than the ceiling; an epoch that is not a whole number
   is 0; a move whose value or epoch is not a finite number moves nothing;
@@ -129,10 +130,10 @@ class SharedLimit:
 
     @property
     def within(self) -> tuple[int, int]:
-        """The floor and ceiling this process's controller keeps to: the fleet's, but never above its own ceiling."""
+        """The floor and ceiling its controller keeps to: the fleet's, never above its own floor or ceiling."""
         floor, ceiling, _ = self.bounds
         ceiling = min(ceiling, self.setting.ceiling)
-        return min(floor, ceiling), ceiling
+        return min(floor, self.setting.floor, ceiling), ceiling
 
     @property
     def argument(self) -> str:
@@ -199,6 +200,7 @@ class SharedLimit:
         if shown is None:
             return  # not a reply of these scripts: nothing to follow
         floor, ceiling, initial = self.bounds
+        floor = min(floor, self.setting.floor)  # as the scripts read it: the fleet's floor never holds a cut up
         number = _number(level)
         number = float(initial) if number is None else min(float(ceiling), max(float(floor), number))
         seconds = min(_whole(pause) or 0, MAX_PAUSE_MS) / 1000

@@ -194,3 +194,22 @@ def test_real_processes_under_hostile_bounds_stay_within_their_own_ceiling(
                 process.stdout.close()
     seen = read_ledger(ledger)
     assert 1 <= seen.peak <= 4, f"{seen.peak} calls ran at once; each process's ceiling is 4"
+
+
+@pytest.mark.parametrize("bounds", [HUGE, "1000:1000000000:1000"])
+def test_hostile_bounds_do_not_hold_a_cut_up(redis_server: RedisServer, bounds: str) -> None:
+    """Level 1e9 under bounds 1:1e9:1e9, or a floor of 1000: a caller's cut (2..6, by half) takes it to 3."""
+    client = client_of(redis_server)
+    try:
+        client.hset("t:limit", mapping={"bounds": bounds, "level": "1000000000", "epoch": "0"})
+        reply = client.register_script(LIMIT)(keys=["t:limit"], args=[2, 6, 4, "cut", 0, "0.5"])
+        assert reply[2] == 1 and float(reply[0]) == 3.0 and reply[4] == bounds
+    finally:
+        client.close()
+
+
+def test_a_hostile_floor_above_a_processs_own_does_not_pin_its_controller() -> None:
+    """A reply showing bounds 1000:1e9:1000 to a process configured 2..6: its controller keeps floor 2."""
+    shared = SharedLimit("k", AdaptiveLimit(floor=2, initial=4, ceiling=6), None, lambda: None)
+    shared.seen([1, "1", "0", 1, "3.000000", "0", "0", "1000:1000000000:1000"])
+    assert shared.within == (2, 6) and shared.limit == 3
