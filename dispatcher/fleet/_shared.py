@@ -72,6 +72,9 @@ __all__ = ["Follower", "SharedLimit"]
 
 logger = logging.getLogger("dispatcher")
 
+# The most distinct bounds conflicts one shared limit logs (a hostile writer could flip them at every reply).
+_WARNINGS = 8
+
 
 class Follower(Protocol):
     """What follows a shared limit: told the fleet's level whenever a reply shows it."""
@@ -98,7 +101,19 @@ class SharedLimit:
         wake: Asks the coordinator's task to send the moves waiting here.
     """
 
-    __slots__ = ("_followers", "_pending", "_wake", "bounds", "cap", "conflict", "epoch", "key", "level", "setting")
+    __slots__ = (
+        "_followers",
+        "_pending",
+        "_wake",
+        "_warned",
+        "bounds",
+        "cap",
+        "conflict",
+        "epoch",
+        "key",
+        "level",
+        "setting",
+    )
 
     def __init__(self, key: str, setting: AdaptiveLimit, cap: int | None, wake: Callable[[], None]) -> None:
         self.key = key
@@ -113,6 +128,8 @@ class SharedLimit:
         self.epoch = 0
         """Its epoch: how many times the fleet cut it (0 again after Redis lost the hash)."""
         self._wake = wake
+        # The conflicts already logged: bounds flipped back and forth in Redis log each once, not per reply.
+        self._warned: set[str] = set()
         self._followers: weakref.WeakSet[Follower] = weakref.WeakSet()
         # Moves to send, in order: (who, "read" | "cut" | "grow" | "pause", the epoch it was sent under,
         # its value; for a pause, when it ends by the event loop's clock, so one sent late asks for less).
@@ -217,10 +234,12 @@ class SharedLimit:
         conflict = None
         if fleet != own:
             conflict = "floor:ceiling:initial {}:{}:{} here, {}:{}:{} in the fleet".format(*own, *fleet)
-        if conflict is not None and conflict != self.conflict:
+        if conflict is not None and conflict not in self._warned and len(self._warned) < _WARNINGS:
+            self._warned.add(conflict)
             logger.warning(
                 "the shared limit %s has other bounds than this process's AdaptiveLimit (%s): following the "
-                "fleet's, set by its first process, up to this process's own ceiling; configure every process alike",
+                "fleet's, set by the first to write them, up to this process's own ceiling; configure every "
+                "process alike",
                 self.key,
                 conflict,
             )

@@ -8,6 +8,7 @@ In-process dispatchers run on both anyio backends, on the real clock: assertions
 
 from __future__ import annotations
 
+import logging
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, cast
 
@@ -213,3 +214,14 @@ def test_a_hostile_floor_above_a_processs_own_does_not_pin_its_controller() -> N
     shared = SharedLimit("k", AdaptiveLimit(floor=2, initial=4, ceiling=6), None, lambda: None)
     shared.seen([1, "1", "0", 1, "3.000000", "0", "0", "1000:1000000000:1000"])
     assert shared.within == (2, 6) and shared.limit == 3
+
+
+def test_bounds_flipped_back_and_forth_log_each_conflict_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Replies alternating bounds 2:6:4 and 1:3:2 twenty times: two warnings, not one per reply."""
+    shared = SharedLimit("k", AdaptiveLimit(floor=1, initial=16, ceiling=32), None, lambda: None)
+    with caplog.at_level(logging.WARNING, logger="dispatcher"):
+        for index in range(20):
+            bounds = ("2:6:4", "1:3:2")[index % 2]
+            shared.seen([1, "1", "0", 1, "3.000000", "0", "0", bounds])
+            assert shared.conflict is not None and shared.conflict.endswith(f"{bounds} in the fleet")
+    assert len([record for record in caplog.records if "other bounds" in record.getMessage()]) == 2
