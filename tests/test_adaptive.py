@@ -183,6 +183,16 @@ def test_the_bounds_check_catches_a_controller_that_leaves_them() -> None:
         ("rate limit", {"retryAfter": 10**400}, True, None),
         ("rate limit", {"retryAfter": True, "retry_after": "-3", "retry-after": "nan"}, True, None),
         ("rate limit, retry after " + "9" * 400 + " s", None, True, None),
+        # Units: milliseconds in their other spellings, minutes and hours (not read as seconds).
+        ("rate limited, retry after 100 msecs", None, True, 0.1),
+        ("rate limited, retry after 500 millis", None, True, 0.5),
+        ("429: try again in 2 minutes", None, True, 120.0),
+        ("429: retry after 1.5 hours", None, True, 5400.0),
+        ("429: retry after 20 sec.", None, True, 20.0),
+        # Forms it cannot read are no Retry-After: an HTTP date, a negative number, a compound duration.
+        ("429, Retry-After: Wed, 21 Oct 2015 07:28:00 GMT", None, True, None),
+        ("rate limit, retry after -5", None, True, None),
+        ("rate limit, retry in 1m30s", None, True, None),
     ],
 )
 def test_overload_words_and_retry_after(text: str, data: object, overloaded: bool, wait: float | None) -> None:

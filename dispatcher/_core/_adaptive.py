@@ -551,9 +551,12 @@ _OVERLOAD_WORDS = re.compile(
     re.IGNORECASE,
 )
 _RETRY_AFTER_TEXT = re.compile(
-    r"(?:retry[ _-]?after|try again in|retry in)[\"'\s:=]*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?)?\b",
+    r"(?:retry[ _-]?after|try again in|retry in)[\"'\s:=]*(\d+(?:\.\d+)?)\s*"
+    r"(milliseconds?|millis|msecs?|ms|seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h)?\b",
     re.IGNORECASE,
 )
+# Seconds per unit, by the unit's first letters ("100 msecs" is a tenth of a second, not 100 seconds).
+_UNITS = (("ms", 0.001), ("mil", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0))
 _RETRY_AFTER_KEYS = ("retryAfter", "retry_after", "retry-after", "Retry-After", "retryAfterSeconds")
 # The most of a text that is read for these words: an answer can be megabytes.
 _TEXT_READ = 4096
@@ -585,6 +588,5 @@ def retry_after(text: str = "", data: object = None) -> float | None:
         return None
     seconds = float(found.group(1))
     unit = (found.group(2) or "s").lower()
-    if unit.startswith("m"):
-        seconds /= 1000
+    seconds *= next(scale for prefix, scale in _UNITS if unit.startswith(prefix))
     return seconds if math.isfinite(seconds) else None

@@ -188,7 +188,7 @@ class OnlineLimit:
         controller = self.controller
         shared = self.shared
         if isinstance(controller, FleetController) and shared is not None:
-            floor, ceiling, _ = shared.bounds
+            floor, ceiling = shared.within
             if (floor, ceiling) != (controller.floor, controller.ceiling):
                 controller.bound(floor, ceiling)
             cut = epoch > self._epoch and source is not self

@@ -11,13 +11,14 @@ Every script works on one server's keys (all declared in KEYS, so each runs as o
     KEYS[7] meta         HASH  run_id, quiet_until (ms), epoch, held, waiting: see below
     KEYS[8] tokens       HASH  lease id -> fencing token    (of the granted holds)
     KEYS[9] fence        STRING  the last fencing token granted
-    KEYS[10] limit       HASH  bounds, level, epoch, pause_until, cut_at (ms): the fleet's shared
-                               adaptive limit (see LIMIT)
+    KEYS[10] limit       HASH  bounds, level, epoch, pause_until, pause_at, cut_at (ms): the fleet's
+                               shared adaptive limit (see LIMIT)
 
     ARGV[1] lease ttl (ms), ARGV[2] the server's limit (0: none;
     ``auto:<floor>:<ceiling>:<initial>:<cap>:<probe>`` for a shared adaptive limit: the level in
-    KEYS[10] within the bounds found there (else these), `initial` while it has none, at most `cap`
-    unless 0, plus `probe` (0 or 1): one call past the level, asked by a process whose controller probes),
+    KEYS[10] within the bounds found there (else these), `initial` while it has none, at most this
+    caller's `ceiling` whatever the bounds found there, at most `cap` unless 0, plus `probe` (0 or 1):
+    one call past the level, asked by a process whose controller probes),
     ARGV[3] the wake-up channel prefix, ARGV[4] the server's max write time (ms; 0: none), ARGV[5] its
     max call time (ms; 0: none).
 
@@ -84,12 +85,15 @@ MAX_PAUSE_MS = 3_600_000
 of one read back from Redis: an hour, whatever a process or the hash says."""
 
 _SHARED = """
--- The fleet's shared adaptive limit (a HASH: bounds, level, epoch, pause_until, cut_at), read so that
--- nothing found there takes the level outside its bounds. Its `bounds` ("floor:ceiling:initial") are the
--- first process's: valid ones there replace the caller's. A level that is not a finite number is the
--- initial level, an epoch that is not a whole number from 0 to 1e15 is 0, a pause that is not a finite
--- time is none, and what is left of a pause is at most MAX_PAUSE ms. A key of another type reads as none.
--- Returns floor, ceiling, initial, whether the bounds were found, level, epoch, the pause left (ms).
+-- The fleet's shared adaptive limit (a HASH: bounds, level, epoch, pause_until, pause_at, cut_at), read so
+-- that nothing found there takes the level outside its bounds. Its `bounds` ("floor:ceiling:initial") are
+-- the first process's (a caller still admits no more than its own ceiling: ACQUIRE): valid ones there
+-- replace the caller's. A level that is not a finite number is the initial level, an epoch that is not a
+-- whole number from 0 to 1e15 is 0, a pause that is not a finite time is none, and what is left of a pause
+-- is at most MAX_PAUSE ms, and none when it was set (`pause_at`) later than Redis' clock now (the clock
+-- went back: else it would last as long as the step). A key of another type reads as none.
+-- Returns floor, ceiling, initial, whether the bounds were found, level, epoch, the pause left (ms), the
+-- lowest level (the smaller of the two floors).
 local function whole_number(text, low, high)
   local n = tonumber(text or '')
   if n and n >= low and n <= high and n == math.floor(n) then return n end
@@ -103,20 +107,25 @@ end
 local function read_limit(key, floor, ceiling, initial, now)
   local got = {}
   if redis.call('TYPE', key)['ok'] == 'hash' then
-    got = redis.call('HMGET', key, 'bounds', 'level', 'epoch', 'pause_until')
+    got = redis.call('HMGET', key, 'bounds', 'level', 'epoch', 'pause_until', 'pause_at')
   end
   local f, c, i = string.match(got[1] or '', '^(%d+):(%d+):(%d+)$')
   f, c, i = whole_number(f, 1, 1e9), whole_number(c, 1, 1e9), whole_number(i, 1, 1e9)
   local known = f ~= nil and c ~= nil and i ~= nil and f <= i and i <= c
-  if known then floor, ceiling, initial = f, c, i end
+  -- The lowest level: never above the caller's floor (the fleet's bounds may narrow what it admits,
+  -- never hold a cut up).
+  local low = floor
+  if known then floor, ceiling, initial, low = f, c, i, math.min(f, floor) end
   local level = tonumber(got[2] or '')
   if not finite(level) then level = initial end
-  level = math.min(ceiling, math.max(floor, level))
+  level = math.min(ceiling, math.max(low, level))
   local epoch = whole_number(got[3], 0, 1e15) or 0
-  local pause = tonumber(got[4] or '')
+  local pause, since = tonumber(got[4] or ''), tonumber(got[5] or '')
   local left = 0
   if finite(pause) and pause > now then left = math.min(pause - now, MAX_PAUSE) end
-  return floor, ceiling, initial, known, level, epoch, math.floor(left)
+  -- Set later than Redis' clock now: the clock went back, and the pause would last as long as the step.
+  if finite(since) and since > now then left = 0 end
+  return floor, ceiling, initial, known, level, epoch, math.floor(left), low
 end
 """.replace("MAX_PAUSE", str(MAX_PAUSE_MS))
 
@@ -138,6 +147,8 @@ if initial then
   shared_level, shared_epoch = string.format('%.6f', level), string.format('%.0f', shared)
   shared_pause, shared_bounds = string.format('%.0f', left), string.format('%.0f:%.0f:%.0f', f, c, i)
   limit = math.max(1, math.floor(level + 1e-9))  -- whole calls, at least 1
+  -- Never past the caller's own ceiling: the fleet's bounds (the first writer's) may narrow it, not widen it.
+  limit = math.min(limit, tonumber(ceiling))
   if tonumber(cap) > 0 then limit = math.min(limit, tonumber(cap)) end
   limit = limit + tonumber(probe)
 end
@@ -434,8 +445,8 @@ return taken
 LIMIT = (
     _SHARED
     + """
--- A server's shared adaptive limit (KEYS[1], a HASH: bounds, level, epoch, pause_until, cut_at). ARGV[1]
--- floor, ARGV[2] ceiling, ARGV[3] initial (the caller's: the hash's own bounds, once set, win), ARGV[4]
+-- A server's shared adaptive limit (KEYS[1], a HASH: bounds, level, epoch, pause_until, pause_at, cut_at).
+-- ARGV[1] floor, ARGV[2] ceiling, ARGV[3] initial (the caller's: the hash's own bounds, once set, win), ARGV[4]
 -- 'read', 'cut', 'grow' or 'pause', ARGV[5] the epoch the call that reports it was sent under, ARGV[6]
 -- for a cut the factor (0 < f < 1) its controller cut its own level by, for a growth the calls its
 -- controller added (> 0), for a pause the seconds a trusted server's Retry-After asked for (> 0, at
@@ -452,7 +463,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local kind = redis.call('TYPE', key)['ok']
 if kind ~= 'hash' and kind ~= 'none' then redis.call('DEL', key) end  -- not ours to read: start again
-local floor, ceiling, initial, known, level, epoch, left =
+local floor, ceiling, initial, known, level, epoch, left, low =
   read_limit(key, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), now)
 local op, sent, value = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local applied = 0
@@ -460,7 +471,8 @@ if not finite(value) or not finite(sent) then
   op = 'read'
 end
 if op == 'cut' and sent == epoch and value > 0 and value < 1 then
-  level = math.max(floor, math.floor(level * value + 1e-9))
+  -- The factor is of the caller's own level, which is never above its ceiling (ARGV[2]).
+  level = math.max(low, math.floor(math.min(level, tonumber(ARGV[2])) * value + 1e-9))
   epoch = epoch + 1
   applied = 1
   redis.call('HSET', key, 'cut_at', now)
@@ -471,7 +483,8 @@ elseif op == 'pause' and value > 0 then
   local wanted = math.floor(math.min(value * 1000, MAX_PAUSE))
   if wanted > left then
     left = wanted
-    redis.call('HSET', key, 'pause_until', string.format('%.0f', now + wanted))
+    redis.call('HSET', key, 'pause_until', string.format('%.0f', now + wanted),
+      'pause_at', string.format('%.0f', now))
   end
   applied = 1
 end

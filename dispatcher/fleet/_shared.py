@@ -33,7 +33,10 @@ fleet can be misconfigured, buggy or frozen, so nothing read from Redis or sent 
 it is (`_lua`'s ``read_limit``, and `_show` here reads replies the same way):
 
 - the fleet's floor, ceiling and initial level are the first process's (the hash's ``bounds``); a
-  process configured otherwise logs a warning, records it in `conflict` and follows the fleet's;
+  process configured otherwise logs a warning, records it in `conflict` and follows the fleet's, but
+  never past its own ceiling (`within`; ACQUIRE caps the limit at the caller's ceiling too): bounds
+  written first by a hostile or misconfigured writer can narrow the fleet, not widen it (nor, with a
+  floor above this process's, hold its cuts up);
 - a level that is not a finite number is the initial level, and every level is clamped into the
   bounds, so no content of the hash admits more than the ceiling; an epoch that is not a whole number
   is 0; a move whose value or epoch is not a finite number moves nothing;
@@ -54,6 +57,8 @@ import math
 import weakref
 from typing import TYPE_CHECKING, Protocol
 
+import anyio
+
 from .._core._errors import CoordinationError
 from ._lua import MAX_PAUSE_MS
 
@@ -66,6 +71,9 @@ if TYPE_CHECKING:
 __all__ = ["Follower", "SharedLimit"]
 
 logger = logging.getLogger("dispatcher")
+
+# The most distinct bounds conflicts one shared limit logs (a hostile writer could flip them at every reply).
+_WARNINGS = 8
 
 
 class Follower(Protocol):
@@ -93,7 +101,19 @@ class SharedLimit:
         wake: Asks the coordinator's task to send the moves waiting here.
     """
 
-    __slots__ = ("_followers", "_pending", "_wake", "bounds", "cap", "conflict", "epoch", "key", "level", "setting")
+    __slots__ = (
+        "_followers",
+        "_pending",
+        "_wake",
+        "_warned",
+        "bounds",
+        "cap",
+        "conflict",
+        "epoch",
+        "key",
+        "level",
+        "setting",
+    )
 
     def __init__(self, key: str, setting: AdaptiveLimit, cap: int | None, wake: Callable[[], None]) -> None:
         self.key = key
@@ -108,17 +128,29 @@ class SharedLimit:
         self.epoch = 0
         """Its epoch: how many times the fleet cut it (0 again after Redis lost the hash)."""
         self._wake = wake
+        # The conflicts already logged: bounds flipped back and forth in Redis log each once, not per reply.
+        self._warned: set[str] = set()
         self._followers: weakref.WeakSet[Follower] = weakref.WeakSet()
         # Moves to send, in order: (who, "read" | "cut" | "grow" | "pause", the epoch it was sent under,
-        # its value).
+        # its value; for a pause, when it ends by the event loop's clock, so one sent late asks for less).
         self._pending: list[tuple[object, str, int, float]] = [(None, "read", -1, 0.0)]
 
     @property
     def limit(self) -> int:
-        """The most calls the fleet may have in flight on the server now (the level in whole calls)."""
-        floor, ceiling, _ = self.bounds
+        """The most calls the fleet may have in flight on the server now (the level in whole calls).
+
+        Never past this process's own ceiling: the fleet's bounds (the first writer's) narrow it, never widen it.
+        """
+        floor, ceiling = self.within
         limit = min(ceiling, max(floor, math.floor(self.level + 1e-9)))
         return limit if self.cap is None else min(limit, self.cap)
+
+    @property
+    def within(self) -> tuple[int, int]:
+        """The floor and ceiling its controller keeps to: the fleet's, never above its own floor or ceiling."""
+        floor, ceiling, _ = self.bounds
+        ceiling = min(ceiling, self.setting.ceiling)
+        return min(floor, self.setting.floor, ceiling), ceiling
 
     @property
     def argument(self) -> str:
@@ -143,6 +175,8 @@ class SharedLimit:
         last = pending[-1] if pending else None
         if op == "read" and last is not None:
             return  # any reply shows the level
+        if op == "pause":
+            value = anyio.current_time() + value
         if op in ("grow", "pause") and last is not None and last[:3] == (source, op, epoch):
             # One request for a run of answers; the longest of a run of pauses.
             pending[-1] = (source, op, epoch, last[3] + value if op == "grow" else max(last[3], value))
@@ -160,6 +194,11 @@ class SharedLimit:
         setting = self.setting
         while self._pending:
             source, op, epoch, value = self._pending.pop(0)
+            if op == "pause":
+                # What is left of it now: a move that waited behind a slow Redis does not pause anew.
+                value -= anyio.current_time()
+                if value <= 0:
+                    continue
             try:
                 reply = await link.run(
                     "limit", [self.key], [setting.floor, setting.ceiling, setting.start, op, epoch, repr(value)]
@@ -178,6 +217,7 @@ class SharedLimit:
         if shown is None:
             return  # not a reply of these scripts: nothing to follow
         floor, ceiling, initial = self.bounds
+        floor = min(floor, self.setting.floor)  # as the scripts read it: the fleet's floor never holds a cut up
         number = _number(level)
         number = float(initial) if number is None else min(float(ceiling), max(float(floor), number))
         seconds = min(_whole(pause) or 0, MAX_PAUSE_MS) / 1000
@@ -194,10 +234,12 @@ class SharedLimit:
         conflict = None
         if fleet != own:
             conflict = "floor:ceiling:initial {}:{}:{} here, {}:{}:{} in the fleet".format(*own, *fleet)
-        if conflict is not None and conflict != self.conflict:
+        if conflict is not None and conflict not in self._warned and len(self._warned) < _WARNINGS:
+            self._warned.add(conflict)
             logger.warning(
                 "the shared limit %s has other bounds than this process's AdaptiveLimit (%s): following the "
-                "fleet's, set by its first process; configure every process alike",
+                "fleet's, set by the first to write them, up to this process's own ceiling; configure every "
+                "process alike",
                 self.key,
                 conflict,
             )
