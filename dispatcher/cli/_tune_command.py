@@ -110,7 +110,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--max-time",
         type=_seconds,
         metavar="S",
-        help="stop after S seconds in all and report the settings measured so far (exit status 124)",
+        help="stop after S seconds in all and report the settings measured so far (exit status 124; 130 after "
+        "Ctrl-C, 1 when the server stops answering mid-sweep)",
     )
     sweep.add_argument("--duration", type=_seconds, metavar="S", help="measure each setting for at most S seconds")
     sweep.add_argument("--warmup", type=int, metavar="N", help="calls before measuring (default: twice the setting)")
@@ -243,6 +244,8 @@ def _run(args: argparse.Namespace) -> int:
         return 130
     if report.cut_short == "max_time":
         return 124
+    if report.cut_short == "server_lost":
+        return 1
     return 0
 
 

@@ -32,14 +32,17 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from ._measure import SettingResult
 
-__all__ = ["TOLERANCE", "drift_note", "format_ms", "format_number", "power", "recommend"]
+__all__ = ["TOLERANCE", "CutShort", "cut_short_note", "drift_note", "format_ms", "format_number", "power", "recommend"]
+
+CutShort: TypeAlias = Literal["interrupted", "max_time", "server_lost"]
+"""Why a sweep ended early: Ctrl-C (`stop`), the time budget, or the server that stopped answering."""
 
 TOLERANCE = 0.05
 """A setting is good enough when its power (throughput / run time) is within this share of the best."""
@@ -253,3 +256,27 @@ def drift_note(rounds: Mapping[int, Sequence[SettingResult]], *, writes: bool) -
         f"{format_ms(last)}): the server changed under the sweep, likely because {cause}, so this advice may not "
         "repeat; measure against a fresh server (its store emptied) with read-only calls"
     )
+
+
+def cut_short_note(
+    why: CutShort,
+    max_time: float | None,
+    measured: dict[int, list[SettingResult]],
+    repeats: int,
+    *,
+    lost: str = "",
+) -> str:
+    """What a sweep cut short holds, and why it stopped (`lost`: how the server stopped answering)."""
+    if why == "server_lost":
+        cause = f"cut short: the server stopped answering ({lost}), so the settings after it were not measured"
+    else:
+        cause = "interrupted" if why == "interrupted" else f"cut short by the time budget ({max_time or 0:g} s)"
+    done = [limit for limit, runs in measured.items() if runs]
+    missing = [limit for limit, runs in measured.items() if not runs]
+    fewer = [limit for limit, runs in measured.items() if runs and len(runs) < repeats]
+    parts = [f"{cause}: the table holds the {len(done)} of {len(measured)} settings measured so far"]
+    if missing:
+        parts.append(f"not measured: {missing}")
+    if fewer:
+        parts.append(f"measured fewer than {repeats} times: {fewer}")
+    return "; ".join(parts)
