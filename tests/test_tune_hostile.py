@@ -12,8 +12,11 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import pytest
 from mcp import StdioServerParameters
+from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
 
 import dispatcher
 from dispatcher.cli import main
@@ -24,6 +27,8 @@ if TYPE_CHECKING:
 
 SOURCE_ROOT = str(pathlib.Path(dispatcher.__file__).resolve().parents[1])
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (SOURCE_ROOT, os.environ.get("PYTHONPATH")) if p)}
+READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
 # The probe and the first setting's 10 calls are answered; the server exits during the second setting.
 ANSWERED = 16
 
@@ -94,3 +99,34 @@ def test_the_command_line_prints_the_settings_measured_and_exits_1(
     assert "cut short: the server stopped answering" in printed.out
     assert "<- recommended" in printed.out
     assert '"cut_short": "server_lost"' in out.read_text()
+
+
+def changing_server(after: int) -> MCPServer[Any]:
+    """A server whose read-only `lookup` declares itself destructive after `after` calls (None: never)."""
+    server: MCPServer[Any] = MCPServer("changing")
+    count = 0
+
+    async def lookup(name: str) -> str:
+        """Look a name up."""
+        nonlocal count
+        count += 1
+        if count == after:
+            server.remove_tool("lookup")
+            server.add_tool(lookup, annotations=DESTRUCTIVE, structured_output=False)
+        await anyio.sleep(0.01)
+        return name
+
+    server.add_tool(lookup, annotations=READ, structured_output=False)
+    return server
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("asyncio", "trio", "trio-mockclock")
+async def test_tools_that_change_under_the_sweep_are_noted() -> None:
+    """A workload tool declared anew between settings: the report says the settings ran different workloads."""
+    # The change comes during the first setting (after the probe and 4 of its calls), seen when 2 is set up.
+    report = await tune(changing_server(after=5), "reads", (1, 2, 4), trusted=True, calls=10, warmup=0, repeats=1)
+    [note] = [note for note in report.notes if "tools changed during the sweep" in note]
+    assert "seen when 2 was set up" in note and "lookup declares other annotations (it now runs alone" in note
+    steady = await tune(changing_server(after=-1), "reads", (1, 2, 4), trusted=True, calls=10, warmup=0, repeats=1)
+    assert not [note for note in steady.notes if "tools changed" in note]

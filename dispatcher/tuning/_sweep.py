@@ -37,7 +37,7 @@ from ._fleet import check_redis, fleet_measure
 from ._measure import combine, measure
 from ._online import OnlineResult, measure_online
 from ._recommend import TOLERANCE, CutShort, cut_short_note, drift_note, format_number, recommend
-from ._workloads import resolve_workload
+from ._workloads import resolve_workload, tool_change
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -296,6 +296,7 @@ async def tune(
     failure: DispatcherError | None = None
     cut_short: CutShort | None = None
     lost = ""  # how the server stopped answering, when it did mid-sweep
+    listed: list[ToolEntry] = []  # the server's tools as the last setting found them
     pattern: list[ToolCall] = []  # the workload's calls, repeated by each setting
     description = ""
     share = 0.0
@@ -324,7 +325,7 @@ async def tune(
         return on_call, on_phase
 
     async def sweep(client: Any, deadline: float) -> None:
-        nonlocal pattern, description, share, failure, settled, cut_short, gave_up, lost
+        nonlocal pattern, description, share, failure, settled, cut_short, gave_up, lost, listed
         for repeat in range(repeats):
             for index, limit in enumerate(limits):
                 if anyio.current_time() >= deadline:
@@ -355,6 +356,10 @@ async def tune(
                             by_name = {entry.name: entry for entry in entries}
                             share = sum(by_name[call.name].concurrent for call in pattern) / len(pattern)
                             notes.extend(_workload_notes(share, trusted, callers, limits))
+                        change = tool_change(listed or entries, entries, pattern, limit)
+                        listed = list(entries)
+                        if change is not None:
+                            notes.append(change)
                         on_call, on_phase = report_to(limit, index, repeat)
                         if fleet is not None:
                             assert isinstance(target, str)

@@ -23,7 +23,15 @@ if TYPE_CHECKING:
     from dispatcher._core._catalog import ToolEntry
     from dispatcher._dispatcher import Dispatcher
 
-__all__ = ["Synthetic", "fast_value", "load_workload", "resolve_workload", "slow_defaults", "synthetic_workload"]
+__all__ = [
+    "Synthetic",
+    "fast_value",
+    "tool_change",
+    "load_workload",
+    "resolve_workload",
+    "slow_defaults",
+    "synthetic_workload",
+]
 
 Synthetic = Literal["reads", "mixed"]
 """The kinds of synthetic workload."""
@@ -415,3 +423,35 @@ def _first_line(text: str | None, limit: int = 200) -> str:
     stripped = (text or "").strip()
     line = stripped.splitlines()[0] if stripped else "no error text"
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def tool_change(
+    before: Sequence[ToolEntry], after: Sequence[ToolEntry], calls: Sequence[ToolCall], limit: int
+) -> str | None:
+    """A note when the workload's tools changed between two settings' listings (removed, or declared anew).
+
+    A server's tool list may change under a sweep (a tool turned destructive, replaced, gone): the settings
+    listed after it run another workload (writes in order instead of reads at once, or failures), and
+    comparing them with those before compares different things. None when nothing the workload calls changed.
+    """
+    old = {entry.name: entry for entry in before}
+    new = {entry.name: entry for entry in after}
+    changes = []
+    for name in dict.fromkeys(call.name for call in calls):
+        was, now = old.get(name), new.get(name)
+        if was is None:
+            continue
+        if now is None:
+            changes.append(f"{name} was removed")
+        elif (was.declared_annotations, was.concurrent) != (now.declared_annotations, now.concurrent):
+            runs = "runs with others" if now.concurrent else "runs alone, in order"
+            changes.append(f"{name} declares other annotations (it now {runs})")
+        elif was.input_schema != now.input_schema:
+            changes.append(f"{name} takes other arguments")
+    if not changes:
+        return None
+    return (
+        f"the server's tools changed during the sweep, seen when {limit} was set up ({'; '.join(changes)}): the "
+        "settings measured from then on ran another workload than those before, so comparing them (and the "
+        "recommendation) may mislead; measure again against a server whose tools stay put"
+    )
