@@ -17,6 +17,7 @@ import pytest
 from mcp import StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
+from pydantic import BaseModel
 
 import dispatcher
 from dispatcher.cli import main
@@ -130,3 +131,30 @@ async def test_tools_that_change_under_the_sweep_are_noted() -> None:
     assert "seen when 2 was set up" in note and "lookup declares other annotations (it now runs alone" in note
     steady = await tune(changing_server(after=-1), "reads", (1, 2, 4), trusted=True, calls=10, warmup=0, repeats=1)
     assert not [note for note in steady.notes if "tools changed" in note]
+
+
+class Spec(BaseModel):
+    """A nested argument, with a slow default of its own."""
+
+    label: str
+    pause: float = 3.0
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("asyncio", "trio", "trio-mockclock")
+async def test_synthetic_calls_skip_nested_and_required_slow_values_and_say_so() -> None:
+    """A nested default, an optional number that may be null, and a required time without default: all fast."""
+    server: MCPServer[Any] = MCPServer("slow-arguments")
+
+    async def operation(spec: Spec, seconds: int, delay_ms: int | None = 5000) -> str:
+        """Waits spec.pause + seconds + delay_ms."""
+        await anyio.sleep(0.01 + spec.pause + seconds + (delay_ms or 0) / 1000)
+        return spec.label
+
+    server.add_tool(operation, annotations=READ, structured_output=False)
+    report = await tune(server, "reads", (1, 2), trusted=True, calls=10, warmup=0, repeats=1)
+    # A generated `seconds` ranges over 0..9, and the defaults add 8 s: any of them makes a call last seconds.
+    assert all(s.calls == 10 and s.run_p95 < 1.0 for s in report.settings), report.settings
+    [note] = [n for n in report.notes if n.startswith("the synthetic calls of operation")]
+    assert "set spec.pause=0, seconds=0, delay_ms=0 instead of the schema's defaults (spec.pause=3.0, " in note
+    assert "delay_ms=5000) and generated values for seconds (required, without a default)" in note
