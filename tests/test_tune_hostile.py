@@ -10,18 +10,22 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
 from mcp import StdioServerParameters
 from mcp.server.mcpserver import MCPServer
+from mcp.shared.exceptions import MCPError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel
 
 import dispatcher
 from dispatcher.cli import main
-from dispatcher.tuning import tune
+from dispatcher.tuning import recommend, tune
+
+from .test_tune import setting
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -158,3 +162,49 @@ async def test_synthetic_calls_skip_nested_and_required_slow_values_and_say_so()
     [note] = [n for n in report.notes if n.startswith("the synthetic calls of operation")]
     assert "set spec.pause=0, seconds=0, delay_ms=0 instead of the schema's defaults (spec.pause=3.0, " in note
     assert "delay_ms=5000) and generated values for seconds (required, without a default)" in note
+
+
+def rejecting_server(most: int) -> MCPServer[Any]:
+    """A server answering -32000 ("rate limited") to calls beyond `most` in flight, at once, as a rate limiter."""
+    server: MCPServer[Any] = MCPServer("rejecting")
+    running = 0
+
+    async def lookup(name: str) -> str:
+        """Look a name up."""
+        nonlocal running
+        if running >= most:
+            raise MCPError(-32000, "rate limited")
+        running += 1
+        try:
+            await anyio.sleep(0.02)
+        finally:
+            running -= 1
+        return name
+
+    server.add_tool(lookup, annotations=READ, structured_output=False)
+    return server
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("asyncio", "trio")
+async def test_settings_where_the_server_rejects_calls_are_not_recommended() -> None:
+    """Above 4 in flight most calls are rejected, and those answered come as fast: 4 is recommended, not 16.
+
+    On the real clock only: on the mock one a rejection takes no time at all, and a window of instant
+    rejections has no length to count them in.
+    """
+    report = await tune(rejecting_server(4), "reads", (1, 4, 8, 16), trusted=True, calls=40, repeats=1)
+    assert report.recommended == 4, report.explanation
+    assert "Left out: the settings where more calls failed (" in report.explanation
+    assert "at 16" in report.explanation and "largest setting at which calls do not fail" in report.explanation
+    assert "wider range" not in report.explanation
+
+
+def test_errors_that_do_not_grow_with_the_setting_leave_it_eligible() -> None:
+    """A workload whose calls fail alike at every setting (a generated argument) is judged on throughput."""
+    results = [replace(setting(limit, rate), errors=10) for limit, rate in ((1, 10.0), (2, 20.0), (4, 21.0))]
+    recommended, _, explanation = recommend(results)
+    assert recommended == 2 and "Left out" not in explanation
+    rejected = [*results[:2], replace(results[2], throughput=40.0, errors=60)]
+    recommended, best, explanation = recommend(rejected)
+    assert (recommended, best) == (2, 2) and "Left out: the settings where more calls failed (38% at 4" in explanation

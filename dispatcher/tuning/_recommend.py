@@ -58,8 +58,50 @@ def power(setting: SettingResult) -> float:
     return setting.throughput / setting.run_p50
 
 
+# A setting whose share of failed calls exceeds the smallest share of any setting by more than this fails
+# because of the concurrency (a server answering 429 or -32000 above some number of calls in flight).
+_OVERLOAD = 0.05
+
+
+def _failed_share(setting: SettingResult) -> float:
+    ended = setting.calls + setting.errors
+    return setting.errors / ended if ended else 0.0
+
+
 def recommend(
     settings: Sequence[SettingResult], *, tolerance: float = TOLERANCE, planned_top: int | None = None
+) -> tuple[int | None, int | None, str]:
+    """The knee of the measurements, the setting with the best throughput, and why (see `_recommend`).
+
+    Settings where more calls failed than at the one with the fewest failures (by more than 5% of the calls)
+    are left out: the server rejects calls there (429, -32000 above some concurrency), and the calls that
+    it still answers, answered as fast as ever, would otherwise make such a setting look best.
+    """
+    ended = [s for s in settings if s.calls + s.errors > 0]
+    least = min((_failed_share(s) for s in ended), default=0.0)
+    rejected = [s for s in ended if _failed_share(s) > least + _OVERLOAD]
+    if not rejected:
+        return _recommend(settings, tolerance=tolerance, planned_top=planned_top)
+    kept = [s for s in settings if s not in rejected]
+    fails_above = max(s.limit for s in rejected) > max((s.limit for s in kept if s.calls > 0), default=0)
+    recommended, best, explanation = _recommend(
+        kept, tolerance=tolerance, planned_top=None if fails_above else planned_top, fails_above=fails_above
+    )
+    shares = ", ".join(f"{_failed_share(s):.0%} at {s.limit}" for s in sorted(rejected, key=lambda s: s.limit))
+    return (
+        recommended,
+        best,
+        f"{explanation} Left out: the settings where more calls failed ({shares}, against {least:.0%} at the "
+        "setting with the fewest), as calls do when a server rejects those above some concurrency.",
+    )
+
+
+def _recommend(
+    settings: Sequence[SettingResult],
+    *,
+    tolerance: float = TOLERANCE,
+    planned_top: int | None = None,
+    fails_above: bool = False,
 ) -> tuple[int | None, int | None, str]:
     """The knee of the measurements, the setting with the best throughput, and why.
 
@@ -103,6 +145,8 @@ def recommend(
         head = f"only {top.limit} was measured ({_rate(top)}), so there is no knee to find"
         if planned_top is not None and planned_top > top.limit:
             return top.limit, top.limit, f"{head}: the sweep stopped before the other settings; give it more time."
+        if fails_above:
+            return top.limit, top.limit, f"{head}: at the larger settings calls fail."
         return top.limit, top.limit, f"{head}: measure more than one setting to compare them."
     summit = max(measured, key=power)
     peak = power(summit)
@@ -127,6 +171,8 @@ def recommend(
         head = f"{top.limit} gives the best throughput ({_rate(top)}), {_percent(gain)} more than {before.limit}"
         if planned_top is not None and planned_top > top.limit:
             return top.limit, best.limit, f"{head}; the sweep stopped before the larger settings were measured."
+        if fails_above:
+            return top.limit, best.limit, f"{head}; it is the largest setting at which calls do not fail."
         if gain > _FLAT:
             return (
                 top.limit,
