@@ -208,3 +208,28 @@ def test_errors_that_do_not_grow_with_the_setting_leave_it_eligible() -> None:
     rejected = [*results[:2], replace(results[2], throughput=40.0, errors=60)]
     recommended, best, explanation = recommend(rejected)
     assert (recommended, best) == (2, 2) and "Left out: the settings where more calls failed (38% at 4" in explanation
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("asyncio", "trio", "trio-mockclock")
+async def test_calls_that_never_answer_are_not_taken_for_slow_ones() -> None:
+    """Every call after the probe hangs until call_timeout: no advice to measure longer, since none would end."""
+    server: MCPServer[Any] = MCPServer("hanging")
+    answered = 0
+
+    async def lookup(name: str) -> str:
+        """Look a name up (once)."""
+        nonlocal answered
+        answered += 1
+        if answered > 1:
+            await anyio.sleep(3600)
+        return name
+
+    server.add_tool(lookup, annotations=READ, structured_output=False)
+    report = await tune(
+        server, "reads", (1, 2), trusted=True, calls=None, duration=0.2, warmup=0, repeats=1, call_timeout=0.6
+    )
+    assert report.recommended is None
+    assert [(s.calls, s.cut_off, s.cut_off_failed) for s in report.settings] == [(0, 1, 1), (0, 2, 2)]
+    assert "none of the 3 calls still running when it closed succeeded afterwards" in report.explanation
+    assert "a larger --duration would not help" in report.explanation

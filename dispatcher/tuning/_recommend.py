@@ -121,6 +121,16 @@ def _recommend(
     measured = [s for s in ordered if s.calls > 0 and s.throughput > 0]
     if not measured:
         running = [s for s in ordered if s.cut_off]
+        if running and not any(s.errors for s in ordered) and all(s.cut_off_failed >= s.cut_off for s in running):
+            # Not slower than the window: the calls it cut off never succeeded after it either.
+            return (
+                None,
+                None,
+                f"no call finished inside the measurement window, and none of the {sum(s.cut_off for s in running)} "
+                "calls still running when it closed succeeded afterwards (they timed out, at --call-timeout, or "
+                "failed): the server does not answer these calls, so there is nothing to recommend, and a larger "
+                "--duration would not help",
+            )
         if running and not any(s.errors for s in ordered):
             # Calls slower than the window: every one was still running when it closed.
             slowest = max((s.run_p95 for s in running if not math.isnan(s.run_p95)), default=math.nan)
