@@ -233,3 +233,20 @@ async def test_calls_that_never_answer_are_not_taken_for_slow_ones() -> None:
     assert [(s.calls, s.cut_off, s.cut_off_failed) for s in report.settings] == [(0, 1, 1), (0, 2, 2)]
     assert "none of the 3 calls still running when it closed succeeded afterwards" in report.explanation
     assert "a larger --duration would not help" in report.explanation
+
+
+@pytest.mark.subprocess
+def test_a_json_path_that_cannot_be_written_still_prints_the_table(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--json into a folder that cannot exist: the table is printed, then the error, exit status 1."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    command = f"{sys.executable} -m tests.dying_server 1000"
+    argv = ["tune", "--stdio", command, "--env", f"PYTHONPATH={ENV['PYTHONPATH']}", "--synthetic", "reads"]
+    argv += ["--trusted", "--calls", "5", "--range", "1,2", "--repeats", "1", "--quiet"]
+    assert main([*argv, "--json", str(blocker / "report.json")]) == 1
+    printed = capsys.readouterr()
+    assert "<- recommended" in printed.out
+    assert "Traceback" not in printed.err
+    assert f"cannot write the JSON report to {blocker / 'report.json'}" in printed.err
