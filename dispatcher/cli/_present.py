@@ -167,7 +167,11 @@ def _tune_heading(report: TuneReport) -> list[str]:
         f"workload: {report.workload}; {report.clients} callers; {amount} per setting after a warm-up{times}",
     ]
     if report.cut_short is not None:
-        why = "interrupted" if report.cut_short == "interrupted" else "cut short by --max-time"
+        why = {
+            "interrupted": "interrupted",
+            "max_time": "cut short by --max-time",
+            "server_lost": "cut short: the server stopped answering (see the notes)",
+        }[report.cut_short]
         lines.append(f"{why}: the settings measured so far")
     return lines
 

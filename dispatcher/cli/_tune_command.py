@@ -110,7 +110,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--max-time",
         type=_seconds,
         metavar="S",
-        help="stop after S seconds in all and report the settings measured so far (exit status 124)",
+        help="stop after S seconds in all and report the settings measured so far (exit status 124; 130 after "
+        "Ctrl-C, 1 when the server stops answering mid-sweep)",
     )
     sweep.add_argument("--duration", type=_seconds, metavar="S", help="measure each setting for at most S seconds")
     sweep.add_argument("--warmup", type=int, metavar="N", help="calls before measuring (default: twice the setting)")
@@ -225,6 +226,7 @@ def _run(args: argparse.Namespace) -> int:
             return 1
         finally:
             bar.close()
+    unwritten: list[str] = []
     if args.json is not None:
         document = {
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -232,17 +234,29 @@ def _run(args: argparse.Namespace) -> int:
             **report.to_json(),
             "machine": machine_info(),
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        try:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:  # the sweep's table is still printed: the measurements are not lost
+            unwritten.append(f"dispatcher tune: cannot write the JSON report to {args.json}: {exc}")
     if args.plot is not None:
         from ._plot import save_plot
 
-        save_plot(report, args.plot)
+        try:
+            save_plot(report, args.plot)
+        except OSError as exc:
+            unwritten.append(f"dispatcher tune: cannot write the plot to {args.plot}: {exc}")
     print_lines(tune_lines(report), sys.stdout)
+    for line in unwritten:
+        print(line, file=sys.stderr)
+    if unwritten:
+        return 1
     if report.cut_short == "interrupted":
         return 130
     if report.cut_short == "max_time":
         return 124
+    if report.cut_short == "server_lost":
+        return 1
     return 0
 
 

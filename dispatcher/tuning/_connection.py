@@ -13,20 +13,28 @@ import shlex
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import anyio
+import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
+from mcp.shared.exceptions import MCPError
 
-from dispatcher._core._errors import ConfigurationError, ServerConnectionError
-from dispatcher._mcp._failures import innermost
+from dispatcher._core._errors import ConfigurationError, DispatcherError, ServerConnectionError
+from dispatcher._mcp._failures import explain, innermost
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
-__all__ = ["Target", "connected", "describe_target"]
+__all__ = ["LOST", "Target", "connected", "describe_target", "lost_connection"]
 
 Target: TypeAlias = "Client | MCPServer[Any] | Server[Any] | StdioServerParameters | str | Callable[[], Client]"
 """What `tune` and `inspect` connect to."""
+
+LOST = (MCPError, anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream)
+"""What an entered client raises when its server exited, closed the connection or refused to list its tools."""
+
+# What the client's own tasks raise when the transport under it fails (an HTTP server gone mid-request).
+_TRANSPORT = (*LOST, httpx2.TransportError, OSError)
 
 _CONNECTABLE = (MCPServer, Server, StdioServerParameters, str)
 
@@ -86,3 +94,17 @@ def describe_target(target: object) -> str:
     # A factory may say what it connects to (the command line's do).
     description = getattr(target, "description", None)
     return description if isinstance(description, str) else "a client factory"
+
+
+def lost_connection(exc: BaseException) -> str | None:
+    """How the server stopped answering, when `exc` (a group, perhaps) is only that; else None.
+
+    A connection that could not be made is not a lost one: `connected` raises a `ServerConnectionError`
+    (a `DispatcherError`) for it, which is never taken for a loss.
+    """
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [lost_connection(inner) for inner in exc.exceptions]
+        return explain(exc) if leaves and all(leaves) else None
+    if isinstance(exc, DispatcherError) or not isinstance(exc, _TRANSPORT):
+        return None
+    return explain(exc)

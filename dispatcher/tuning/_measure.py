@@ -65,6 +65,8 @@ class SettingResult:
         power_range: The lowest and highest of those measurements' power (throughput / median run time,
             each measurement's own), or None for a single measurement: the spread the recommendation
             reads (see `dispatcher.tuning._recommend`).
+        cut_off_failed: Those of the `cut_off` calls that then did not succeed (they timed out or failed
+            after the window closed).
         partial: The measurement was cut off by the sweep's time budget before its window would have
             closed: its figures cover the part of the window that ran (and the calls running then count as
             cut off, timed up to that moment).
@@ -88,6 +90,7 @@ class SettingResult:
     partial: bool = False
     error_tool: str | None = None
     power_range: tuple[float, float] | None = None
+    cut_off_failed: int = 0
 
     @property
     def spread(self) -> float:
@@ -113,6 +116,7 @@ class SettingResult:
             "in_flight": _finite(self.in_flight),
             "error": self.error,
             "cut_off": self.cut_off,
+            "cut_off_failed": self.cut_off_failed,
             "repeats": self.repeats,
             "throughput_range": None if self.throughput_range is None else [_finite(v) for v in self.throughput_range],
             "run_p95_range_ms": None if self.run_p95_range is None else [_finite(v * ms) for v in self.run_p95_range],
@@ -395,6 +399,7 @@ def summarise(
         in_flight=in_flight,
         error=f"{failed[0].status.value}: {failed[0].error}" if failed else None,
         cut_off=len(cut_off) + len(abandoned),
+        cut_off_failed=sum(r.status is not CallStatus.OK for r in cut_off),
         throughput_range=(throughput, throughput),
         run_p95_range=(_percentile(runs, 95),) * 2,
         partial=partial,
@@ -442,6 +447,7 @@ def combine(measurements: Sequence[SettingResult]) -> SettingResult:
         in_flight=median(m.in_flight for m in measurements),
         error=errors,
         cut_off=sum(m.cut_off for m in measurements),
+        cut_off_failed=sum(m.cut_off_failed for m in measurements),
         repeats=sum(m.repeats for m in measurements),
         throughput_range=(min(throughputs), max(throughputs)),
         run_p95_range=(min(p95s), max(p95s)) if p95s else None,

@@ -32,14 +32,17 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from ._measure import SettingResult
 
-__all__ = ["TOLERANCE", "drift_note", "format_ms", "format_number", "power", "recommend"]
+__all__ = ["TOLERANCE", "CutShort", "cut_short_note", "drift_note", "format_ms", "format_number", "power", "recommend"]
+
+CutShort: TypeAlias = Literal["interrupted", "max_time", "server_lost"]
+"""Why a sweep ended early: Ctrl-C (`stop`), the time budget, or the server that stopped answering."""
 
 TOLERANCE = 0.05
 """A setting is good enough when its power (throughput / run time) is within this share of the best."""
@@ -55,8 +58,50 @@ def power(setting: SettingResult) -> float:
     return setting.throughput / setting.run_p50
 
 
+# A setting whose share of failed calls exceeds the smallest share of any setting by more than this fails
+# because of the concurrency (a server answering 429 or -32000 above some number of calls in flight).
+_OVERLOAD = 0.05
+
+
+def _failed_share(setting: SettingResult) -> float:
+    ended = setting.calls + setting.errors
+    return setting.errors / ended if ended else 0.0
+
+
 def recommend(
     settings: Sequence[SettingResult], *, tolerance: float = TOLERANCE, planned_top: int | None = None
+) -> tuple[int | None, int | None, str]:
+    """The knee of the measurements, the setting with the best throughput, and why (see `_recommend`).
+
+    Settings where more calls failed than at the one with the fewest failures (by more than 5% of the calls)
+    are left out: the server rejects calls there (429, -32000 above some concurrency), and the calls that
+    it still answers, answered as fast as ever, would otherwise make such a setting look best.
+    """
+    ended = [s for s in settings if s.calls + s.errors > 0]
+    least = min((_failed_share(s) for s in ended), default=0.0)
+    rejected = [s for s in ended if _failed_share(s) > least + _OVERLOAD]
+    if not rejected:
+        return _recommend(settings, tolerance=tolerance, planned_top=planned_top)
+    kept = [s for s in settings if s not in rejected]
+    fails_above = max(s.limit for s in rejected) > max((s.limit for s in kept if s.calls > 0), default=0)
+    recommended, best, explanation = _recommend(
+        kept, tolerance=tolerance, planned_top=None if fails_above else planned_top, fails_above=fails_above
+    )
+    shares = ", ".join(f"{_failed_share(s):.0%} at {s.limit}" for s in sorted(rejected, key=lambda s: s.limit))
+    return (
+        recommended,
+        best,
+        f"{explanation} Left out: the settings where more calls failed ({shares}, against {least:.0%} at the "
+        "setting with the fewest), as calls do when a server rejects those above some concurrency.",
+    )
+
+
+def _recommend(
+    settings: Sequence[SettingResult],
+    *,
+    tolerance: float = TOLERANCE,
+    planned_top: int | None = None,
+    fails_above: bool = False,
 ) -> tuple[int | None, int | None, str]:
     """The knee of the measurements, the setting with the best throughput, and why.
 
@@ -76,6 +121,16 @@ def recommend(
     measured = [s for s in ordered if s.calls > 0 and s.throughput > 0]
     if not measured:
         running = [s for s in ordered if s.cut_off]
+        if running and not any(s.errors for s in ordered) and all(s.cut_off_failed >= s.cut_off for s in running):
+            # Not slower than the window: the calls it cut off never succeeded after it either.
+            return (
+                None,
+                None,
+                f"no call finished inside the measurement window, and none of the {sum(s.cut_off for s in running)} "
+                "calls still running when it closed succeeded afterwards (they timed out, at --call-timeout, or "
+                "failed): the server does not answer these calls, so there is nothing to recommend, and a larger "
+                "--duration would not help",
+            )
         if running and not any(s.errors for s in ordered):
             # Calls slower than the window: every one was still running when it closed.
             slowest = max((s.run_p95 for s in running if not math.isnan(s.run_p95)), default=math.nan)
@@ -100,6 +155,8 @@ def recommend(
         head = f"only {top.limit} was measured ({_rate(top)}), so there is no knee to find"
         if planned_top is not None and planned_top > top.limit:
             return top.limit, top.limit, f"{head}: the sweep stopped before the other settings; give it more time."
+        if fails_above:
+            return top.limit, top.limit, f"{head}: at the larger settings calls fail."
         return top.limit, top.limit, f"{head}: measure more than one setting to compare them."
     summit = max(measured, key=power)
     peak = power(summit)
@@ -124,6 +181,8 @@ def recommend(
         head = f"{top.limit} gives the best throughput ({_rate(top)}), {_percent(gain)} more than {before.limit}"
         if planned_top is not None and planned_top > top.limit:
             return top.limit, best.limit, f"{head}; the sweep stopped before the larger settings were measured."
+        if fails_above:
+            return top.limit, best.limit, f"{head}; it is the largest setting at which calls do not fail."
         if gain > _FLAT:
             return (
                 top.limit,
@@ -253,3 +312,27 @@ def drift_note(rounds: Mapping[int, Sequence[SettingResult]], *, writes: bool) -
         f"{format_ms(last)}): the server changed under the sweep, likely because {cause}, so this advice may not "
         "repeat; measure against a fresh server (its store emptied) with read-only calls"
     )
+
+
+def cut_short_note(
+    why: CutShort,
+    max_time: float | None,
+    measured: dict[int, list[SettingResult]],
+    repeats: int,
+    *,
+    lost: str = "",
+) -> str:
+    """What a sweep cut short holds, and why it stopped (`lost`: how the server stopped answering)."""
+    if why == "server_lost":
+        cause = f"cut short: the server stopped answering ({lost}), so the settings after it were not measured"
+    else:
+        cause = "interrupted" if why == "interrupted" else f"cut short by the time budget ({max_time or 0:g} s)"
+    done = [limit for limit, runs in measured.items() if runs]
+    missing = [limit for limit, runs in measured.items() if not runs]
+    fewer = [limit for limit, runs in measured.items() if runs and len(runs) < repeats]
+    parts = [f"{cause}: the table holds the {len(done)} of {len(measured)} settings measured so far"]
+    if missing:
+        parts.append(f"not measured: {missing}")
+    if fewer:
+        parts.append(f"measured fewer than {repeats} times: {fewer}")
+    return "; ".join(parts)

@@ -28,15 +28,16 @@ from mcp.types import ToolAnnotations
 from dispatcher._core import _checks as checks
 from dispatcher._core._adaptive import AdaptiveLimit
 from dispatcher._core._annotations import HINTS
-from dispatcher._core._errors import ConfigurationError, DispatcherError
+from dispatcher._core._errors import ConfigurationError, DispatcherError, ServerConnectionError
 from dispatcher._dispatcher import Dispatcher
+from dispatcher._mcp._failures import innermost
 
-from ._connection import connected, describe_target
+from ._connection import LOST, connected, describe_target, lost_connection
 from ._fleet import check_redis, fleet_measure
 from ._measure import combine, measure
 from ._online import OnlineResult, measure_online
-from ._recommend import TOLERANCE, drift_note, format_number, recommend
-from ._workloads import resolve_workload
+from ._recommend import TOLERANCE, CutShort, cut_short_note, drift_note, format_number, recommend
+from ._workloads import resolve_workload, tool_change
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -89,7 +90,8 @@ class TuneReport:
         processes: The processes of a fleet sweep, or None.
         repeats: The measurements planned per setting (the repeats done are each result's `repeats`).
         cut_short: Why the sweep ended before measuring everything it planned: "interrupted" (`stop`
-            was set, e.g. on Ctrl-C) or "max_time" (the time budget ran out); None when it finished.
+            was set, e.g. on Ctrl-C), "max_time" (the time budget ran out) or "server_lost" (the server
+            exited or closed the connection; the notes say how); None when it finished.
             The report then holds the settings measured so far.
         online: Where the online limit (`AdaptiveLimit`) settled on the same server and workload, when
             the sweep was asked for it (``online=``), else None.
@@ -110,7 +112,7 @@ class TuneReport:
     notes: tuple[str, ...] = ()
     processes: int | None = None
     repeats: int = 1
-    cut_short: Literal["interrupted", "max_time"] | None = None
+    cut_short: CutShort | None = None
     online: OnlineResult | None = None
 
     @property
@@ -292,7 +294,9 @@ async def tune(
     notes: list[str] = []
     measured: dict[int, list[SettingResult]] = {limit: [] for limit in limits}
     failure: DispatcherError | None = None
-    cut_short: Literal["interrupted", "max_time"] | None = None
+    cut_short: CutShort | None = None
+    lost = ""  # how the server stopped answering, when it did mid-sweep
+    listed: list[ToolEntry] = []  # the server's tools as the last setting found them
     pattern: list[ToolCall] = []  # the workload's calls, repeated by each setting
     description = ""
     share = 0.0
@@ -321,7 +325,7 @@ async def tune(
         return on_call, on_phase
 
     async def sweep(client: Any, deadline: float) -> None:
-        nonlocal pattern, description, share, failure, settled, cut_short, gave_up
+        nonlocal pattern, description, share, failure, settled, cut_short, gave_up, lost, listed
         for repeat in range(repeats):
             for index, limit in enumerate(limits):
                 if anyio.current_time() >= deadline:
@@ -352,6 +356,10 @@ async def tune(
                             by_name = {entry.name: entry for entry in entries}
                             share = sum(by_name[call.name].concurrent for call in pattern) / len(pattern)
                             notes.extend(_workload_notes(share, trusted, callers, limits))
+                        change = tool_change(listed or entries, entries, pattern, limit)
+                        listed = list(entries)
+                        if change is not None:
+                            notes.append(change)
                         on_call, on_phase = report_to(limit, index, repeat)
                         if fleet is not None:
                             assert isinstance(target, str)
@@ -400,6 +408,9 @@ async def tune(
                             return
                     except DispatcherError as exc:
                         failure = exc
+                    except LOST as exc:  # the server exited or closed the connection: keep what was measured
+                        cut_short, lost = "server_lost", f"{innermost(exc)}, before measuring {limit}"
+                        return
                 if failure is not None:
                     return
         if online is not False and pattern and share > 0 and anyio.current_time() < deadline:
@@ -421,26 +432,34 @@ async def tune(
     deadline = math.inf if max_time is None else anyio.current_time() + max_time
     interrupted = False
     with anyio.CancelScope(deadline=deadline + _GRACE) as budget:
-        async with connected(target, mode=mode, connect_timeout=connect_timeout) as client:
-            async with anyio.create_task_group() as tg:
+        try:
+            async with connected(target, mode=mode, connect_timeout=connect_timeout) as client:
+                async with anyio.create_task_group() as tg:
 
-                async def watch() -> None:
-                    nonlocal interrupted
-                    assert stop is not None
-                    await stop.wait()
-                    interrupted = True
+                    async def watch() -> None:
+                        nonlocal interrupted
+                        assert stop is not None
+                        await stop.wait()
+                        interrupted = True
+                        tg.cancel_scope.cancel()
+
+                    if stop is not None:
+                        tg.start_soon(watch)
+                    await sweep(client, deadline)
                     tg.cancel_scope.cancel()
-
-                if stop is not None:
-                    tg.start_soon(watch)
-                await sweep(client, deadline)
-                tg.cancel_scope.cancel()
+        except Exception as exc:  # the client's own tasks failed with the transport (an HTTP server gone)
+            lost = lost_connection(exc) or ""
+            if not lost:
+                raise
+            cut_short = "server_lost"
     if budget.cancelled_caught:
         cut_short = "max_time"
     if interrupted and cut_short is None:
         cut_short = "interrupted"
     if all(len(measured[limit]) == repeats and not measured[limit][-1].partial for limit in limits):
         cut_short = None  # stopped while closing up after the last measurement: nothing is missing
+    if lost and not any(measured.values()):
+        failure = ServerConnectionError(f"the server stopped answering before any setting was measured: {lost}")
     if failure is not None:
         raise failure
     if not pattern:
@@ -449,7 +468,7 @@ async def tune(
     results = [combine(measured[limit]) for limit in limits if measured[limit]]
     notes.extend(_error_notes(results, synthetic=isinstance(workload, str)))
     if cut_short is not None:
-        notes.append(_cut_short_note(cut_short, max_time, measured, repeats))
+        notes.append(cut_short_note(cut_short, max_time, measured, repeats, lost=lost))
     if gave_up is not None:
         recommended, best, explanation = None, None, gave_up
     elif not results:
@@ -512,24 +531,6 @@ def _as_declared(entries: Sequence[ToolEntry], overrides: Mapping[str, ToolAnnot
         }
         merged.append(replace(entry, declared_annotations=ToolAnnotations.model_validate(hints)))
     return merged
-
-
-def _cut_short_note(
-    why: Literal["interrupted", "max_time"],
-    max_time: float | None,
-    measured: dict[int, list[SettingResult]],
-    repeats: int,
-) -> str:
-    cause = "interrupted" if why == "interrupted" else f"cut short by the time budget ({max_time:g} s)"
-    done = [limit for limit, runs in measured.items() if runs]
-    missing = [limit for limit, runs in measured.items() if not runs]
-    fewer = [limit for limit, runs in measured.items() if runs and len(runs) < repeats]
-    parts = [f"{cause}: the table holds the {len(done)} of {len(measured)} settings measured so far"]
-    if missing:
-        parts.append(f"not measured: {missing}")
-    if fewer:
-        parts.append(f"measured fewer than {repeats} times: {fewer}")
-    return "; ".join(parts)
 
 
 def _check_settings(settings: Sequence[int]) -> list[int]:

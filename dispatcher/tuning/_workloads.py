@@ -23,7 +23,15 @@ if TYPE_CHECKING:
     from dispatcher._core._catalog import ToolEntry
     from dispatcher._dispatcher import Dispatcher
 
-__all__ = ["Synthetic", "fast_value", "load_workload", "resolve_workload", "slow_defaults", "synthetic_workload"]
+__all__ = [
+    "Synthetic",
+    "fast_value",
+    "tool_change",
+    "load_workload",
+    "resolve_workload",
+    "slow_defaults",
+    "synthetic_workload",
+]
 
 Synthetic = Literal["reads", "mixed"]
 """The kinds of synthetic workload."""
@@ -168,7 +176,15 @@ def fast_value(name: str, schema: object) -> int | float | None:
     default = schema.get("default")
     if not isinstance(default, int | float) or isinstance(default, bool):
         return None
+    value = _smallest(name, schema, whole=isinstance(default, int))
+    return value if value is not None and value < default else None
+
+
+def _smallest(name: str, schema: Mapping[str, Any], *, whole: bool) -> int | float | None:
+    """The smallest value a numeric property named as a time or a count allows, or None for other properties."""
     kind = schema.get("type")
+    if isinstance(kind, list):  # ["integer", "null"]: an optional number
+        kind = next((k for k in kind if k != "null"), None)
     if kind not in ("integer", "number", None):
         return None
     words = _words(name)
@@ -184,22 +200,56 @@ def fast_value(name: str, schema: object) -> int | float | None:
         floor = max(floor, low)
     elif isinstance(above, int | float) and not isinstance(above, bool) and above >= floor:
         floor = above + 1 if kind == "integer" else above + 0.001
-    whole = kind == "integer" or (isinstance(default, int) and float(floor).is_integer())
-    value = int(floor) if whole else floor
-    return value if value < default else None
+    return int(floor) if kind == "integer" or (whole and float(floor).is_integer()) else floor
+
+
+def _required_floor(name: str, schema: object) -> int | float | None:
+    """The value for a required numeric time or count without a default (a generated one could be 9 seconds)."""
+    if not isinstance(schema, dict) or any(key in schema for key in ("default", "const", "enum", "examples")):
+        return None
+    if schema.get("type") not in ("integer", "number"):
+        return None
+    return _smallest(name, schema, whole=True)
 
 
 def slow_defaults(entry: ToolEntry) -> dict[str, tuple[Any, Any]]:
-    """The top-level arguments whose slow defaults a synthetic call replaces: name -> (default, value used)."""
-    properties = entry.input_schema.get("properties")
-    if not isinstance(properties, dict):
-        return {}
-    found = {}
-    for name, schema in properties.items():
-        value = fast_value(name, schema)
-        if value is not None:
-            found[name] = (schema["default"], value)
+    """The arguments a synthetic call sets fast instead of slow: path -> (default or None, value used).
+
+    Nested properties are named by their path (``spec.inner.delay``); a required time or count without a
+    default has None for its default.
+    """
+    found: dict[str, tuple[Any, Any]] = {}
+    _walk(entry.input_schema, entry.input_schema, "", found, depth=0)
     return found
+
+
+def _walk(schema: Any, root: Mapping[str, Any], prefix: str, found: dict[str, tuple[Any, Any]], *, depth: int) -> None:
+    """Record the fast values `_example` sets in an object schema, and in the required objects inside it."""
+    schema = _resolve(schema, root)
+    if not isinstance(schema, dict) or depth > 8 or "default" in schema:
+        return
+    properties = schema.get("properties")
+    required = schema.get("required")
+    required = required if isinstance(required, list) else []
+    for name, prop in (properties if isinstance(properties, dict) else {}).items():
+        fast = fast_value(name, prop)
+        if fast is not None:
+            found[prefix + name] = (prop["default"], fast)
+        elif name in required and (floor := _required_floor(name, prop)) is not None:
+            found[prefix + name] = (None, floor)
+        elif name in required:
+            _walk(prop, root, f"{prefix}{name}.", found, depth=depth + 1)
+
+
+def _resolve(schema: Any, root: Mapping[str, Any]) -> Any:
+    """A schema with its local ``$ref`` followed (a pydantic model nested in another is one)."""
+    ref = schema.get("$ref") if isinstance(schema, dict) else None
+    if isinstance(ref, str) and ref.startswith("#/"):
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = target.get(part) if isinstance(target, dict) else None
+        return target
+    return schema
 
 
 def _arguments(schema: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -249,8 +299,11 @@ def _example(schema: Any, index: int, root: Mapping[str, Any], *, depth: int) ->
         }
         # Optional properties are left out (the server applies its defaults), except those whose default
         # would make the call slow: they are set, to the smallest value allowed.
+        # A required time or count without a default gets the smallest allowed value too, not a generated one.
         for name, prop in properties.items():
             fast = fast_value(name, prop) if isinstance(name, str) else None
+            if fast is None and name in arguments:
+                fast = _required_floor(name, prop)
             if fast is not None:
                 arguments[name] = fast
         return arguments
@@ -330,11 +383,19 @@ async def resolve_workload(
             replaced = slow_defaults(by_name[name])
             if replaced:
                 settings = ", ".join(f"{arg}={value!r}" for arg, (_, value) in replaced.items())
-                defaults = ", ".join(f"{arg}={default!r}" for arg, (default, _) in replaced.items())
+                defaults = ", ".join(f"{arg}={d!r}" for arg, (d, _) in replaced.items() if d is not None)
+                bare = ", ".join(arg for arg, (d, _) in replaced.items() if d is None)
+                instead = " and ".join(
+                    part
+                    for part in (
+                        f"the schema's defaults ({defaults})" if defaults else "",
+                        f"generated values for {bare} (required, without a default)" if bare else "",
+                    )
+                    if part
+                )
                 notes.append(
-                    f"the synthetic calls of {name} set {settings} instead of the schema's defaults ({defaults}), "
-                    "which would make every call slow; write a --workload file to measure the calls as your agent "
-                    "makes them"
+                    f"the synthetic calls of {name} set {settings} instead of {instead}, which would make every call "
+                    "slow; write a --workload file to measure the calls as your agent makes them"
                 )
         return calls, f"synthetic {workload} ({', '.join(used)})"
     calls = list(workload)
@@ -415,3 +476,35 @@ def _first_line(text: str | None, limit: int = 200) -> str:
     stripped = (text or "").strip()
     line = stripped.splitlines()[0] if stripped else "no error text"
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def tool_change(
+    before: Sequence[ToolEntry], after: Sequence[ToolEntry], calls: Sequence[ToolCall], limit: int
+) -> str | None:
+    """A note when the workload's tools changed between two settings' listings (removed, or declared anew).
+
+    A server's tool list may change under a sweep (a tool turned destructive, replaced, gone): the settings
+    listed after it run another workload (writes in order instead of reads at once, or failures), and
+    comparing them with those before compares different things. None when nothing the workload calls changed.
+    """
+    old = {entry.name: entry for entry in before}
+    new = {entry.name: entry for entry in after}
+    changes = []
+    for name in dict.fromkeys(call.name for call in calls):
+        was, now = old.get(name), new.get(name)
+        if was is None:
+            continue
+        if now is None:
+            changes.append(f"{name} was removed")
+        elif (was.declared_annotations, was.concurrent) != (now.declared_annotations, now.concurrent):
+            runs = "runs with others" if now.concurrent else "runs alone, in order"
+            changes.append(f"{name} declares other annotations (it now {runs})")
+        elif was.input_schema != now.input_schema:
+            changes.append(f"{name} takes other arguments")
+    if not changes:
+        return None
+    return (
+        f"the server's tools changed during the sweep, seen when {limit} was set up ({'; '.join(changes)}): the "
+        "settings measured from then on ran another workload than those before, so comparing them (and the "
+        "recommendation) may mislead; measure again against a server whose tools stay put"
+    )
