@@ -60,6 +60,7 @@ from dataclasses import dataclass
 
 from ._backoff import is_number
 from ._errors import ConfigurationError
+from ._growth import Overlap, Proof, grow_to
 
 __all__ = ["AUTO", "AdaptiveLimit", "Controller", "Flight", "Signal", "check_limit", "retry_after", "says_overloaded"]
 
@@ -230,9 +231,11 @@ class Controller:
         "_hold_until",
         "_knee",
         "_level",
+        "_overlap",
         "_probe",
         "_probed_at",
         "_probing",
+        "_proof",
         "_rated",
         "_round",
         "_since",
@@ -279,6 +282,8 @@ class Controller:
         self._hold_until = -math.inf
         # When the last probe was sent.
         self._probed_at = -math.inf
+        self._proof = Proof()
+        self._overlap = Overlap()
 
     @property
     def knee(self) -> float | None:
@@ -292,6 +297,7 @@ class Controller:
     def start(self, now: float) -> Flight:
         """A call is sent now; returns its record, to give back to `finish`."""
         self.in_flight += 1
+        self._ride(now)
         probe = self._probe and self.in_flight > self._level_limit()
         if probe:
             # The one call past the limit is sent; the limit is back where it was until it answers.
@@ -300,7 +306,9 @@ class Controller:
             self._since = 0
             self._probed_at = now
             self.limit = self._level_limit()
-        return Flight(now, self.in_flight, self.limit, self._epoch, probe)
+        flight = Flight(now, self.in_flight, self.limit, self._epoch, probe)
+        self._overlap.start(flight, now)
+        return flight
 
     def finish(
         self,
@@ -325,6 +333,7 @@ class Controller:
                 an OVERLOAD only).
             waiting: Whether calls of the server were waiting for room under its limit when it ended.
         """
+        self._overlap.finish(flight, now)
         self.in_flight -= 1
         if flight.probe:
             self._probing = False
@@ -336,6 +345,25 @@ class Controller:
             self._answer(flight, now, tool, waiting=waiting)
         elif signal is Signal.OVERLOAD or signal is Signal.TIMEOUT:
             self._overload(flight)
+
+    def _ride(self, now: float) -> None:
+        """A burst fills the limit at the knee: a probe that is due rides its first round (one call more),
+        if the server was probed before and not after a rate limit (a bucket answers that later)."""
+        knee = self._knee
+        if (
+            knee is None
+            or self._probe
+            or self._probing
+            or self._rated
+            or self._probed_at == -math.inf
+            or self._level < knee
+            or self._level >= self.ceiling
+            or self.in_flight != self._level_limit()
+            or now - self._probed_at < _PROBE_SECONDS
+        ):
+            return
+        self._probe = True
+        self.limit = self._level_limit() + 1
 
     def _level_limit(self) -> int:
         return min(self.ceiling, max(self.floor, math.floor(self._level + 1e-9)))
@@ -352,6 +380,7 @@ class Controller:
         self._knee = knee
         # Where the server showed it had had enough: fast growth after a clean probe stops short of it.
         self._too_many = too_many
+        self._proof.cut(level)
         self._set_level(level)
 
     def _overload(self, flight: Flight) -> None:
@@ -377,23 +406,24 @@ class Controller:
         if ratio > loose:
             if flight.probe:
                 if current:
-                    self._knee = self._level  # the probe's one call more was one too many
+                    self._knee, self._too_many = self._level, k  # the probe's one call more was one too many
             elif spread is not None and spread <= _QUIET:
                 # A server without noise: one slower answer is load already. It cuts by `backoff` at
                 # most from the limit it was sent under, so neither an outlier nor the answers of calls
                 # sent before a cut can pin the limit down.
-                self._slower(k / ratio, flight.limit)
+                self._slower(k / ratio, flight.limit, k)
             return
         if not current:
             return  # sent before the last cut: it says nothing about the limit now
         if flight.probe:
-            self._probe_answered(ratio, k, loose)
+            self._probe_answered(ratio, k, loose, waiting=waiting)
             return
+        self._proof.clean(k)
         if k < flight.limit and not waiting:
             return  # the traffic, not the limit, held it back
         knee = self._knee
         if knee is None or self._level < knee:
-            top = float(self.ceiling) if knee is None else knee
+            top = min(float(self.ceiling), self._proof.top(noisy=(spread or 0.0) > _QUIET)) if knee is None else knee
             if self._level < top:
                 # Slow start while no knee is known (the limit doubles per round of answers), half that
                 # below a known one.
@@ -413,11 +443,12 @@ class Controller:
             self._probe = True
             self.limit = self._level_limit() + 1
 
-    def _probe_answered(self, ratio: float, k: int, loose: float) -> None:
+    def _probe_answered(self, ratio: float, k: int, loose: float, *, waiting: bool) -> None:
         too_many = self._too_many
         if ratio > 1 + (loose - 1) / 2:
-            self._knee = self._level  # slower by a little: the one call more bought nothing
+            self._knee, self._too_many = self._level, k  # slower by a little: the one call more bought nothing
             return
+        self._proof.clean(k)
         if self._rated:
             self._knee = float(k)  # a rate limit answers a probe later, if at all: one call more
         elif too_many is not None and k < too_many:
@@ -426,13 +457,20 @@ class Controller:
             self._knee = float(too_many - 1)
             self._eager = True
         else:
-            self._knee = None  # no slowdown even there: the server has room, up to the ceiling
-            self._too_many = None
+            # No slowdown even there: the server has room, up to the ceiling (with calls waiting, likely
+            # much more than one call).
+            self._knee = self._too_many = None
+            if waiting:
+                k = grow_to(k)
         self._set_level(max(self._level, float(k)))
 
-    def _slower(self, served: float, limit: int) -> None:
-        """Calls sent under `limit` came back slower: the server serves about `served` at its unloaded speed."""
+    def _slower(self, served: float, limit: int, sent: int) -> None:
+        """Calls sent under `limit` (with up to `sent` in flight) came back slower: the server serves about
+        `served` at its unloaded speed. Past what is proven, the limit goes back to proven."""
         estimate = max(math.floor(served + 0.5), math.floor(limit * self.setting.backoff + 1e-9))
+        proof = self._proof
+        if proof.explains(sent, served):
+            estimate = max(estimate, proof.level)
         if estimate < self._level:
             level = max(float(self.floor), float(estimate))
             self._cut(level, level, limit)
@@ -470,7 +508,8 @@ class Controller:
         if median > allowed and low > tolerance and not alone:
             # Loaded: the server serves about k / ratio calls at its unloaded speed (Little's law). A
             # round cuts by `backoff` at most from the limit its calls were sent under.
-            self._slower(served, max(sample[2] for sample in samples))
+            sent = max(sample[2] for sample in samples)
+            self._slower(served, sent, sent)
             return
         # Unloaded, or calls that ran (almost) alone: the round shows the server's unloaded speed now,
         # and each tool's baseline moves towards the round's median latency for it (all the way for a
