@@ -2,8 +2,7 @@
 
 `run(fn, *args, backend=...)` runs `fn` on a loop whose clock starts at 0 and, whenever every task waits
 for a timer and nothing else, jumps to the next timer at once (trio's ``MockClock(autojump_threshold=0)``).
-Sleeps cost nothing, and every figure read from the clock is exact; trio's scheduler is seeded, so a run
-is the same at every run. Only for code that does no real I/O
+Sleeps cost nothing, and every figure read from the clock is exact. Only for code that does no real I/O
 and starts no threads: a loop waiting on a socket or a thread would see the clock race ahead of it.
 
 On asyncio, `VirtualEventLoop` is the standard selector loop with two changes: `time()` reads a virtual
@@ -66,14 +65,8 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
 def run(fn: Callable[..., Awaitable[T]], *args: Any, backend: str) -> T:
     """Run `fn(*args)` on `backend` ("asyncio" or "trio") with a virtual clock that jumps when all tasks wait."""
     if backend == "trio":
-        import trio._core._run
         import trio.testing
 
-        # trio runs the tasks ready at one instant in a random order (to flush out order bugs); seeded, a
-        # virtual-clock run is the same at every run.
-        scheduler = getattr(trio._core._run, "_r", None)
-        if scheduler is not None:
-            scheduler.seed(0)
         return anyio.run(
             fn, *args, backend="trio", backend_options={"clock": trio.testing.MockClock(autojump_threshold=0)}
         )

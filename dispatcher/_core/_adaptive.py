@@ -29,17 +29,17 @@ evidence move it:
 - Growth. Only an answer whose call found the server at its limit (``k >= limit`` when it was sent,
   or calls waiting for room when it came back: the limit, not the traffic, held them back) and whose
   slowdown stayed within `tolerance` (plus the noise) makes the limit grow: by one call per such answer
-  while no knee is known (the limit doubles per round: a burst after a quiet spell finds a larger
-  capacity in a few rounds), by half a call below a known knee; at the knee, by a *probe* every 32
-  such answers (four rounds if more), or every second if that comes first, so that bursts too short
-  to count up to 32 still probe.
+  while no knee is known, up to what is proven allows (`_growth.Proof`: 1.25x per round), by half a
+  call below a known knee; at the knee, by a *probe* every 32 such answers (four rounds if more), or
+  every second if that comes first (a due one rides a burst's first round), so that bursts too short
+  to count up to 32 still probe. Past proven, a slowdown cuts back to proven, not below.
 
 A probe is one call above the limit, not a higher limit: once that one call is sent the limit is back
 where it was until the probe's answer says what one more call costs. An answer within half the
 tolerance (plus the noise) of the baseline forgets the knee (the server has room: growth is fast
 again, up to just short of where the server last had had enough, which is probed at once; after a
-rate limit, one call more); a slower one leaves the knee where it is. Probes are not counted in a
-round. So the server is never held down to measure it (the traffic's own quiet moments give the
+rate limit, one call more; none known, with calls waiting: 4x); a slower one leaves the knee; no probe
+counts in a round. So the server is never held down to measure it (the traffic's own quiet moments give the
 baseline), and what a probe costs is at most one slower call in 32.
 
 Quiet periods change nothing: the limit, the knee and the baselines wait for the next burst. Calls
