@@ -68,8 +68,8 @@ class LimitsServer(MCPServer[Any]):
         """Answers with its text."""
         return text
 
-    async def storm(self, ctx: Context, count: int, pause_every: int = 0) -> str:
-        """Announces a tool list change `count` times, yielding to the loop every `pause_every` of them."""
+    async def storm(self, ctx: Context, count: int, pause_every: int = 0, pause: float = 0.001) -> str:
+        """Announces a tool list change `count` times, sleeping `pause` seconds every `pause_every` of them."""
         modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
         for i in range(count):
             if modern:
@@ -77,7 +77,7 @@ class LimitsServer(MCPServer[Any]):
             else:
                 await ctx.session.send_tool_list_changed()
             if pause_every and i % pause_every == 0:
-                await anyio.sleep(0.001)
+                await anyio.sleep(pause)
         return f"announced {count} changes"
 
     async def pid(self) -> int:

@@ -27,6 +27,7 @@ from dispatcher.examples._http import serve_http
 from dispatcher.testing import inject_faults
 
 from .chaos.harness import DroppingProxy
+from .ledger import Entry, Ledger
 from .task_server import TaskScript
 from .test_effects import check_effects, started, workspace_command
 
@@ -448,15 +449,13 @@ async def test_the_oracle_catches_a_key_sent_to_a_tool_that_drops_it(monkeypatch
 async def test_a_key_survives_a_server_process_killed_mid_write(tmp_path: pathlib.Path) -> None:
     """Over stdio, a keyed write whose server process is killed while it runs is retried on a fresh process
     with the same key (the ledgers of both processes show it)."""
-    import json
     import os
     import signal
 
     ledger = tmp_path / "ledger.jsonl"
 
-    def starts() -> list[dict[str, Any]]:
-        lines = [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
-        return [line for line in lines if line["event"] == "start" and line["tool"] == "append_note"]
+    def starts() -> list[Entry]:
+        return [entry for entry in Ledger(ledger).entries() if entry.tool == "append_note"]
 
     command = workspace_command(ledger, "--latency", "30", "--idempotency-key", "idempotency_key")
     async with Dispatcher(retry=RETRY, call_timeout=60) as d:
@@ -464,12 +463,12 @@ async def test_a_key_survives_a_server_process_killed_mid_write(tmp_path: pathli
         batch = d.batch()
         batch.submit(ToolCall("w", "append_note", {"name": "log", "text": "paid"}))
         await _wait_for(lambda: len(starts()) == 1)
-        os.kill(starts()[0]["pid"], signal.SIGKILL)
+        os.kill(starts()[0].pid, signal.SIGKILL)
         await _wait_for(lambda: len(starts()) == 2)  # the retry, on a process started for it
         batch.cancel()
         [result] = await batch.wait()
     first, second = starts()
-    assert first["pid"] != second["pid"]
-    assert first["arguments"]["idempotency_key"] == second["arguments"]["idempotency_key"]
-    assert len(first["arguments"]["idempotency_key"]) == 32
+    assert first.pid != second.pid
+    assert first.arguments["idempotency_key"] == second.arguments["idempotency_key"]
+    assert len(first.arguments["idempotency_key"]) == 32
     assert result.attempts == 2 and result.effect is Effect.UNKNOWN

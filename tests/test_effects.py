@@ -6,7 +6,6 @@ NEVER_RAN, and a call that reads NEVER_RAN must be absent from the ledger.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import sys
@@ -28,6 +27,7 @@ from dispatcher.formats import UNKNOWN_EFFECT_NOTE, anthropic_results, openai_ch
 from dispatcher.timeline import Timeline
 
 from .chaos.harness import HttpWorkspace
+from .ledger import Ledger
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -50,10 +50,7 @@ def workspace_command(ledger: pathlib.Path, *options: str) -> StdioServerParamet
 
 def started(ledger: pathlib.Path) -> list[str]:
     """The tools a server process started, from its ledger file."""
-    if not ledger.exists():
-        return []
-    lines = [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
-    return [line["tool"] for line in lines if line["event"] == "start"]
+    return Ledger(ledger).tools()
 
 
 def check_effects(results: Sequence[ToolResult], executed: Sequence[str]) -> None:

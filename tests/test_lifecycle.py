@@ -34,7 +34,7 @@ MOVES: dict[str, dict[Phase, Phase]] = {
     "admit": {Q: D},
     "start": {D: R},
     "attempted": {R: R},
-    "failed_attempt": {R: R},
+    "failed_attempt": {R: R},  # and a no-op once SETTLED (a late failure, as a late answer)
     "answered": {R: S},
     "tool_error": {R: S},
     "ended": {R: S},
@@ -165,8 +165,10 @@ def run_against_model(ops: list[tuple[str, Any]], record_type: type[CallRecord] 
             def act(op: str = op, now: float = now) -> Any:
                 return _act(record, op, now, f"e{len(errors)}")
 
-            if phase is S and op in ("answered", "tool_error", "ended", "start"):
-                assert act() is False, "a settled call was answered or started again"
+            if phase is S and op in ("answered", "tool_error", "ended", "start", "failed_attempt"):
+                before = record.outcome
+                assert act() is False, "a settled call was answered, started or failed again"
+                assert record.outcome is before, "a late answer or failure changed a settled call"
                 continue
             if target is None:
                 with pytest.raises(LifecycleError):

@@ -35,6 +35,11 @@ HTTP_MODES = pytest.mark.parametrize(
 )
 
 
+STORM = {"count": 1000, "pause_every": 2}
+"""A storm of announcements: 500 pauses of 1 ms, so at least half a second, and ~150 times the listings it may
+cost (a burst of 4, then one a second)."""
+
+
 def listing_bound(elapsed: float) -> int:
     """The most listings a storm lasting `elapsed` seconds may cost: a burst, one per interval, and one after."""
     return LISTING_BURST + 1 + math.ceil(elapsed / LISTING_INTERVAL)
@@ -56,12 +61,12 @@ async def quiet(d: Dispatcher, server: str) -> int:
 @MODES
 @pytest.mark.slow
 async def test_a_storm_costs_one_listing_per_interval_in_process(mode: Mode) -> None:
-    """5,000 announcements spread over time cost at most one listing per interval, one at a time."""
+    """1,000 announcements spread over half a second cost at most one listing per interval, one at a time."""
     server = LimitsServer()
     async with Dispatcher() as d:
         await d.connect("storm", server, trusted=True, mode=mode)
         start = anyio.current_time()
-        result = (await d.dispatch([ToolCall("s", "storm", {"count": 5000, "pause_every": 10})]))[0]
+        result = (await d.dispatch([ToolCall("s", "storm", STORM)]))[0]
         elapsed = anyio.current_time() - start
         assert result.ok, result.error
         listings = await quiet(d, "storm")
@@ -78,7 +83,9 @@ async def test_slow_listings_take_a_bounded_share_of_the_time(mode: Mode) -> Non
     async with Dispatcher() as d:
         await d.connect("slow", server, trusted=True, mode=mode)
         start = anyio.current_time()
-        [result] = await d.dispatch([ToolCall("s", "storm", {"count": 10_000, "pause_every": 1})])
+        # An announcement every 5 ms, 500 times as often as the listings can follow: 2,000 in the 10 s.
+        storm = {"count": 2_000, "pause_every": 1, "pause": 0.005}
+        [result] = await d.dispatch([ToolCall("s", "storm", storm)])
         elapsed = anyio.current_time() - start
         assert result.ok, result.error
         await anyio.sleep(10)
@@ -97,7 +104,7 @@ async def test_a_storm_over_stdio_costs_one_listing_per_interval(mode: Mode) -> 
     async with Dispatcher() as d:
         await d.connect("storm", stdio(), trusted=True, mode=mode)
         start = anyio.current_time()
-        result = (await d.dispatch([ToolCall("s", "storm", {"count": 5000, "pause_every": 10})]))[0]
+        result = (await d.dispatch([ToolCall("s", "storm", STORM)]))[0]
         elapsed = anyio.current_time() - start
         assert result.ok, result.error
         listings = await quiet(d, "storm")

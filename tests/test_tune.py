@@ -376,7 +376,10 @@ async def test_a_sweep_in_real_time_with_an_entered_client() -> None:
     workspace = Workspace(latency=0.1, saturation=8)
     async with Client(workspace.server) as client:
         report = await tune(client, "reads", (4, 8, 16), trusted=True, calls=16, repeats=1)
-        assert [(s.limit, s.calls, s.errors) for s in report.settings] == [(4, 16, 0), (8, 16, 0), (16, 16, 0)]
+        # At least the 16 measured calls of each setting; on a loaded machine a few more end in the loop
+        # turn that closes the window, and they count too (they ended inside it).
+        assert [(s.limit, s.errors) for s in report.settings] == [(4, 0), (8, 0), (16, 0)]
+        assert all(16 <= s.calls <= 32 for s in report.settings), [s.calls for s in report.settings]
         assert report.recommended in (4, 8, 16), render_table(report)
         assert report.target == "an entered mcp.Client"
         assert not (await client.call_tool("search_notes", {"query": "x"})).is_error
@@ -468,7 +471,7 @@ def test_cli_over_stdio_reports_the_sweep(tmp_path: pathlib.Path) -> None:
     wins depends on how busy the machine is (stdio round trips and a busy CPU move the knee, and a stall
     during one setting can make it lose to a smaller one). The virtual clock tests pin the knee exactly.
     """
-    server = f"{WORKSPACE} --latency 0.15 --saturation 8"
+    server = f"{WORKSPACE} --latency 0.05 --saturation 8"
     out, plot = tmp_path / "tune.json", tmp_path / "tune.png"
     argv = ["--stdio", server, "--trusted", "--synthetic", "reads", "--range", "2,4,8,16,32", "--calls", "24"]
     argv += ["--repeats", "1"]

@@ -551,6 +551,35 @@ class Controller:
             return latency
         return base
 
+    # What a limit kept elsewhere (the fleet's: `dispatcher.fleet._shared`, through `_mcp._online`) uses.
+
+    @property
+    def level(self) -> float:
+        """The level the limit is the whole calls of (a float: growth below a known knee is half a call)."""
+        return self._level
+
+    def level_limit(self) -> int:
+        """The limit the level gives, without a probe's one call more."""
+        return self._level_limit()
+
+    def follow(self, level: float, *, cut: bool = False) -> None:
+        """Take a level decided elsewhere, within floor..ceiling (a NaN or infinite one: the initial level).
+
+        `cut`: it was a cut; adopted as this controller's own (the knee is the new level, and calls sent
+        before it cannot cut again: they report the load the cut answered).
+        """
+        level = float(level) if is_number(level) and math.isfinite(level) else float(self.setting.start)
+        level = min(float(self.ceiling), max(float(self.floor), level))
+        if cut:
+            self._cut(level, level, self.limit)
+        elif level != self._level:
+            self._set_level(level)
+
+    def hold(self, now: float, seconds: float) -> None:
+        """Hold every send until `seconds` after `now` (a Retry-After heard elsewhere), at most `max_wait`."""
+        if is_number(seconds) and 0 < seconds < math.inf:
+            self._hold_until = max(self._hold_until, now + min(seconds, self.setting.max_wait))
+
 
 # What a trusted server's own words say about its load ------------------------------------------------------
 

@@ -21,7 +21,7 @@ A call is in one phase at a time, and moves only forward along these arrows::
 
 (QUEUED, AWAITING_APPROVAL, ADMITTED and RUNNING all settle; only SETTLED is final.) `settle` is the
 only way into SETTLED and the only place a `ToolResult` is built; once a call is SETTLED every
-transition is refused (`settle` returns False, the others raise `LifecycleError`), so a call settles
+transition is refused (`settle` and `failed_attempt` return False, the others raise `LifecycleError`), so a call settles
 exactly once whatever races to end it: a cancellation and an answer, a deadline and a lost fleet hold.
 Call sites never check whether a call has ended before ending it: the first ending wins, by structure.
 
@@ -339,13 +339,21 @@ class CallRecord:
                     raise ToolUnavailableError(f"not repeated: {why}, so repeating it could apply it twice")
             self.moment = Moment.SENT
 
-    def failed_attempt(self, error: str) -> None:
-        """An attempt ended without success, for `error`."""
+    def failed_attempt(self, error: str) -> bool:
+        """An attempt ended without success, for `error`; False (nothing changes) once the call settled.
+
+        A call can settle while its attempt's failure is on its way back (its fleet hold was lost and the
+        failure came back before the cancellation landed, or `Lease.confirm` settled it right before the
+        send, then raised): like a late answer, it changes nothing.
+        """
+        if self.phase is Phase.SETTLED:
+            return False
         self._expect(Phase.RUNNING, what="fail an attempt")
         if self.errors is None:
             self.errors = [error]
         else:
             self.errors.append(error)
+        return True
 
     # Ending ----------------------------------------------------------------------------------------
 

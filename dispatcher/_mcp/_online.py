@@ -37,12 +37,14 @@ the same rule on the same signals, fed each call's view of the fleet (the holds 
 when it was granted, the shared limit then); what it does with an answer (its level cut by a factor, or
 grown by some calls) is sent to the fleet as a move, and it follows every level the fleet's replies show
 (a cut it did not make is adopted as a cut: its calls sent before it cannot cut again). The gate then
-holds the shared limit, and events and spans carry it, said to be the fleet's.
+holds the shared limit, and events and spans carry it, said to be the fleet's. A trusted server's
+Retry-After is sent as well, as a pause of the fleet (capped at `max_wait`), and the pause a reply
+shows holds this process's sends. A call whose fleet hold was lost, or whose lease ran out before it
+ended (a frozen process), reports nothing: its latency and words are not the fleet's load under a hold.
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -73,16 +75,11 @@ _HTTP_OVERLOAD = (429, 503)
 class FleetController(Controller):
     """The controller of a server whose limit the fleet shares: the same rule, its level the fleet's.
 
-    The hook `OnlineLimit` needs on top of `Controller`: the level it moves (a float: growth below a
-    known knee is half a call per answer), and following the level the fleet has.
+    What `OnlineLimit` needs on top of `Controller`'s public `level`, `follow` and `hold`: the fleet's
+    calls in flight, whether a probe is armed, and the fleet's bounds.
     """
 
     __slots__ = ()
-
-    @property
-    def level(self) -> float:
-        """The level the limit is the whole calls of."""
-        return self._level
 
     def sending(self, held: int | None) -> None:
         """A call is about to be sent with `held` holds in force across the fleet (itself included).
@@ -96,18 +93,12 @@ class FleetController(Controller):
     @property
     def probing(self) -> bool:
         """Whether a probe is armed: the limit shows one call more than the level."""
-        return self.limit > min(self.ceiling, max(self.floor, math.floor(self._level + 1e-9)))
+        return self.limit > self.level_limit()
 
-    def follow(self, level: float, *, cut: bool) -> None:
-        """Take the fleet's level; `cut`: the fleet cut it (another process's overload or slowdown).
-
-        A cut is adopted as the controller's own: the knee is the new level and calls sent before it
-        cannot cut again, since they report the load the cut answered.
-        """
-        if cut:
-            self._cut(level, level, self.limit)
-        elif level != self._level:
-            self._set_level(level)
+    def bound(self, floor: int, ceiling: int) -> None:
+        """Take the fleet's floor and ceiling (the first process's, when this one configured others)."""
+        self.floor, self.ceiling = floor, ceiling
+        self.follow(self.level)
 
 
 class OnlineLimit:
@@ -187,13 +178,24 @@ class OnlineLimit:
             self.applied = limit
             self._apply(limit)
 
-    def follow_fleet(self, level: float, epoch: int, source: object) -> None:
-        """The fleet's level now (`SharedLimit` tells it); `source` made the move that set it, if known."""
+    def follow_fleet(self, level: float, epoch: int, source: object, pause: float) -> None:
+        """The fleet's level now (`SharedLimit` tells it); `source` made the move that set it, if known.
+
+        A new epoch it did not cause is a cut it adopts; an epoch lower than the last (Redis lost the
+        hash and the fleet started again) is followed as it is. `pause`: seconds left of the fleet's
+        pause (a trusted server's Retry-After heard by any process), held here too up to `max_wait`.
+        """
         controller = self.controller
-        if isinstance(controller, FleetController):
-            cut = epoch != self._epoch and source is not self
+        shared = self.shared
+        if isinstance(controller, FleetController) and shared is not None:
+            floor, ceiling, _ = shared.bounds
+            if (floor, ceiling) != (controller.floor, controller.ceiling):
+                controller.bound(floor, ceiling)
+            cut = epoch > self._epoch and source is not self
             self._epoch = epoch
             controller.follow(level, cut=cut)
+            if pause > 0:
+                controller.hold(anyio.current_time(), pause)
         self.sync()
 
     @property
@@ -222,11 +224,14 @@ class OnlineLimit:
 
     def level(self) -> float:
         """The controller's level (0 for a limit that is this process's: nothing to send)."""
-        controller = self.controller
-        return controller.level if isinstance(controller, FleetController) else 0.0
+        return self.controller.level if self.shared is not None else 0.0
 
-    def moved(self, before: float, epoch: int) -> None:
-        """The controller went from level `before` on a call sent under the fleet's `epoch`: tell the fleet."""
+    def moved(self, before: float, epoch: int, pause: float | None = None) -> None:
+        """The controller went from level `before` on a call sent under the fleet's `epoch`: tell the fleet.
+
+        `pause`: the seconds a trusted server's Retry-After asked for (the controller holds them up to
+        `max_wait`): the fleet holds them too, up to the same.
+        """
         shared = self.shared
         if shared is None:
             return
@@ -235,6 +240,9 @@ class OnlineLimit:
             shared.move(self, "cut", epoch, after / before)
         elif after > before:
             shared.move(self, "grow", epoch, after - before)
+        wait = min(pause or 0.0, self.controller.setting.max_wait)
+        if wait > 0:
+            shared.move(self, "pause", epoch, wait)
 
 
 class LimitedTool:
@@ -286,6 +294,10 @@ class LimitedTool:
             signal, pause = classify_result(result, online.trusted)
             return result
         finally:
+            if lease is not None and (lease.lost or anyio.current_time() >= lease.valid_until):
+                # Its hold was lost or its lease ran out (the process was frozen, cut off from Redis): what
+                # it saw is not the fleet's load under its hold, and a Retry-After may be long past.
+                signal, pause = Signal.OTHER, None
             before = online.level()
             controller.finish(
                 flight,
@@ -296,7 +308,7 @@ class LimitedTool:
                 retry_after=pause,
                 waiting=online.waiting(),
             )
-            online.moved(before, epoch)
+            online.moved(before, epoch, pause if signal is Signal.OVERLOAD else None)
             online.sync()
 
 

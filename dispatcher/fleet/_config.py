@@ -56,7 +56,8 @@ class FleetServer:
             holder killed at that moment, and the place of a holder that stops renewing is kept this long
             beyond its lease; so the fleet never starts more than `limit` calls while the ones it gave
             up may still run. None means 0 (a given-up call still keeps its place `lease_ttl`); only
-            for a server with a `limit`.
+            for a server with a `limit`, or with `share_limit` (the fleet's level is then the limit, on a
+            server connected with an adaptive limit).
 
     Raises:
         ConfigurationError: A value is out of range.
@@ -94,8 +95,10 @@ class FleetServer:
                 not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < math.inf
             ):
                 raise ConfigurationError(f"{name} must be a number of seconds >= 0, got {value!r}; use None for 0")
-        if self.max_call_time is not None and limit is None:
-            raise ConfigurationError("max_call_time keeps a call's place under the limit: set it with limit=")
+        if self.max_call_time is not None and limit is None and not self.share_limit:
+            raise ConfigurationError(
+                "max_call_time keeps a call's place under the limit: set it with limit= or share_limit=True"
+            )
         bound = self.max_write_time
         if bound is not None:
             if not self.shared_state:

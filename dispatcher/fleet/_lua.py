@@ -11,11 +11,13 @@ Every script works on one server's keys (all declared in KEYS, so each runs as o
     KEYS[7] meta         HASH  run_id, quiet_until (ms), epoch, held, waiting: see below
     KEYS[8] tokens       HASH  lease id -> fencing token    (of the granted holds)
     KEYS[9] fence        STRING  the last fencing token granted
-    KEYS[10] limit       HASH  level, epoch, cut_at (ms): the fleet's shared adaptive limit (see LIMIT)
+    KEYS[10] limit       HASH  bounds, level, epoch, pause_until, cut_at (ms): the fleet's shared
+                               adaptive limit (see LIMIT)
 
-    ARGV[1] lease ttl (ms), ARGV[2] the server's limit (0: none; ``auto:<initial>:<cap>:<probe>`` for a
-    shared adaptive limit: the level in KEYS[10], `initial` while it has none, at most `cap` unless 0,
-    plus `probe` (0 or 1): one call past the level, asked by a process whose controller probes),
+    ARGV[1] lease ttl (ms), ARGV[2] the server's limit (0: none;
+    ``auto:<floor>:<ceiling>:<initial>:<cap>:<probe>`` for a shared adaptive limit: the level in
+    KEYS[10] within the bounds found there (else these), `initial` while it has none, at most `cap`
+    unless 0, plus `probe` (0 or 1): one call past the level, asked by a process whose controller probes),
     ARGV[3] the wake-up channel prefix, ARGV[4] the server's max write time (ms; 0: none), ARGV[5] its
     max call time (ms; 0: none).
 
@@ -72,23 +74,69 @@ state vanished.
 
 from __future__ import annotations
 
-__all__ = ["ACQUIRE", "LIMIT", "RELEASE", "RENEW", "SPEND", "WALK"]
+__all__ = ["ACQUIRE", "LIMIT", "MAX_PAUSE_MS", "RELEASE", "RENEW", "SPEND", "WALK"]
 
 WALK = 1000
 """The most waiters one grant walks past (a bound on a script's time when thousands wait)."""
 
-_PRELUDE = """
+MAX_PAUSE_MS = 3_600_000
+"""The longest pause of the fleet's calls a Retry-After can ask for (LIMIT's ``"pause"``), and the most
+of one read back from Redis: an hour, whatever a process or the hash says."""
+
+_SHARED = """
+-- The fleet's shared adaptive limit (a HASH: bounds, level, epoch, pause_until, cut_at), read so that
+-- nothing found there takes the level outside its bounds. Its `bounds` ("floor:ceiling:initial") are the
+-- first process's: valid ones there replace the caller's. A level that is not a finite number is the
+-- initial level, an epoch that is not a whole number from 0 to 1e15 is 0, a pause that is not a finite
+-- time is none, and what is left of a pause is at most MAX_PAUSE ms. A key of another type reads as none.
+-- Returns floor, ceiling, initial, whether the bounds were found, level, epoch, the pause left (ms).
+local function whole_number(text, low, high)
+  local n = tonumber(text or '')
+  if n and n >= low and n <= high and n == math.floor(n) then return n end
+  return nil
+end
+
+local function finite(n)
+  return n ~= nil and n == n and n > -math.huge and n < math.huge
+end
+
+local function read_limit(key, floor, ceiling, initial, now)
+  local got = {}
+  if redis.call('TYPE', key)['ok'] == 'hash' then
+    got = redis.call('HMGET', key, 'bounds', 'level', 'epoch', 'pause_until')
+  end
+  local f, c, i = string.match(got[1] or '', '^(%d+):(%d+):(%d+)$')
+  f, c, i = whole_number(f, 1, 1e9), whole_number(c, 1, 1e9), whole_number(i, 1, 1e9)
+  local known = f ~= nil and c ~= nil and i ~= nil and f <= i and i <= c
+  if known then floor, ceiling, initial = f, c, i end
+  local level = tonumber(got[2] or '')
+  if not finite(level) then level = initial end
+  level = math.min(ceiling, math.max(floor, level))
+  local epoch = whole_number(got[3], 0, 1e15) or 0
+  local pause = tonumber(got[4] or '')
+  local left = 0
+  if finite(pause) and pause > now then left = math.min(pause - now, MAX_PAUSE) end
+  return floor, ceiling, initial, known, level, epoch, math.floor(left)
+end
+""".replace("MAX_PAUSE", str(MAX_PAUSE_MS))
+
+_PRELUDE = (
+    _SHARED
+    + """
 local Q, W, WE, H, HE, SEQ, META = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local TOK, FENCE, LIM = KEYS[8], KEYS[9], KEYS[10]
 local ttl = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
-local initial, cap, probe = string.match(ARGV[2], '^auto:(%d+):(%d+):(%d)$')
--- A shared adaptive limit: the fleet's level now (LIMIT moves it) and its epoch, as strings.
-local shared_level, shared_epoch = '', ''
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local floor, ceiling, initial, cap, probe = string.match(ARGV[2], '^auto:(%d+):(%d+):(%d+):(%d+):(%d)$')
+-- A shared adaptive limit: the fleet's level now (LIMIT moves it), its epoch, the pause left (ms) and
+-- the fleet's bounds, as strings.
+local shared_level, shared_epoch, shared_pause, shared_bounds = '', '', '', ''
 if initial then
-  local lim = redis.call('HMGET', LIM, 'level', 'epoch')
-  local level = tonumber(lim[1] or '') or tonumber(initial)
-  shared_level, shared_epoch = string.format('%.6f', level), lim[2] or '0'
+  local f, c, i, _, level, shared, left = read_limit(LIM, tonumber(floor), tonumber(ceiling), tonumber(initial), now)
+  shared_level, shared_epoch = string.format('%.6f', level), string.format('%.0f', shared)
+  shared_pause, shared_bounds = string.format('%.0f', left), string.format('%.0f:%.0f:%.0f', f, c, i)
   limit = math.max(1, math.floor(level + 1e-9))  -- whole calls, at least 1
   if tonumber(cap) > 0 then limit = math.min(limit, tonumber(cap)) end
   limit = limit + tonumber(probe)
@@ -97,8 +145,6 @@ local prefix = ARGV[3]
 local extra = tonumber(ARGV[4])
 local callx = tonumber(ARGV[5])
 if limit == 0 then callx = 0 end  -- a call's place is kept only under a limit
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Microseconds since the epoch (about 1.8e15) are exact in Lua's doubles (up to 9e15).
 local micros = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- BLOCKERS[m]: the modes held on a path that a lock of mode m cannot share it with (as in _gate).
@@ -265,19 +311,21 @@ local function grant(quiet_now)
     end
   end
 end
-""".replace("WALK", str(WALK))
+"""
+).replace("WALK", str(WALK))
 
 ACQUIRE = (
     _PRELUDE
     + """
 -- ARGV[6] lease id, ARGV[7] its locks. Returns {1, fencing token, epoch, holds in force (this one
--- included), shared level, its epoch} when the hold is granted ('' for the last two without a shared
--- limit), {0} while it waits.
+-- included), shared level, its epoch, the fleet's pause left (ms), its bounds} when the hold is granted
+-- ('' for the last four without a shared limit), {0} while it waits.
 local id, spec = ARGV[6], ARGV[7]
 local quiet_now = check()
 purge()
 local function granted()
-  return {1, redis.call('HGET', TOK, id) or '0', epoch() or '0', redis.call('HLEN', H), shared_level, shared_epoch}
+  return {1, redis.call('HGET', TOK, id) or '0', epoch() or '0', redis.call('HLEN', H), shared_level, shared_epoch,
+    shared_pause, shared_bounds}
 end
 if redis.call('HEXISTS', H, id) == 1 then
   redis.call('ZADD', HE, expiry(cjson.decode(spec)), id)
@@ -383,36 +431,52 @@ redis.call('HSET', KEYS[1], 'tokens', string.format('%.6f', tokens))
 return taken
 """
 
-LIMIT = """
--- A server's shared adaptive limit (KEYS[1], a HASH: level, epoch, cut_at). ARGV[1] floor, ARGV[2]
--- ceiling, ARGV[3] initial, ARGV[4] 'read', 'cut' or 'grow', ARGV[5] the epoch the call that reports it
--- was sent under, ARGV[6] for a cut the factor (0 < f < 1) its controller cut its own level by, for a
--- growth the calls its controller added (> 0). Returns {level, epoch, 1 if applied else 0}.
+LIMIT = (
+    _SHARED
+    + """
+-- A server's shared adaptive limit (KEYS[1], a HASH: bounds, level, epoch, pause_until, cut_at). ARGV[1]
+-- floor, ARGV[2] ceiling, ARGV[3] initial (the caller's: the hash's own bounds, once set, win), ARGV[4]
+-- 'read', 'cut', 'grow' or 'pause', ARGV[5] the epoch the call that reports it was sent under, ARGV[6]
+-- for a cut the factor (0 < f < 1) its controller cut its own level by, for a growth the calls its
+-- controller added (> 0), for a pause the seconds a trusted server's Retry-After asked for (> 0, at
+-- most an hour counted). Returns {level, epoch, 1 if applied else 0, pause left (ms), bounds}.
 --
 -- A cut applies only to the epoch it was sent under, and starts the next one: calls sent before it
 -- report the load it answered, and cannot cut again, from whichever process (one cut per round for
 -- the fleet). A growth applies under its own epoch only too (a call sent before a cut says nothing of
 -- the limit since). Each growth is one answer's, sent by the one process that got it: the fleet's
 -- level grows by what one controller seeing all the fleet's answers would add, not that times the
--- processes.
-local floor, ceiling, initial = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+-- processes. A value that is not a finite number moves nothing.
+local key = KEYS[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local kind = redis.call('TYPE', key)['ok']
+if kind ~= 'hash' and kind ~= 'none' then redis.call('DEL', key) end  -- not ours to read: start again
+local floor, ceiling, initial, known, level, epoch, left =
+  read_limit(key, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), now)
 local op, sent, value = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
-local seen = redis.call('HMGET', KEYS[1], 'level', 'epoch')
-local level = tonumber(seen[1] or '') or initial
-local epoch = tonumber(seen[2] or '') or 0
-level = math.min(ceiling, math.max(floor, level))
 local applied = 0
+if not finite(value) or not finite(sent) then
+  op = 'read'
+end
 if op == 'cut' and sent == epoch and value > 0 and value < 1 then
   level = math.max(floor, math.floor(level * value + 1e-9))
   epoch = epoch + 1
   applied = 1
-  local t = redis.call('TIME')
-  redis.call('HSET', KEYS[1], 'cut_at', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  redis.call('HSET', key, 'cut_at', now)
 elseif op == 'grow' and sent == epoch and value > 0 then
   level = math.min(ceiling, level + value)
   applied = 1
+elseif op == 'pause' and value > 0 then
+  local wanted = math.floor(math.min(value * 1000, MAX_PAUSE))
+  if wanted > left then
+    left = wanted
+    redis.call('HSET', key, 'pause_until', string.format('%.0f', now + wanted))
+  end
+  applied = 1
 end
-local shown = string.format('%.6f', level)
-redis.call('HSET', KEYS[1], 'level', shown, 'epoch', epoch)
-return {shown, epoch, applied}
+local shown, bounds = string.format('%.6f', level), string.format('%.0f:%.0f:%.0f', floor, ceiling, initial)
+redis.call('HSET', key, 'bounds', bounds, 'level', shown, 'epoch', string.format('%.0f', epoch))
+return {shown, epoch, applied, left, bounds}
 """
+).replace("MAX_PAUSE", str(MAX_PAUSE_MS))

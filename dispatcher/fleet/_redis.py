@@ -394,7 +394,7 @@ class RedisCoordinator:
                     lease.held = int(reply[3])
                     shared = self._limits.get(server)
                     if shared is not None:
-                        shared.seen(str(reply[4]), str(reply[5]))
+                        shared.seen(list(reply))
                     if now >= lease.valid_until - self.recheck:
                         # The reply came too late to be sure the lease still holds (a frozen process,
                         # a stalled network): not granted, and given back by the handler below.
@@ -488,8 +488,12 @@ class RedisCoordinator:
                 # back, so give it back again (a second release is harmless).
                 if flag == 1 and not lease.lost:
                     await self._release(lease)
-            elif flag == 1:
+            elif flag == 1 and sent < lease.valid_until:
                 lease.valid_until = sent + self.lease_ttl
+            elif flag == 1:
+                # Redis still had it (a call's place is kept beyond its lease), but here it ran out before
+                # this renewal left: the process was frozen, and its call is given up as the watch would.
+                self._lose(lease, "its lease ran out before it was renewed (the process was late, or frozen)")
             else:
                 self._lose(lease, "it expired in Redis and was taken, or Redis lost the fleet's state since its grant")
 

@@ -8,6 +8,11 @@ sends back every call's result and its window. The figures are those of the whol
 merged on the host's monotonic clock (the same clock in every process on one machine), over the span
 when every process was measuring.
 
+The sweep's time budget reaches the processes as a deadline on that clock: when it runs out mid-setting,
+each process closes its window there, cancels the calls still running (counted as cut off, timed up to
+that moment) and sends what it measured, so that the setting is kept, marked `partial`, as a
+single-process sweep keeps it.
+
 A process runs `main()` of this module, started by `fleet_measure`, which sends its
 configuration as the first line of its stdin (never on the command line: the Redis URL may hold a
 password).
@@ -17,9 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +46,7 @@ if TYPE_CHECKING:
 
     from dispatcher._core._calls import ToolResult
 
-    from ._measure import SettingResult
+    from ._measure import SettingResult, Window
 
 __all__ = ["check_redis", "fleet_measure", "shares"]
 
@@ -97,8 +104,16 @@ async def fleet_measure(
     call_timeout: float | None,
     connect_timeout: float | None,
     lease_ttl: float = 10.0,
+    deadline: float = math.inf,
 ) -> SettingResult:
-    """Measure one setting of the fleet-wide limit with `processes` processes sharing it through Redis."""
+    """Measure one setting of the fleet-wide limit with `processes` processes sharing it through Redis.
+
+    `deadline` (this loop's clock) is when the sweep's time budget runs out: the processes close their
+    windows there, and the setting is `partial`.
+    """
+    # The processes run asyncio, whose clock is the host's monotonic one; this loop's may be another (trio's
+    # has an offset), so the deadline travels as a moment on the host's clock.
+    at = None if math.isinf(deadline) else time.monotonic() + (deadline - anyio.current_time())
     namespace = f"dispatcher-tune-{uuid.uuid4().hex[:12]}"  # a fleet of its own for each setting
     base = {
         "url": url,
@@ -112,6 +127,7 @@ async def fleet_measure(
         "connect_timeout": connect_timeout,
         "lease_ttl": lease_ttl,
         "duration": duration,
+        "deadline": at,
         "workload": [[call.name, call.arguments, call.server] for call in workload],
     }
     per_clients = shares(clients, processes)
@@ -202,6 +218,7 @@ async def _stop_all(running: list[tuple[Process, BufferedByteReceiveStream, Any]
 def _merge(limit: int, windows: list[dict[str, Any]]) -> SettingResult:
     """The fleet's figures: every process's calls, over the span when all of them were measuring."""
     results: list[ToolResult] = []
+    abandoned = [(queued, began) for window in windows for queued, began in window["abandoned"]]
     for window in windows:
         for status, queued, started, finished, error in window["results"]:
             call = ToolCall(str(len(results)), "fleet", {})
@@ -215,7 +232,15 @@ def _merge(limit: int, windows: list[dict[str, Any]]) -> SettingResult:
     if stop <= start:
         # The processes' windows did not overlap (very short settings): take the span of them all.
         start, stop = min(window["start"] for window in windows), max(window["stop"] for window in windows)
-    return summarise(limit, results, start, stop, inclusive=all(window["inclusive"] for window in windows))
+    return summarise(
+        limit,
+        results,
+        start,
+        stop,
+        inclusive=all(window["inclusive"] for window in windows),
+        abandoned=abandoned,
+        partial=any(window["partial"] for window in windows),
+    )
 
 
 # The process side ---------------------------------------------------------------------------------
@@ -257,9 +282,27 @@ async def _process(config: dict[str, Any]) -> None:
             calls=config["calls"],
             duration=config["duration"],
             report=None,
+            deadline=math.inf if config["deadline"] is None else config["deadline"],
         )
+        if window.partial:
+            # The budget ran out, and closing up gets a few seconds at most: the figures go before closing.
+            _send(window)
+    if not window.partial:
+        # After closing: the parent stops this process once it has the figures, and the server's session
+        # and the fleet's holds are released first.
+        _send(window)
+
+
+def _send(window: Window) -> None:
     rows = [[r.status.value, r.queued_at, r.started_at, r.finished_at, r.error] for r in window.results]
-    line = {"results": rows, "start": window.start, "stop": window.stop, "inclusive": window.inclusive}
+    line = {
+        "results": rows,
+        "start": window.start,
+        "stop": window.stop,
+        "inclusive": window.inclusive,
+        "abandoned": [list(pair) for pair in window.abandoned],
+        "partial": window.partial,
+    }
     sys.stdout.write(json.dumps(line) + "\n")
     sys.stdout.flush()
 

@@ -62,6 +62,9 @@ class SettingResult:
             its counts their sums.
         throughput_range: The lowest and highest throughput of those measurements.
         run_p95_range: The lowest and highest p95 run time of those measurements.
+        power_range: The lowest and highest of those measurements' power (throughput / median run time,
+            each measurement's own), or None for a single measurement: the spread the recommendation
+            reads (see `dispatcher.tuning._recommend`).
         partial: The measurement was cut off by the sweep's time budget before its window would have
             closed: its figures cover the part of the window that ran (and the calls running then count as
             cut off, timed up to that moment).
@@ -84,6 +87,7 @@ class SettingResult:
     run_p95_range: tuple[float, float] | None = None
     partial: bool = False
     error_tool: str | None = None
+    power_range: tuple[float, float] | None = None
 
     @property
     def spread(self) -> float:
@@ -113,6 +117,8 @@ class SettingResult:
             "throughput_range": None if self.throughput_range is None else [_finite(v) for v in self.throughput_range],
             "run_p95_range_ms": None if self.run_p95_range is None else [_finite(v * ms) for v in self.run_p95_range],
             "partial": self.partial,
+            # Calls/s per second of median run time, as the recommendation reads it.
+            "power_range": None if self.power_range is None else [_finite(v) for v in self.power_range],
         }
 
 
@@ -419,6 +425,8 @@ def combine(measurements: Sequence[SettingResult]) -> SettingResult:
 
     throughputs = [m.throughput for m in measurements]
     p95s = [m.run_p95 for m in measurements if not math.isnan(m.run_p95)]
+    # Each repeat's own power: its throughput and run time moved together (the machine was busy or idle).
+    powers = [m.throughput / m.run_p50 for m in measurements if m.run_p50 > 0 and math.isfinite(m.throughput)]
     first = next((m for m in measurements if m.error is not None), None)
     errors = None if first is None else first.error
     return SettingResult(
@@ -439,6 +447,7 @@ def combine(measurements: Sequence[SettingResult]) -> SettingResult:
         run_p95_range=(min(p95s), max(p95s)) if p95s else None,
         partial=any(m.partial for m in measurements),
         error_tool=None if first is None else first.error_tool,
+        power_range=(min(powers), max(powers)) if powers else None,
     )
 
 

@@ -6,7 +6,9 @@ number formats that sentence and the tables share.
 The rule reads throughput and latency together, through Kleinrock's "power": throughput divided by the
 median run time. Below a server's knee, a larger setting raises throughput at the same run time, so power
 grows; past it, throughput stays flat while each call waits longer inside the server, so power falls. The
-recommended setting is the smallest whose power is within `tolerance` of the highest. Two cases read
+recommended setting is the smallest whose power is within `tolerance` of the highest, or within the
+spread of its repeats: one of its repeats reached that (`SettingResult.power_range`). A knee above a
+smaller setting is believed only when it stands out of that smaller setting's spread. Two cases read
 differently:
 
 - throughput flat across the range (the smallest setting already gets within 10% of the best, or one
@@ -19,6 +21,11 @@ Choosing from power rather than from throughput alone is what keeps the advice s
 creeping up past the knee (each round trip leaves a slot idle, and calls beyond the knee hide it), so
 "the smallest setting within 5% of the best throughput" lands one or two settings above the knee on one
 run and on it the next; run time doubles with every setting past the knee, which no noise hides.
+
+The medians alone were not enough on a loaded machine: against mcp-server-git (load 6 to 12 on two cores,
+repeats scattering by +-30%), one run's median power at 2 came out low (one slow round), 4 took the peak,
+and three runs recommended 2, 1 and 4. The repeats at 1 had reached 4's power all along; reading the
+spread, the same measurements give 2, 1 and 1.
 """
 
 from __future__ import annotations
@@ -94,8 +101,9 @@ def recommend(
         if planned_top is not None and planned_top > top.limit:
             return top.limit, top.limit, f"{head}: the sweep stopped before the other settings; give it more time."
         return top.limit, top.limit, f"{head}: measure more than one setting to compare them."
-    peak = max(power(s) for s in measured)
-    chosen = next((s for s in measured if power(s) >= (1 - tolerance) * peak), low) if peak > 0 else low
+    summit = max(measured, key=power)
+    peak = power(summit)
+    chosen = next((s for s in measured if _reaches(s, (1 - tolerance) * peak)), low) if peak > 0 else low
     if len(measured) > 1 and _flat(low, best):
         latency = (
             f"while each call's p95 run time grows from {format_ms(low.run_p95)} to {format_ms(top.run_p95)}"
@@ -126,10 +134,15 @@ def recommend(
     if chosen.throughput < (1 - tolerance) * best.throughput:
         # The knee is well below the best throughput: say what the rest would cost, and let the user choose.
         speed = best.run_p50 / chosen.run_p50 if chosen.run_p50 > 0 else math.inf
+        most = (
+            "the most throughput per unit of run time"
+            if chosen is summit
+            else f"as much throughput per unit of run time as {summit.limit}, within the spread of its repeats"
+        )
         return (
             chosen.limit,
             best.limit,
-            f"{chosen.limit} is the knee: the most throughput per unit of run time ({_rate(chosen)} at a median "
+            f"{chosen.limit} is the knee: {most} ({_rate(chosen)} at a median "
             f"run time of {format_ms(chosen.run_p50)}); {best.limit} gives "
             f"{_percent(best.throughput / chosen.throughput - 1)} more ({_rate(best)}) with each call taking "
             f"{speed:.1f}x as long ({format_ms(best.run_p50)}): set it instead if throughput matters more to you "
@@ -156,6 +169,13 @@ def recommend(
         )
     more = "no more throughput" if same else f"at most {_percent(gain)} more throughput"
     return chosen.limit, best.limit, f"{head}; larger settings give {more}."
+
+
+def _reaches(setting: SettingResult, level: float) -> bool:
+    """Whether a setting's power reaches `level`: its median, or one of its repeats (within its spread)."""
+    if power(setting) >= level:
+        return True
+    return setting.power_range is not None and setting.power_range[1] >= level
 
 
 def _flat(low: SettingResult, best: SettingResult) -> bool:

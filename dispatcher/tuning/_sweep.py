@@ -355,39 +355,38 @@ async def tune(
                         on_call, on_phase = report_to(limit, index, repeat)
                         if fleet is not None:
                             assert isinstance(target, str)
-                            measured[limit].append(
-                                await fleet_measure(
-                                    target,
-                                    pattern,
-                                    redis=fleet,
-                                    processes=processes,
-                                    limit=limit,
-                                    clients=callers,
-                                    warmup=2 * limit if warmup is None else warmup,
-                                    calls=calls,
-                                    duration=duration,
-                                    trusted=trusted,
-                                    server=server,
-                                    mode=mode,
-                                    call_timeout=call_timeout,
-                                    connect_timeout=connect_timeout,
-                                )
+                            result = await fleet_measure(
+                                target,
+                                pattern,
+                                redis=fleet,
+                                processes=processes,
+                                limit=limit,
+                                clients=callers,
+                                warmup=2 * limit if warmup is None else warmup,
+                                calls=calls,
+                                duration=duration,
+                                trusted=trusted,
+                                server=server,
+                                mode=mode,
+                                call_timeout=call_timeout,
+                                connect_timeout=connect_timeout,
+                                deadline=deadline,
                             )
                             if on_call is not None:
                                 on_call(calls or 1, calls)
-                            continue
-                        result = await measure(
-                            dispatcher,
-                            pattern,
-                            limit=limit,
-                            clients=callers,
-                            warmup=2 * limit if warmup is None else warmup,
-                            calls=calls,
-                            duration=duration,
-                            report=on_call,
-                            phase=on_phase,
-                            deadline=deadline,
-                        )
+                        else:
+                            result = await measure(
+                                dispatcher,
+                                pattern,
+                                limit=limit,
+                                clients=callers,
+                                warmup=2 * limit if warmup is None else warmup,
+                                calls=calls,
+                                duration=duration,
+                                report=on_call,
+                                phase=on_phase,
+                                deadline=deadline,
+                            )
                         if result.partial:
                             cut_short = "max_time"
                             # A part of a window counts only for a setting measured in no other round.

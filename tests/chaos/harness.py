@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
 
     from dispatcher import CallEvent
+    from tests.ledger import Entry
 
 STRESS = os.environ.get("DISPATCHER_STRESS", "") not in ("", "0")
 """Whether this is the long form (`make stress`)."""
@@ -350,59 +351,7 @@ def check_children_quiet(before: Iterable[int]) -> bool:
     return any(pid not in known for pid, _, _ in live_children())
 
 
-@dataclass
-class LedgerEntry:
-    """One tool call a workspace process recorded in its ledger file."""
-
-    pid: int
-    seq: int
-    tool: str
-    arguments: dict[str, Any]
-    outcome: str | None = None
-    start: int = 0
-    end: int | None = None
-
-
-class LedgerFile:
-    """The ledger a workspace subprocess writes (``--ledger PATH``), read back by the test."""
-
-    def __init__(self, path: pathlib.Path) -> None:
-        self.path = path
-
-    def entries(self) -> list[LedgerEntry]:
-        """Every recorded call in the order the calls started; line numbers order starts and ends."""
-        if not self.path.exists():
-            return []
-        entries: dict[tuple[int, int], LedgerEntry] = {}
-        for number, line in enumerate(self.path.read_text().splitlines()):
-            if not line.endswith("}"):
-                continue  # a line cut short by a kill
-            record = json.loads(line)
-            key = (record["pid"], record["seq"])
-            if record["event"] == "start":
-                entries[key] = LedgerEntry(
-                    record["pid"], record["seq"], record["tool"], record["arguments"] or {}, start=number
-                )
-            elif key in entries:
-                entries[key].outcome = record["outcome"]
-                entries[key].end = number
-        return sorted(entries.values(), key=lambda entry: entry.start)
-
-    def keys(self) -> list[str]:
-        """The `call_key` of every recorded call."""
-        return [call_key(entry.tool, entry.arguments) for entry in self.entries()]
-
-    async def wait_for(self, count: int, within: float = 30.0) -> LedgerEntry:
-        """Wait (up to `within` seconds) until `count` calls have started; return the last of them."""
-        with anyio.fail_after(within):
-            while True:
-                entries = self.entries()
-                if len(entries) >= count:
-                    return entries[count - 1]
-                await anyio.sleep(0.01)
-
-
-def check_server_overlaps(entries: Sequence[LedgerEntry], exclusive: set[str], abandoned: set[str]) -> list[str]:
+def check_server_overlaps(entries: Sequence[Entry], exclusive: set[str], abandoned: set[str]) -> list[str]:
     """On the server, an exclusive call never ran while another call of the same process ran.
 
     `exclusive` and `abandoned` hold `call_key`s. An overlap with a call the client had abandoned (it
@@ -411,12 +360,12 @@ def check_server_overlaps(entries: Sequence[LedgerEntry], exclusive: set[str], a
     A process killed mid-call ends all its calls at once.
     """
     problems = []
-    events: list[tuple[int, int, str, LedgerEntry]] = []
+    events: list[tuple[int, int, str, Entry]] = []
     for entry in entries:
         events.append((entry.start, 1, "start", entry))
         if entry.end is not None:
             events.append((entry.end, 0, "end", entry))
-    running: dict[tuple[int, int], LedgerEntry] = {}
+    running: dict[tuple[int, int], Entry] = {}
     for _, _, kind, entry in sorted(events, key=lambda event: (event[0], event[1])):
         key = (entry.pid, entry.seq)
         if kind == "end":

@@ -18,9 +18,10 @@ import anyio
 import pytest
 
 from dispatcher import CallStatus, Dispatcher, ReconnectPolicy, RetryPolicy, ToolCall
+from tests.ledger import Ledger
 
 from . import harness
-from .harness import FIGURES, DroppingProxy, HttpWorkspace, LedgerFile, call_key, scale
+from .harness import FIGURES, DroppingProxy, HttpWorkspace, call_key, scale
 from .scenario import make_call
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ class Round:
         self.fault = fault
         self.tmp = tmp
         self.mode = self.rng.choice(("auto", "legacy"))
-        self.ledgers = {"ws": LedgerFile(tmp / "ws.jsonl"), "raw": LedgerFile(tmp / "raw.jsonl")}
+        self.ledgers = {"ws": Ledger(tmp / "ws.jsonl"), "raw": Ledger(tmp / "raw.jsonl")}
         if transport == "http":
             self.ledgers["raw"] = self.ledgers["ws"]  # one process serves both registrations
         self.options = ["--latency", "0.02"] if fault != "slow" else ["--latency", "0.15", "--saturation", "2"]

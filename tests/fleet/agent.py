@@ -5,7 +5,9 @@ read to one MCP server over streamable HTTP, through a dispatcher coordinated by
 ``redis`` is null), and writes every result to ``out`` as JSON. In "hold" mode it takes one exclusive fleet
 hold, prints ``HELD`` and waits to be killed. In "keyed" mode each agent writes its note (``k0`` or ``k1``,
 by the parity of its number) `rounds` times, on a server whose writes are keyed by the note's name. In
-"writes" mode each agent dispatches `rounds` writes, one at a time, and nothing else.
+"writes" mode each agent dispatches `rounds` writes, one at a time, and nothing else; in "reads" mode `rounds`
+batches of two reads. With ``adaptive`` [floor, ceiling, initial] the server's limit is an `AdaptiveLimit`
+that the fleet shares (``max_call_time`` keeps a given-up call's place under it).
 
 With ``fence`` the server's requests carry their fencing token in that `_meta` entry. With
 ``freeze_after`` N the process stops itself (SIGSTOP) right after its N-th grant of a write, once, having printed
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from dispatcher import Dispatcher, ToolCall
+from dispatcher import AdaptiveLimit, Dispatcher, ToolCall
 from dispatcher.fleet import FleetServer, RedisCoordinator
 
 if TYPE_CHECKING:
@@ -71,6 +73,7 @@ def _coordinator(config: dict[str, Any]) -> RedisCoordinator | None:
         fence_meta=config.get("fence"),
         # No write of these tests' outlives its lease unless a test says so: no turn kept beyond it.
         max_write_time=config.get("max_write_time", 0.0) if shared else None,
+        max_call_time=config.get("max_call_time"),
     )
     return _Faulty(
         config["redis"],
@@ -115,6 +118,14 @@ async def _writes(dispatcher: Dispatcher, config: dict[str, Any], agent: int, ou
         )
 
 
+async def _reads(dispatcher: Dispatcher, config: dict[str, Any], agent: int, out: list[dict[str, Any]]) -> None:
+    tag = f"{config['name']}-{agent}"
+    for round_ in range(config["rounds"]):
+        calls = [ToolCall(f"{tag}-{round_}-r{i}", "search_notes", {"query": tag}) for i in (1, 2)]
+        results = await dispatcher.dispatch(calls)
+        out.extend({"id": result.call_id, "status": result.status.value, "error": result.error} for result in results)
+
+
 async def _calls(config: dict[str, Any]) -> None:
     coordinator = _coordinator(config)
     results: list[dict[str, Any]] = []
@@ -125,16 +136,21 @@ async def _calls(config: dict[str, Any]) -> None:
             Dispatcher(max_concurrency=config.get("local_limit", 16), coordinator=coordinator)
         )
         keyed = config.get("mode") == "keyed"
+        adaptive = config.get("adaptive")
+        limit: int | AdaptiveLimit | None = config.get("limit")
+        if adaptive is not None:
+            floor, ceiling, initial = adaptive
+            limit = AdaptiveLimit(floor=floor, ceiling=ceiling, initial=initial, tolerance=3.0)
         await dispatcher.connect(
             SERVER,
             config["mcp"],
             trusted=True,
-            max_concurrency=config.get("limit"),
+            max_concurrency=limit,
             domain=SERVER if keyed else None,
             keys={"set_note": lambda arguments: arguments["name"]} if keyed else None,
         )
         print("READY", flush=True)
-        agent_of = {"keyed": _keyed, "writes": _writes}.get(config.get("mode", ""), _agent)
+        agent_of = {"keyed": _keyed, "writes": _writes, "reads": _reads}.get(config.get("mode", ""), _agent)
         async with anyio.create_task_group() as tg:
             for agent in range(config["agents"]):
                 tg.start_soon(agent_of, dispatcher, config, agent, results)

@@ -250,8 +250,10 @@ def test_a_shared_state_server_declares_max_write_time_or_a_fence() -> None:
     with pytest.raises(ConfigurationError, match="shared_state=True"):
         FleetServer(limit=3, max_write_time=5)
     assert FleetServer(limit=3).call_bound == 0.0 and FleetServer(limit=3, max_call_time=2).call_bound == 2.0
-    with pytest.raises(ConfigurationError, match="set it with limit="):
-        FleetServer(shared_state=True, max_write_time=0, max_call_time=5)
+    with pytest.raises(ConfigurationError, match="set it with limit= or share_limit=True"):
+        FleetServer(shared_state=True, max_write_time=0, share_limit=False, max_call_time=5)
+    # Under share_limit (the default) the fleet's adaptive level is the limit.
+    assert FleetServer(shared_state=True, max_write_time=0, max_call_time=5).call_bound == 5.0
     with pytest.raises(ConfigurationError, match="max_call_time must be a number of seconds >= 0"):
         FleetServer(limit=3, max_call_time=-1)
 

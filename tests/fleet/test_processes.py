@@ -22,6 +22,7 @@ import pytest
 
 from dispatcher.fleet import CoordinationError, FleetServer, RedisCoordinator
 from tests.fleet.conftest import FENCE, _workspace
+from tests.ledger import Entry, Ledger
 
 if TYPE_CHECKING:
     import pathlib
@@ -40,29 +41,19 @@ class Overlaps:
     calls: int
 
 
+def _write_beside(first: Entry, second: Entry) -> bool:
+    return first.tool in WRITES or second.tool in WRITES
+
+
 def read_ledger(path: pathlib.Path) -> Overlaps:
     """The server's peak concurrency and how many times a write overlapped another call, from its ledger.
 
     A write the fenced workspace refused where it would have taken effect (outcome ``fenced``) changed
     nothing, so it overlaps nothing.
     """
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    fenced = {record["seq"] for record in records if record["event"] == "end" and record["outcome"] == "fenced"}
-    running: dict[int, str] = {}
-    peak = overlaps = calls = 0
-    for record in records:
-        if record["seq"] in fenced:
-            continue
-        if record["event"] == "start":
-            calls += 1
-            tool = record["tool"]
-            if running and (tool in WRITES or any(other in WRITES for other in running.values())):
-                overlaps += 1
-            running[record["seq"]] = tool
-            peak = max(peak, len(running))
-        else:
-            running.pop(record["seq"], None)
-    return Overlaps(peak, overlaps, calls)
+    ledger = Ledger(path)
+    calls = sum(entry.outcome != "fenced" for entry in ledger.entries())
+    return Overlaps(ledger.peak(effective=True), len(ledger.overlaps(_write_beside, effective=True)), calls)
 
 
 def spawn(config: dict[str, Any]) -> subprocess.Popen[bytes]:
@@ -164,18 +155,9 @@ def test_a_fleet_overlaps_writes_on_different_keys_and_never_on_the_same_key(
     results = results_of(configs)
     assert len(results) == 3 * 4 * 4
     assert [result for result in results if result["status"] != "ok"] == []
-    running: dict[tuple[int, int], str] = {}
-    same = different = 0
-    for line in ledger.read_text().splitlines():
-        record = json.loads(line)
-        key = (record["pid"], record["seq"])
-        if record["event"] == "start":
-            note = record["arguments"]["name"]
-            same += sum(other == note for other in running.values())
-            different += sum(other != note for other in running.values())
-            running[key] = note
-        else:
-            running.pop(key, None)
+    pairs = Ledger(ledger).overlaps()
+    same = sum(a.arguments["name"] == b.arguments["name"] for a, b in pairs)
+    different = len(pairs) - same
     assert same == 0, f"writes of one note overlapped {same} times across the fleet"
     assert different > 0, "writes of different notes never overlapped: the fleet held the whole server"
 
@@ -340,23 +322,15 @@ def test_the_oracle_an_unchecked_holder_on_an_unfenced_server_overlaps_writes(
     configs, processes = frozen_fleet(tmp_path, mcp, redis_server.url, namespace, anyio_backend_name, unchecked=True)
     thaw_after(processes[0], 1.0)
     wait_all(processes, timeout=60)
-    records = [json.loads(line) for line in ledger.read_text().splitlines()]
     # The frozen process's write started after the other process had been granted the server.
     assert read_ledger(ledger).calls == len(results_of(configs))
-    assert any(record["event"] == "start" for record in records)
+    assert any(entry.tool in WRITES for entry in Ledger(ledger).entries())
     assert read_ledger(ledger).write_overlaps > 0, "the checks cannot tell a late, unfenced write"
 
 
 def open_write(ledger: pathlib.Path, by: str = "") -> bool:
     """Whether the ledger shows a write that started and has not ended (of a note whose name starts with `by`)."""
-    running: set[int] = set()
-    for line in ledger.read_text().splitlines() if ledger.exists() else ():
-        record = json.loads(line)
-        if record["event"] == "start" and record["tool"] in WRITES and record["arguments"]["name"].startswith(by):
-            running.add(record["seq"])
-        elif record["event"] == "end":
-            running.discard(record["seq"])
-    return bool(running)
+    return bool(Ledger(ledger).running(lambda e: e.tool in WRITES and e.arguments["name"].startswith(by)))
 
 
 def test_repeated_flushalls_never_let_two_writes_overlap(

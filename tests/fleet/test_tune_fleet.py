@@ -8,7 +8,6 @@ that allows it.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 from typing import TYPE_CHECKING
@@ -21,6 +20,7 @@ from dispatcher._core._errors import FleetTuneError
 from dispatcher.cli import main
 from dispatcher.tuning import tune
 from dispatcher.tuning._fleet import shares
+from tests.ledger import Ledger
 
 if TYPE_CHECKING:
     from benchmarks._redis import RedisServer
@@ -61,17 +61,7 @@ async def endless_setting(url: str, redis_url: str) -> None:
 
 def ledger_peak(path: pathlib.Path) -> int:
     """The most calls the server ran at once, from its ledger."""
-    running: set[tuple[int, int]] = set()
-    peak = 0
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        key = (record["pid"], record["seq"])
-        if record["event"] == "start":
-            running.add(key)
-            peak = max(peak, len(running))
-        else:
-            running.discard(key)
-    return peak
+    return Ledger(path).peak()
 
 
 @pytest.mark.anyio
@@ -226,5 +216,36 @@ async def test_a_process_killed_mid_setting_fails_the_sweep_saying_so(
         assert "a process of the fleet failed (killed by signal 9)" in str(caught)
         assert "RuntimeWarning" not in str(caught)
         assert client.keys("dispatcher-tune-*") == [], "a failed setting left keys in Redis"
+    finally:
+        client.close()
+
+
+@pytest.mark.anyio
+async def test_a_fleet_setting_cut_short_by_max_time_is_kept_as_partial(
+    redis_server: RedisServer, workspace: tuple[str, pathlib.Path]
+) -> None:
+    """--max-time mid-setting: the fleet's processes close their windows there and the setting is kept, partial."""
+    import anyio
+
+    url, _ = workspace
+    began = anyio.current_time()
+    # A window of 600 s: only the budget can close it. 60 s: on a loaded machine the processes take 20 s and more
+    # to import what they need and connect, before they measure anything.
+    report = await tune(
+        url, "reads", [2], trusted=True, calls=None, duration=600.0, fleet=redis_server.url, processes=2,
+        repeats=1, max_time=60.0,
+    )  # fmt: skip
+    took = anyio.current_time() - began
+    assert report.cut_short == "max_time"
+    (setting,) = report.settings
+    assert setting.partial and report.to_json()["settings"][0]["partial"] is True
+    assert setting.calls > 0 and setting.elapsed > 0, "nothing measured before the budget ran out"
+    assert setting.cut_off >= 1, "the calls running at the deadline were not counted as cut off"
+    assert report.recommended == 2
+    # Generous: the budget, the grace to close up, and a loaded machine's process exits.
+    assert took < 60.0 + 15.0, f"the sweep took {took:.1f} s for a budget of 60 s"
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        assert client.keys("dispatcher-tune-*") == [], "a setting cut short left keys in Redis"
     finally:
         client.close()
