@@ -76,6 +76,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "dispatcher._core._gate",
             "dispatcher._core._growth",
             "dispatcher._core._adaptive",
+            "dispatcher._core._overload",
             "dispatcher._core._keys",
             "dispatcher._core._idempotency",
             "dispatcher._core._outcomes",

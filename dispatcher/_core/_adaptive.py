@@ -1,9 +1,10 @@
 """The online concurrency limit of one server: a state machine fed each call's latency and outcome.
 
-Everything that decides an adaptive limit (`AdaptiveLimit`) lives in this file. `Controller` does no I/O
-and reads no clock: the wiring (`_online`) tells it when a call is sent (`start`, with the loop's time)
-and how it ended (`finish`: the time and a `Signal`), and reads `limit` back, the most calls the server
-may have in flight now. Every interleaving can be tested without an event loop.
+What decides an adaptive limit (`AdaptiveLimit`) lives here and in `_growth` (what a server's words say
+about its load: `_overload`). `Controller` does no I/O and reads no clock: the wiring (`_online`) tells
+it when a call is sent (`start`, with the loop's time) and how it ended (`finish`: the time and a
+`Signal`), and reads `limit` back, the most calls the server may have in flight now. Every
+interleaving can be tested without an event loop.
 
 The rule
 --------
@@ -55,14 +56,13 @@ from __future__ import annotations
 
 import enum
 import math
-import re
 from dataclasses import dataclass
 
 from ._backoff import is_number
 from ._errors import ConfigurationError
 from ._growth import Overlap, Proof, grow_to
 
-__all__ = ["AUTO", "AdaptiveLimit", "Controller", "Flight", "Signal", "check_limit", "retry_after", "says_overloaded"]
+__all__ = ["AUTO", "AdaptiveLimit", "Controller", "Flight", "Signal", "check_limit"]
 
 # What counts as a tool's unloaded latency is at least this many seconds: a ratio of two latencies that
 # read zero on a virtual clock (or a few microseconds on a real one) says nothing.
@@ -579,51 +579,3 @@ class Controller:
         """Hold every send until `seconds` after `now` (a Retry-After heard elsewhere), at most `max_wait`."""
         if is_number(seconds) and 0 < seconds < math.inf:
             self._hold_until = max(self._hold_until, now + min(seconds, self.setting.max_wait))
-
-
-# What a trusted server's own words say about its load ------------------------------------------------------
-
-# Words with which servers and the APIs behind them say they are overloaded or rate limited.
-_OVERLOAD_WORDS = re.compile(
-    r"\b(?:429|503)\b|too many requests|rate[ _-]?limit|overload|throttl|over capacity|capacity exceeded"
-    r"|retry[ _-]?after|service unavailable|server (?:is )?busy",
-    re.IGNORECASE,
-)
-_RETRY_AFTER_TEXT = re.compile(
-    r"(?:retry[ _-]?after|try again in|retry in)[\"'\s:=]*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?)?\b",
-    re.IGNORECASE,
-)
-_RETRY_AFTER_KEYS = ("retryAfter", "retry_after", "retry-after", "Retry-After", "retryAfterSeconds")
-# The most of a text that is read for these words: an answer can be megabytes.
-_TEXT_READ = 4096
-
-
-def says_overloaded(text: str) -> bool:
-    """Whether a message says the server is overloaded or rate limited (a 429, "rate limit", ...)."""
-    return _OVERLOAD_WORDS.search(text[:_TEXT_READ]) is not None
-
-
-def retry_after(text: str = "", data: object = None) -> float | None:
-    """The seconds a server asked to wait, from an error's data (``{"retryAfter": 2}``) or its text.
-
-    Returns:
-        A finite number of seconds >= 0, or None when the server named none (or nonsense).
-    """
-    if isinstance(data, dict):
-        for key in _RETRY_AFTER_KEYS:
-            value: object = data.get(key)
-            if isinstance(value, str):
-                try:
-                    value = float(value)
-                except ValueError:
-                    continue
-            if isinstance(value, int | float) and is_number(value) and 0 <= value < math.inf:
-                return float(value)
-    found = _RETRY_AFTER_TEXT.search(text[:_TEXT_READ])
-    if found is None:
-        return None
-    seconds = float(found.group(1))
-    unit = (found.group(2) or "s").lower()
-    if unit.startswith("m"):
-        seconds /= 1000
-    return seconds if math.isfinite(seconds) else None
