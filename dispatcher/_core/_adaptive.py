@@ -37,9 +37,9 @@ evidence move it:
 
 A probe is one call above the limit, not a higher limit: once that one call is sent the limit is back
 where it was until the probe's answer says what one more call costs. An answer within half the
-tolerance (plus the noise) of the baseline forgets the knee (the server has room: growth is fast
-again, up to just short of where the server last had had enough, which is probed at once; after a
-rate limit, one call more; none known, with calls waiting: 4x); a slower one leaves the knee; no probe
+tolerance (plus the noise) of the baseline moves the knee (the server has room: one call more, and
+the next is probed at once, up to just short of where the server last had had enough; after a rate
+limit, one call more; past it, the knee is forgotten, with calls waiting: 4x); a slower one leaves it; no probe
 counts in a round. So the server is never held down to measure it (the traffic's own quiet moments give the
 baseline), and what a probe costs is at most one slower call in 32.
 
@@ -452,9 +452,9 @@ class Controller:
         if self._rated:
             self._knee = float(k)  # a rate limit answers a probe later, if at all: one call more
         elif too_many is not None and k < too_many:
-            # No slowdown: grow fast again, up to just short of where the server last had had
-            # enough, and probe that at once.
-            self._knee = float(too_many - 1)
+            # No slowdown below where the server last had had enough: one call more, and the next one
+            # is probed at once (a knee seen is approached a call at a time, never overshot).
+            self._knee = float(min(too_many - 1, max(k, self._level_limit() + 1)))
             self._eager = True
         else:
             # No slowdown even there: the server has room, up to the ceiling (with calls waiting, likely
