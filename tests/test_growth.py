@@ -178,3 +178,28 @@ def test_proof_steps() -> None:
     assert proof.explains(20, 16.0) and not proof.explains(16, 16.0) and not proof.explains(20, 3.0)
     proof.cut(3.5)
     assert proof.level == 3
+
+
+def test_a_clean_probe_below_a_knee_seen_grows_one_call_not_to_the_knee() -> None:
+    """Cut from 16 to 8 by a slowdown, a clean probe of 9 moves the knee to 9 (one call more, the next probed at
+    once), not to just short of the 16 the server had had enough at: growth never overshoots a knee seen."""
+    controller = Controller(AdaptiveLimit(initial=16))
+    now = 0.0
+    for _ in range(10):  # rounds at 4 in flight, unloaded and without noise: the traffic holds the limit back
+        for flight in [controller.start(now) for _ in range(4)]:
+            controller.finish(flight, now + 0.1, Signal.ANSWER, tool="t")
+        now += 0.1
+    flights = [controller.start(now) for _ in range(16)]
+    controller.finish(flights[-1], now + 0.2, Signal.ANSWER, tool="t", waiting=True)  # 2x slower at 16: serves 8
+    assert (controller.limit, controller.knee) == (8, 8.0)
+    for flight in flights[:-1]:
+        controller.finish(flight, now + 0.2, Signal.OTHER, tool="t")
+    now += 0.2
+    flights = [controller.start(now) for _ in range(8)]
+    controller.finish(flights.pop(), now + 0.1, Signal.ANSWER, tool="t", waiting=True)
+    assert controller.limit == 9  # a probe is armed at the knee
+    flights += [controller.start(now + 0.1) for _ in range(2)]
+    probe = flights[-1]
+    assert probe.probe and probe.in_flight == 9
+    controller.finish(probe, now + 0.2, Signal.ANSWER, tool="t", waiting=True)
+    assert (controller.limit, controller.knee) == (9, 9.0)
