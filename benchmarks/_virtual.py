@@ -13,13 +13,14 @@ instead (the way the `looptime` package does it, in a dozen lines).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import selectors
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Iterator
 
 __all__ = ["BACKENDS", "VirtualEventLoop", "run"]
 
@@ -62,14 +63,43 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
         self._now += seconds
 
 
-def run(fn: Callable[..., Awaitable[T]], *args: Any, backend: str) -> T:
-    """Run `fn(*args)` on `backend` ("asyncio" or "trio") with a virtual clock that jumps when all tasks wait."""
+@contextlib.contextmanager
+def _trio_schedule(seed: int) -> Iterator[None]:
+    """Make trio's schedule a function of `seed` alone, for this run (restored after it).
+
+    trio runs the tasks made ready at one instant in an order it picks at random (a coin from a private
+    RNG seeded by the OS), after waking the timers due at one instant in the order of their cancel
+    scopes' ``id()``: memory addresses, which move with the allocation history (the hash seed changes
+    it). Its deterministic mode (the one pytest-trio uses under Hypothesis) sorts each batch by task
+    creation and shuffles it with that RNG, so seeding the RNG makes a run repeat exactly. A benchmark
+    measure only: the dispatcher never depends on it.
+    """
+    import trio._core._run as trio_run  # private: trio has no public switch for this
+
+    rng = trio_run._r
+    state, deterministic = rng.getstate(), trio_run._ALLOW_DETERMINISTIC_SCHEDULING
+    rng.seed(seed)
+    trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True
+    try:
+        yield
+    finally:
+        rng.setstate(state)
+        trio_run._ALLOW_DETERMINISTIC_SCHEDULING = deterministic
+
+
+def run(fn: Callable[..., Awaitable[T]], *args: Any, backend: str, seed: int = 0) -> T:
+    """Run `fn(*args)` on `backend` ("asyncio" or "trio") with a virtual clock that jumps when all tasks wait.
+
+    On trio, `seed` picks the order in which tasks made ready at one instant run (`_trio_schedule`): the
+    same seed, the same run.
+    """
     if backend == "trio":
         import trio.testing
 
-        return anyio.run(
-            fn, *args, backend="trio", backend_options={"clock": trio.testing.MockClock(autojump_threshold=0)}
-        )
+        with _trio_schedule(seed):
+            return anyio.run(
+                fn, *args, backend="trio", backend_options={"clock": trio.testing.MockClock(autojump_threshold=0)}
+            )
     if backend == "asyncio":
         return anyio.run(fn, *args, backend="asyncio", backend_options={"loop_factory": VirtualEventLoop})
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

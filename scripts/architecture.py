@@ -74,7 +74,9 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         " by), and where each call is in its life until its one result (the lifecycle)",
         (
             "dispatcher._core._gate",
+            "dispatcher._core._growth",
             "dispatcher._core._adaptive",
+            "dispatcher._core._overload",
             "dispatcher._core._keys",
             "dispatcher._core._idempotency",
             "dispatcher._core._outcomes",

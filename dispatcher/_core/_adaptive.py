@@ -1,9 +1,10 @@
 """The online concurrency limit of one server: a state machine fed each call's latency and outcome.
 
-Everything that decides an adaptive limit (`AdaptiveLimit`) lives in this file. `Controller` does no I/O
-and reads no clock: the wiring (`_online`) tells it when a call is sent (`start`, with the loop's time)
-and how it ended (`finish`: the time and a `Signal`), and reads `limit` back, the most calls the server
-may have in flight now. Every interleaving can be tested without an event loop.
+What decides an adaptive limit (`AdaptiveLimit`) lives here and in `_growth` (what a server's words say
+about its load: `_overload`). `Controller` does no I/O and reads no clock: the wiring (`_online`) tells
+it when a call is sent (`start`, with the loop's time) and how it ended (`finish`: the time and a
+`Signal`), and reads `limit` back, the most calls the server may have in flight now. Every
+interleaving can be tested without an event loop.
 
 The rule
 --------
@@ -29,17 +30,17 @@ evidence move it:
 - Growth. Only an answer whose call found the server at its limit (``k >= limit`` when it was sent,
   or calls waiting for room when it came back: the limit, not the traffic, held them back) and whose
   slowdown stayed within `tolerance` (plus the noise) makes the limit grow: by one call per such answer
-  while no knee is known (the limit doubles per round: a burst after a quiet spell finds a larger
-  capacity in a few rounds), by half a call below a known knee; at the knee, by a *probe* every 32
-  such answers (four rounds if more), or every second if that comes first, so that bursts too short
-  to count up to 32 still probe.
+  while no knee is known, up to what is proven allows (`_growth.Proof`: 1.25x per round), by half a
+  call below a known knee; at the knee, by a *probe* every 32 such answers (four rounds if more), or
+  every second if that comes first (a due one rides a burst's first round), so that bursts too short
+  to count up to 32 still probe. Past proven, a slowdown cuts back to proven, not below.
 
 A probe is one call above the limit, not a higher limit: once that one call is sent the limit is back
 where it was until the probe's answer says what one more call costs. An answer within half the
-tolerance (plus the noise) of the baseline forgets the knee (the server has room: growth is fast
-again, up to just short of where the server last had had enough, which is probed at once; after a
-rate limit, one call more); a slower one leaves the knee where it is. Probes are not counted in a
-round. So the server is never held down to measure it (the traffic's own quiet moments give the
+tolerance (plus the noise) of the baseline moves the knee (the server has room: one call more, and
+the next is probed at once, up to just short of where the server last had had enough; after a rate
+limit, one call more; past it, the knee is forgotten, with calls waiting: 4x); a slower one leaves it; no probe
+counts in a round. So the server is never held down to measure it (the traffic's own quiet moments give the
 baseline), and what a probe costs is at most one slower call in 32.
 
 Quiet periods change nothing: the limit, the knee and the baselines wait for the next burst. Calls
@@ -55,13 +56,13 @@ from __future__ import annotations
 
 import enum
 import math
-import re
 from dataclasses import dataclass
 
 from ._backoff import is_number
 from ._errors import ConfigurationError
+from ._growth import Overlap, Proof, grow_to
 
-__all__ = ["AUTO", "AdaptiveLimit", "Controller", "Flight", "Signal", "check_limit", "retry_after", "says_overloaded"]
+__all__ = ["AUTO", "AdaptiveLimit", "Controller", "Flight", "Signal", "check_limit"]
 
 # What counts as a tool's unloaded latency is at least this many seconds: a ratio of two latencies that
 # read zero on a virtual clock (or a few microseconds on a real one) says nothing.
@@ -230,9 +231,11 @@ class Controller:
         "_hold_until",
         "_knee",
         "_level",
+        "_overlap",
         "_probe",
         "_probed_at",
         "_probing",
+        "_proof",
         "_rated",
         "_round",
         "_since",
@@ -279,6 +282,8 @@ class Controller:
         self._hold_until = -math.inf
         # When the last probe was sent.
         self._probed_at = -math.inf
+        self._proof = Proof()
+        self._overlap = Overlap()
 
     @property
     def knee(self) -> float | None:
@@ -292,6 +297,7 @@ class Controller:
     def start(self, now: float) -> Flight:
         """A call is sent now; returns its record, to give back to `finish`."""
         self.in_flight += 1
+        self._ride(now)
         probe = self._probe and self.in_flight > self._level_limit()
         if probe:
             # The one call past the limit is sent; the limit is back where it was until it answers.
@@ -300,7 +306,9 @@ class Controller:
             self._since = 0
             self._probed_at = now
             self.limit = self._level_limit()
-        return Flight(now, self.in_flight, self.limit, self._epoch, probe)
+        flight = Flight(now, self.in_flight, self.limit, self._epoch, probe)
+        self._overlap.start(flight, now)
+        return flight
 
     def finish(
         self,
@@ -325,6 +333,7 @@ class Controller:
                 an OVERLOAD only).
             waiting: Whether calls of the server were waiting for room under its limit when it ended.
         """
+        self._overlap.finish(flight, now)
         self.in_flight -= 1
         if flight.probe:
             self._probing = False
@@ -336,6 +345,25 @@ class Controller:
             self._answer(flight, now, tool, waiting=waiting)
         elif signal is Signal.OVERLOAD or signal is Signal.TIMEOUT:
             self._overload(flight)
+
+    def _ride(self, now: float) -> None:
+        """A burst fills the limit at the knee: a probe that is due rides its first round (one call more),
+        if the server was probed before and not after a rate limit (a bucket answers that later)."""
+        knee = self._knee
+        if (
+            knee is None
+            or self._probe
+            or self._probing
+            or self._rated
+            or self._probed_at == -math.inf
+            or self._level < knee
+            or self._level >= self.ceiling
+            or self.in_flight != self._level_limit()
+            or now - self._probed_at < _PROBE_SECONDS
+        ):
+            return
+        self._probe = True
+        self.limit = self._level_limit() + 1
 
     def _level_limit(self) -> int:
         return min(self.ceiling, max(self.floor, math.floor(self._level + 1e-9)))
@@ -352,6 +380,7 @@ class Controller:
         self._knee = knee
         # Where the server showed it had had enough: fast growth after a clean probe stops short of it.
         self._too_many = too_many
+        self._proof.cut(level)
         self._set_level(level)
 
     def _overload(self, flight: Flight) -> None:
@@ -377,23 +406,24 @@ class Controller:
         if ratio > loose:
             if flight.probe:
                 if current:
-                    self._knee = self._level  # the probe's one call more was one too many
+                    self._knee, self._too_many = self._level, k  # the probe's one call more was one too many
             elif spread is not None and spread <= _QUIET:
                 # A server without noise: one slower answer is load already. It cuts by `backoff` at
                 # most from the limit it was sent under, so neither an outlier nor the answers of calls
                 # sent before a cut can pin the limit down.
-                self._slower(k / ratio, flight.limit)
+                self._slower(k / ratio, flight.limit, k)
             return
         if not current:
             return  # sent before the last cut: it says nothing about the limit now
         if flight.probe:
-            self._probe_answered(ratio, k, loose)
+            self._probe_answered(ratio, k, loose, waiting=waiting)
             return
+        self._proof.clean(k)
         if k < flight.limit and not waiting:
             return  # the traffic, not the limit, held it back
         knee = self._knee
         if knee is None or self._level < knee:
-            top = float(self.ceiling) if knee is None else knee
+            top = min(float(self.ceiling), self._proof.top(noisy=(spread or 0.0) > _QUIET)) if knee is None else knee
             if self._level < top:
                 # Slow start while no knee is known (the limit doubles per round of answers), half that
                 # below a known one.
@@ -413,26 +443,34 @@ class Controller:
             self._probe = True
             self.limit = self._level_limit() + 1
 
-    def _probe_answered(self, ratio: float, k: int, loose: float) -> None:
+    def _probe_answered(self, ratio: float, k: int, loose: float, *, waiting: bool) -> None:
         too_many = self._too_many
         if ratio > 1 + (loose - 1) / 2:
-            self._knee = self._level  # slower by a little: the one call more bought nothing
+            self._knee, self._too_many = self._level, k  # slower by a little: the one call more bought nothing
             return
+        self._proof.clean(k)
         if self._rated:
             self._knee = float(k)  # a rate limit answers a probe later, if at all: one call more
         elif too_many is not None and k < too_many:
-            # No slowdown: grow fast again, up to just short of where the server last had had
-            # enough, and probe that at once.
-            self._knee = float(too_many - 1)
+            # No slowdown below where the server last had had enough: one call more, and the next one
+            # is probed at once (a knee seen is approached a call at a time, never overshot).
+            self._knee = float(min(too_many - 1, max(k, self._level_limit() + 1)))
             self._eager = True
         else:
-            self._knee = None  # no slowdown even there: the server has room, up to the ceiling
-            self._too_many = None
+            # No slowdown even there: the server has room, up to the ceiling (with calls waiting, likely
+            # much more than one call).
+            self._knee = self._too_many = None
+            if waiting:
+                k = grow_to(k)
         self._set_level(max(self._level, float(k)))
 
-    def _slower(self, served: float, limit: int) -> None:
-        """Calls sent under `limit` came back slower: the server serves about `served` at its unloaded speed."""
+    def _slower(self, served: float, limit: int, sent: int) -> None:
+        """Calls sent under `limit` (with up to `sent` in flight) came back slower: the server serves about
+        `served` at its unloaded speed. Past what is proven, the limit goes back to proven."""
         estimate = max(math.floor(served + 0.5), math.floor(limit * self.setting.backoff + 1e-9))
+        proof = self._proof
+        if proof.explains(sent, served):
+            estimate = max(estimate, proof.level)
         if estimate < self._level:
             level = max(float(self.floor), float(estimate))
             self._cut(level, level, limit)
@@ -470,7 +508,8 @@ class Controller:
         if median > allowed and low > tolerance and not alone:
             # Loaded: the server serves about k / ratio calls at its unloaded speed (Little's law). A
             # round cuts by `backoff` at most from the limit its calls were sent under.
-            self._slower(served, max(sample[2] for sample in samples))
+            sent = max(sample[2] for sample in samples)
+            self._slower(served, sent, sent)
             return
         # Unloaded, or calls that ran (almost) alone: the round shows the server's unloaded speed now,
         # and each tool's baseline moves towards the round's median latency for it (all the way for a
@@ -540,53 +579,3 @@ class Controller:
         """Hold every send until `seconds` after `now` (a Retry-After heard elsewhere), at most `max_wait`."""
         if is_number(seconds) and 0 < seconds < math.inf:
             self._hold_until = max(self._hold_until, now + min(seconds, self.setting.max_wait))
-
-
-# What a trusted server's own words say about its load ------------------------------------------------------
-
-# Words with which servers and the APIs behind them say they are overloaded or rate limited.
-_OVERLOAD_WORDS = re.compile(
-    r"\b(?:429|503)\b|too many requests|rate[ _-]?limit|overload|throttl|over capacity|capacity exceeded"
-    r"|retry[ _-]?after|service unavailable|server (?:is )?busy",
-    re.IGNORECASE,
-)
-_RETRY_AFTER_TEXT = re.compile(
-    r"(?:retry[ _-]?after|try again in|retry in)[\"'\s:=]*(\d+(?:\.\d+)?)\s*"
-    r"(milliseconds?|millis|msecs?|ms|seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h)?\b",
-    re.IGNORECASE,
-)
-# Seconds per unit, by the unit's first letters ("100 msecs" is a tenth of a second, not 100 seconds).
-_UNITS = (("ms", 0.001), ("mil", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0))
-_RETRY_AFTER_KEYS = ("retryAfter", "retry_after", "retry-after", "Retry-After", "retryAfterSeconds")
-# The most of a text that is read for these words: an answer can be megabytes.
-_TEXT_READ = 4096
-
-
-def says_overloaded(text: str) -> bool:
-    """Whether a message says the server is overloaded or rate limited (a 429, "rate limit", ...)."""
-    return _OVERLOAD_WORDS.search(text[:_TEXT_READ]) is not None
-
-
-def retry_after(text: str = "", data: object = None) -> float | None:
-    """The seconds a server asked to wait, from an error's data (``{"retryAfter": 2}``) or its text.
-
-    Returns:
-        A finite number of seconds >= 0, or None when the server named none (or nonsense).
-    """
-    if isinstance(data, dict):
-        for key in _RETRY_AFTER_KEYS:
-            value: object = data.get(key)
-            if isinstance(value, str):
-                try:
-                    value = float(value)
-                except ValueError:
-                    continue
-            if isinstance(value, int | float) and is_number(value) and 0 <= value < math.inf:
-                return float(value)
-    found = _RETRY_AFTER_TEXT.search(text[:_TEXT_READ])
-    if found is None:
-        return None
-    seconds = float(found.group(1))
-    unit = (found.group(2) or "s").lower()
-    seconds *= next(scale for prefix, scale in _UNITS if unit.startswith(prefix))
-    return seconds if math.isfinite(seconds) else None

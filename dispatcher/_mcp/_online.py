@@ -51,7 +51,8 @@ import anyio
 from mcp.shared.exceptions import MCPError
 from mcp.types import REQUEST_TIMEOUT
 
-from .._core._adaptive import Controller, Flight, Signal, retry_after, says_overloaded
+from .._core._adaptive import Controller, Flight, Signal
+from .._core._overload import retry_after, says_overloaded
 from ._failures import ANSWER_TOO_LARGE
 
 if TYPE_CHECKING:

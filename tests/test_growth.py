@@ -1,0 +1,205 @@
+"""The adaptive limit's growth rule (`_core._growth` and how `_core._adaptive` uses it), as a model on a mock clock.
+
+Pure discrete-event simulations: no event loop, every time exact.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dispatcher import AdaptiveLimit
+from dispatcher._core._adaptive import Controller, Flight, Signal
+from dispatcher._core._growth import Overlap, Proof
+
+
+def _bursts(
+    controller: Controller, capacity: list[tuple[float, int]], end: float, seed: int = 0, latency: float = 0.1
+) -> list[tuple[float, float, int, list[int]]]:
+    """Bursts of 4 to 64 calls, 1 to 5 s apart, against a server that serves `capacity` at full speed and shares
+    itself past it (each call's latency is fixed when it is sent). Returns each burst's (start, end, calls, the
+    limits after each of its answers)."""
+    rng = random.Random(seed)
+    now = 0.0
+    out: list[tuple[float, float, int, list[int]]] = []
+
+    def cap(at: float) -> int:
+        return [c for t, c in capacity if at >= t][-1]
+
+    while now < end:
+        size = rng.randint(4, 64)
+        start, queued, running, seq = now, size, 0, 0
+        events: list[tuple[float, int, Flight]] = []
+        limits: list[int] = []
+
+        def fill(at: float, events: list[tuple[float, int, Flight]]) -> None:
+            nonlocal queued, running, seq
+            while queued and running < controller.limit:
+                queued -= 1
+                running += 1
+                flight = controller.start(at)
+                # The server's load: the calls that have not ended by now (one that ends now does not count,
+                # whether or not its answer has been told yet), this one included.
+                load = 1 + sum(1 for due, _, _ in events if due > at)
+                heapq.heappush(events, (at + latency * max(1.0, load / cap(at)), seq, flight))
+                seq += 1
+
+        fill(now, events)
+        while events:
+            now, _, flight = heapq.heappop(events)
+            running -= 1
+            controller.finish(flight, now, Signal.ANSWER, tool="t", waiting=queued > 0)
+            limits.append(controller.limit)
+            fill(now, events)
+        out.append((start, now, size, limits))
+        now += rng.uniform(1.0, 5.0)
+    return out
+
+
+def test_bursts_settle_within_20_percent_of_the_capacity() -> None:
+    """Bursts against 8, then 3, then 16: from the second burst of each phase on, the limit at each burst's end
+    is within 20% of the capacity (plus the probe's one call), and in the last phase each later burst takes
+    at most one round more than the capacity needs."""
+    phases = [(0.0, 8), (15.0, 3), (30.0, 16)]
+    bursts = _bursts(Controller(AdaptiveLimit()), phases, 45.0)
+    for begin, knee in phases:
+        inside = [burst for burst in bursts if begin <= burst[0] < begin + 15.0]
+        assert len(inside) >= 2
+        for _, _, _, limits in inside[1:]:
+            assert abs(limits[-1] - knee) <= 0.2 * knee + 1, (knee, limits)
+    for start, stop, size, _ in [burst for burst in bursts if burst[0] >= 30.0][1:]:
+        rounds = -(-size // 16)
+        assert stop - start <= 0.1 * (rounds + 1) + 1e-9, (size, stop - start)
+
+
+def test_slow_start_is_bounded_by_what_is_proven() -> None:
+    """While no knee is known, no round sends more than max(proven + 1, 1.25 x proven) calls: from 4 against a
+    server of 8, the limit never overshoots to twice the capacity as a doubling slow start would."""
+    bursts = _bursts(Controller(AdaptiveLimit()), [(0.0, 8)], 0.5)
+    limits = bursts[0][3]
+    assert max(limits) <= 10, limits  # 8 proven: 1.25 x 8 at most
+    assert limits[-1] in (8, 9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(proven=st.integers(2, 40), over=st.integers(1, 20))
+def test_a_slow_answer_above_proven_never_cuts_below_proven(proven: int, over: int) -> None:
+    """Answers at the unloaded speed with `proven` in flight, then one answer sent above proven whose slowdown the
+    calls past proven explain (Little's law): the limit goes back to proven, never below."""
+    controller = Controller(AdaptiveLimit(initial=proven))
+    first = [controller.start(0.0) for _ in range(proven)]
+    for flight in first:
+        controller.finish(flight, 0.1, Signal.ANSWER, tool="t", waiting=True)
+    sent = proven + over
+    flights = [controller.start(0.1) for _ in range(sent)]
+    assert flights[-1].in_flight == sent
+    controller.finish(flights[-1], 0.1 + 0.1 * sent / proven, Signal.ANSWER, tool="t", waiting=True)
+    assert controller.limit >= proven
+
+
+def test_a_server_that_got_slower_is_still_cut_below_proven() -> None:
+    """Proven is no floor: when the server itself serves far fewer calls than proven, the cut goes below it."""
+    controller = Controller(AdaptiveLimit(initial=16))
+    for flight in [controller.start(0.0) for _ in range(16)]:
+        controller.finish(flight, 0.1, Signal.ANSWER, tool="t", waiting=True)
+    flights = [controller.start(0.1) for _ in range(16)]
+    for flight in flights:
+        controller.finish(flight, 0.1 + 0.1 * 16 / 3, Signal.ANSWER, tool="t", waiting=True)
+    assert controller.limit < 16
+
+
+def _replay(order: list[tuple[str, int]]) -> tuple[list[int], int, float | None]:
+    """Eight calls sent at 0; at 0.1 the `order` of finishes ("f", i) and new sends ("s", j); then every call still
+    out answers at 0.2. Returns the new sends' counts of calls in flight, the limit and the knee."""
+    controller = Controller(AdaptiveLimit(initial=8))
+    first = [controller.start(0.0) for _ in range(8)]
+    later: dict[int, Flight] = {}
+    for kind, index in order:
+        if kind == "f":
+            controller.finish(first[index], 0.1, Signal.ANSWER, tool="t", waiting=True)
+        else:
+            later[index] = controller.start(0.1)
+    counts = [later[j].in_flight for j in sorted(later)]
+    for j in sorted(later):
+        controller.finish(later[j], 0.2 + 0.01 * j, Signal.ANSWER, tool="t", waiting=True)
+    for index in range(8):
+        if not any(kind == "f" and i == index for kind, i in order):
+            controller.finish(first[index], 0.3, Signal.ANSWER, tool="t", waiting=True)
+    return counts, controller.limit, controller.knee
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), ended=st.integers(1, 8), sent=st.integers(1, 8))
+def test_same_instant_events_in_any_order_give_the_same_level(data: st.DataObject, ended: int, sent: int) -> None:
+    """Answers and sends at one instant, interleaved in any order (each in its own order): each send counts the
+    same calls in flight, and the limit and the knee come out the same."""
+    events = [("f", i) for i in range(ended)] + [("s", j) for j in range(sent)]
+    finishes_first = _replay(events)
+    shuffled = data.draw(st.permutations(events))
+    sends = iter([event for event in events if event[0] == "s"])
+    finishes = iter([event for event in events if event[0] == "f"])
+    order = [next(sends) if kind == "s" else next(finishes) for kind, _ in shuffled]
+    assert _replay(order) == finishes_first
+
+
+def test_an_answer_at_the_instant_of_a_send_is_not_counted_in_flight() -> None:
+    """A send told before an answer of the same instant counted that answer's call as in flight; the answer
+    corrects it (and only the sends of that instant after the answered call's own send)."""
+    overlap = Overlap()
+    ended = Flight(0.0, 1, 4, 0, probe=False)
+    overlap.start(ended, 0.0)
+    early = Flight(0.1, 2, 4, 0, probe=False)  # sent at 0.1, told before `ended`'s answer at 0.1
+    overlap.start(early, 0.1)
+    assert early.in_flight == 2
+    overlap.finish(ended, 0.1)
+    assert early.in_flight == 1
+    # A call sent after another at one instant, which then ends at it (no latency), did not share it either.
+    second = Flight(0.1, 2, 4, 0, probe=False)
+    overlap.start(second, 0.1)
+    overlap.finish(early, 0.1)
+    assert second.in_flight == 1
+    overlap.finish(second, 0.2)  # another instant: nothing to correct
+    assert second.in_flight == 1
+
+
+def test_proof_steps() -> None:
+    """Slow start from proven: one call more while few are proven, a quarter more past that, twice on a noisy server."""
+    proof = Proof()
+    assert proof.top(noisy=False) == 1.0
+    proof.clean(3)
+    assert proof.top(noisy=False) == 4.0
+    proof.clean(16)
+    proof.clean(5)
+    assert proof.level == 16
+    assert proof.top(noisy=False) == 20.0 and proof.top(noisy=True) == 32.0
+    assert proof.explains(20, 16.0) and not proof.explains(16, 16.0) and not proof.explains(20, 3.0)
+    proof.cut(3.5)
+    assert proof.level == 3
+
+
+def test_a_clean_probe_below_a_knee_seen_grows_one_call_not_to_the_knee() -> None:
+    """Cut from 16 to 8 by a slowdown, a clean probe of 9 moves the knee to 9 (one call more, the next probed at
+    once), not to just short of the 16 the server had had enough at: growth never overshoots a knee seen."""
+    controller = Controller(AdaptiveLimit(initial=16))
+    now = 0.0
+    for _ in range(10):  # rounds at 4 in flight, unloaded and without noise: the traffic holds the limit back
+        for flight in [controller.start(now) for _ in range(4)]:
+            controller.finish(flight, now + 0.1, Signal.ANSWER, tool="t")
+        now += 0.1
+    flights = [controller.start(now) for _ in range(16)]
+    controller.finish(flights[-1], now + 0.2, Signal.ANSWER, tool="t", waiting=True)  # 2x slower at 16: serves 8
+    assert (controller.limit, controller.knee) == (8, 8.0)
+    for flight in flights[:-1]:
+        controller.finish(flight, now + 0.2, Signal.OTHER, tool="t")
+    now += 0.2
+    flights = [controller.start(now) for _ in range(8)]
+    controller.finish(flights.pop(), now + 0.1, Signal.ANSWER, tool="t", waiting=True)
+    assert controller.limit == 9  # a probe is armed at the knee
+    flights += [controller.start(now + 0.1) for _ in range(2)]
+    probe = flights[-1]
+    assert probe.probe and probe.in_flight == 9
+    controller.finish(probe, now + 0.2, Signal.ANSWER, tool="t", waiting=True)
+    assert (controller.limit, controller.knee) == (9, 9.0)
