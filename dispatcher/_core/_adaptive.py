@@ -246,6 +246,7 @@ class Controller:
         "in_flight",
         "limit",
         "setting",
+        "top",
     )
 
     def __init__(self, setting: AdaptiveLimit) -> None:
@@ -259,6 +260,9 @@ class Controller:
         """The calls sent and not yet answered."""
         # The knee found by the last slowdown or overload, if any: growth is cautious from there.
         self._knee: float | None = None
+        self.top = math.inf
+        """The most its last growth may take the level to (slow start: what is proven allows; else no bound):
+        a fleet sharing the limit applies each process's growth up to it, so growths do not add up."""
         self._too_many: int | None = None
         # Whether to probe as soon as the level reaches the knee (a clean probe set it, below a cut).
         self._eager = False
@@ -369,6 +373,7 @@ class Controller:
         return min(self.ceiling, max(self.floor, math.floor(self._level + 1e-9)))
 
     def _set_level(self, level: float) -> None:
+        self.top = math.inf
         self._level = min(float(self.ceiling), max(float(self.floor), level))
         self._since = 0
         self._probe = False
@@ -427,6 +432,7 @@ class Controller:
             if self._level < top:
                 # Slow start while no knee is known (the limit doubles per round of answers), half that
                 # below a known one.
+                self.top = top
                 self._level = min(top, self._level + (_GAIN if knee is None else _GAIN / 2))
                 before, self.limit = self.limit, self._level_limit()
                 if self.limit != before:

@@ -240,7 +240,7 @@ class OnlineLimit:
         if after < before:
             shared.move(self, "cut", epoch, after / before)
         elif after > before:
-            shared.move(self, "grow", epoch, after - before)
+            shared.move(self, "grow", epoch, after - before, self.controller.top)
         wait = min(pause or 0.0, self.controller.setting.max_wait)
         if wait > 0:
             shared.move(self, "pause", epoch, wait)

@@ -450,7 +450,9 @@ LIMIT = (
 -- 'read', 'cut', 'grow' or 'pause', ARGV[5] the epoch the call that reports it was sent under, ARGV[6]
 -- for a cut the factor (0 < f < 1) its controller cut its own level by, for a growth the calls its
 -- controller added (> 0), for a pause the seconds a trusted server's Retry-After asked for (> 0, at
--- most an hour counted). Returns {level, epoch, 1 if applied else 0, pause left (ms), bounds}.
+-- most an hour counted); ARGV[7], for a growth, the most it may take the level to (its controller's slow
+-- start allows no more than what is proven: two processes growing from the same level do not add up
+-- past it; 'inf' or absent: no bound). Returns {level, epoch, 1 if applied else 0, pause left (ms), bounds}.
 --
 -- A cut applies only to the epoch it was sent under, and starts the next one: calls sent before it
 -- report the load it answered, and cannot cut again, from whichever process (one cut per round for
@@ -477,7 +479,10 @@ if op == 'cut' and sent == epoch and value > 0 and value < 1 then
   applied = 1
   redis.call('HSET', key, 'cut_at', now)
 elseif op == 'grow' and sent == epoch and value > 0 then
-  level = math.min(ceiling, level + value)
+  local top = tonumber(ARGV[7])
+  local grown = math.min(ceiling, level + value)
+  if top ~= nil and top == top and top < grown then grown = math.max(level, top) end
+  level = grown
   applied = 1
 elseif op == 'pause' and value > 0 then
   local wanted = math.floor(math.min(value * 1000, MAX_PAUSE))

@@ -132,8 +132,9 @@ class SharedLimit:
         self._warned: set[str] = set()
         self._followers: weakref.WeakSet[Follower] = weakref.WeakSet()
         # Moves to send, in order: (who, "read" | "cut" | "grow" | "pause", the epoch it was sent under,
-        # its value; for a pause, when it ends by the event loop's clock, so one sent late asks for less).
-        self._pending: list[tuple[object, str, int, float]] = [(None, "read", -1, 0.0)]
+        # its value; for a pause, when it ends by the event loop's clock, so one sent late asks for less;
+        # for a growth, the most it may take the level to (`Controller.top`), else inf).
+        self._pending: list[tuple[object, str, int, float, float]] = [(None, "read", -1, 0.0, math.inf)]
 
     @property
     def limit(self) -> int:
@@ -168,9 +169,9 @@ class SharedLimit:
         self._followers.add(follower)
         follower.follow_fleet(self.level, self.epoch, None, 0.0)
 
-    def move(self, source: object, op: str, epoch: int, value: float) -> None:
-        """Queue a move of `source`'s controller (``"cut"`` by a factor, ``"grow"`` by calls, ``"pause"``
-        for seconds), or a ``"read"``."""
+    def move(self, source: object, op: str, epoch: int, value: float, top: float = math.inf) -> None:
+        """Queue a move of `source`'s controller (``"cut"`` by a factor, ``"grow"`` by calls up to `top`,
+        ``"pause"`` for seconds), or a ``"read"``."""
         pending = self._pending
         last = pending[-1] if pending else None
         if op == "read" and last is not None:
@@ -179,9 +180,9 @@ class SharedLimit:
             value = anyio.current_time() + value
         if op in ("grow", "pause") and last is not None and last[:3] == (source, op, epoch):
             # One request for a run of answers; the longest of a run of pauses.
-            pending[-1] = (source, op, epoch, last[3] + value if op == "grow" else max(last[3], value))
+            pending[-1] = (source, op, epoch, last[3] + value if op == "grow" else max(last[3], value), top)
         else:
-            pending.append((source, op, epoch, value))
+            pending.append((source, op, epoch, value, top))
         self._wake()
 
     def seen(self, reply: list[object]) -> None:
@@ -193,7 +194,7 @@ class SharedLimit:
         """Send the moves waiting here, one script call each; a move that cannot reach Redis is dropped."""
         setting = self.setting
         while self._pending:
-            source, op, epoch, value = self._pending.pop(0)
+            source, op, epoch, value, top = self._pending.pop(0)
             if op == "pause":
                 # What is left of it now: a move that waited behind a slow Redis does not pause anew.
                 value -= anyio.current_time()
@@ -201,7 +202,9 @@ class SharedLimit:
                     continue
             try:
                 reply = await link.run(
-                    "limit", [self.key], [setting.floor, setting.ceiling, setting.start, op, epoch, repr(value)]
+                    "limit",
+                    [self.key],
+                    [setting.floor, setting.ceiling, setting.start, op, epoch, repr(value), repr(top)],
                 )
             except CoordinationError:
                 continue

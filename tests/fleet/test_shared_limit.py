@@ -175,10 +175,12 @@ async def test_growth_lifts_every_process_but_not_faster_than_one_process_alone(
     together, limits = await _grown(redis_server, namespace + "-two", 2, 48)
     assert alone > 2 and together > 2, (alone, together)
     assert min(limits) > 2  # both were lifted
-    # Each answer grows the level once, in whichever process got it: two processes add what one does.
-    # The band is wide (real clock, a loaded machine slows one run's answers and not the other's); the
+    # Each answer grows the level at most once (one call), in whichever process got it: the 48 answers
+    # lift two processes no further than one controller seeing all of them could go. The slow start grows
+    # from what is proven, 2x per round where the latency is noisy (a loaded machine), 1.25x where it is
+    # quiet, so one run's figure against the other's says how loaded each was, not how they grew; the
     # exact rule is the script's (test_the_limit_script_cuts_once_per_epoch_and_grows_only_under_the_current_one).
-    assert together - 2 <= 2 * (alone - 2) + 4, (alone, together)
+    assert together - 2 <= 48 + 2, (alone, together)
 
 
 async def test_the_fleets_level_stays_within_floor_and_ceiling(redis_server: RedisServer, namespace: str) -> None:
@@ -276,9 +278,21 @@ def test_the_limit_script_cuts_once_per_epoch_and_grows_only_under_the_current_o
         assert run("grow", 1, 1.0) == (5.0, 1, 1)
         assert run("grow", 1, 0.5) == (5.5, 1, 1)
         assert run("grow", 1, 100.0) == (10.0, 1, 1)  # the ceiling
-        for epoch in range(1, 6):
+        # A growth up to its controller's `top` (what its slow start has proven allows): two processes
+        # growing from one level do not add up past it, and a top below the level lowers nothing.
+        run("cut", 1, 0.5)
+        top = script(keys=["t:limit"], args=[2, 10, 8, "grow", 2, repr(3.0), repr(6.0)])
+        assert (float(top[0]), int(top[2])) == (6.0, 1)
+        top = script(keys=["t:limit"], args=[2, 10, 8, "grow", 2, repr(3.0), repr(6.0)])
+        assert (float(top[0]), int(top[2])) == (6.0, 1)
+        low = script(keys=["t:limit"], args=[2, 10, 8, "grow", 2, repr(3.0), repr(1.0)])
+        assert float(low[0]) == 6.0
+        free = script(keys=["t:limit"], args=[2, 10, 8, "grow", 2, repr(1.0), "inf"])
+        assert float(free[0]) == 7.0
+        run("cut", 2, 0.5)
+        for epoch in range(3, 8):
             run("cut", epoch, 0.5)
         assert run("read", -1, 0.0)[0] == 2.0  # the floor
-        assert run("cut", 99, 0.5)[2] == 0 and run("cut", 6, 1.5)[2] == 0  # a stale epoch, no factor
+        assert run("cut", 99, 0.5)[2] == 0 and run("cut", 8, 1.5)[2] == 0  # a stale epoch, no factor
     finally:
         client.close()
