@@ -38,7 +38,7 @@ from .._core._gate import Gate
 from .._core._lifecycle import Ending, Phase, done_sending
 from ._asking import WAITING
 from ._attempts import absorb_stray, attempt_scoped, invoke
-from ._clock import start_clock
+from ._clock import no_clock, start_clock
 from ._coordination import admitted_runner, budget_factory
 from ._deadlines import Deadlines
 from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible
@@ -325,10 +325,11 @@ class Executor(Submission):
                 if watch is not None:
                     watch.forget()
                 return  # settled while it was on its way (its fleet hold lost)
-            # The call's deadlines stop while a person answers its server's question (`_clock`).
-            clock = start_clock(work.call, scope)
+            # The call's deadlines stop while a person answers its server's question (`_clock`); a local
+            # function has no server to ask one, and its call no clock (nor that of a call before it).
+            clock = start_clock(work.call, scope) if entry.server is not None else no_clock()
             if once:
-                if timeout is not None:
+                if timeout is not None and clock is not None:
                     clock.bound(scope, watch)
                 try:
                     last = await self._attempt(work, False, started, math.inf)
