@@ -308,7 +308,8 @@ class Executor(Submission):
         # Without an approval to ask at the start, nothing waits between here and the start: the call's
         # only attempt gets its deadline now, kept by the watcher rather than a timer of its own (`_deadlines`).
         started = self._now()
-        once, keyed = self._once(entry, work)
+        # Without a retry policy every call gets one attempt (and its key, if any, decides nothing).
+        once, keyed = (True, False) if retry is None else self._once(entry, work)
         watch = None
         with self._cancel_scope() as scope:
             if once and timeout is not None and not recheck:
