@@ -12,6 +12,7 @@ from mcp.types import ToolAnnotations
 from trio.testing import MockClock
 
 from dispatcher import CallStatus, Dispatcher, PendingCall, ToolCall, ToolResult
+from dispatcher._driver._clock import current_clock, start_clock
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -451,3 +452,24 @@ async def test_a_caller_polling_a_long_call_leaves_nothing_behind(anyio_backend:
             release.set()
             result = await pending.wait()
     assert result.ok
+
+
+@pytest.mark.backends("asyncio", "trio")
+async def test_a_local_function_call_runs_with_no_clock_nor_that_of_the_call_before_it() -> None:
+    """No person is asked about a local function: its call has no clock, even in a task whose last call left one."""
+
+    async def leaver(key: str) -> str:
+        start_clock(None)  # what a server's call leaves in its task
+        return key
+
+    async def reader(key: str) -> str:
+        if current_clock() is not None:
+            raise RuntimeError("a clock in a local function's call")
+        return key
+
+    async with Dispatcher(max_concurrency=1) as dispatcher:
+        dispatcher.add_function(leaver, annotations=READ_ONLY)
+        dispatcher.add_function(reader, annotations=READ_ONLY)
+        calls = [ToolCall(f"c{i}", "leaver" if i % 2 == 0 else "reader", {"key": str(i)}) for i in range(20)]
+        results = await dispatcher.dispatch(calls)
+    assert [(result.status, result.error) for result in results] == [(CallStatus.OK, None)] * 20

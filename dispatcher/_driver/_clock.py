@@ -1,9 +1,10 @@
 """A call's clock: the deadlines that bound one call, which stop while a person answers its server's question.
 
-The executor starts a `CallClock` for each call it runs (`start_clock`, in the call's task) and hands it
-every cancel scope whose deadline bounds the call (`bound`): the call timeout, an attempt's deadline. The
-MCP boundary adds its own (a task's `task_timeout`, the idle timeout) and sets the idle wait again on each
-progress report through `reset`. While a question from the call's server is with the person (`paused`),
+The executor starts a `CallClock` for each call of a server's tool it runs (`start_clock`, in the call's
+task; a local function's call has none, `no_clock`) and hands it every cancel scope whose deadline bounds
+the call (`bound`): the call timeout, an attempt's deadline. The MCP boundary adds its own (a task's
+`task_timeout`, the idle timeout) and sets the idle wait again on each progress report through `reset`.
+While a question from the call's server is with the person (`paused`),
 every one of those deadlines is lifted; when the last open question is answered, each gets back the time
 it had left. So a person who takes two minutes to answer is not a timeout, and the time a call may spend
 working, not waiting for the person, is what the timeouts bound.
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from .._core._calls import ToolCall
     from ._deadlines import Watch
 
-__all__ = ["CallClock", "current_clock", "start_clock"]
+__all__ = ["CallClock", "current_clock", "no_clock", "start_clock"]
 
 
 class CallClock:
@@ -143,6 +144,17 @@ def start_clock(call: ToolCall | None, interrupt: anyio.CancelScope | None = Non
     clock = CallClock(call, interrupt)
     _clock.set(clock)
     return clock
+
+
+def no_clock() -> CallClock | None:
+    """No clock for the call this task runs from now on: one whose server no person is asked about.
+
+    A task inherits the clock of the call whose task started it, and carries on with further calls:
+    none of those calls' clocks is left in place for this one.
+    """
+    if _clock.get() is not None:
+        _clock.set(None)
+    return None
 
 
 def current_clock() -> CallClock | None:

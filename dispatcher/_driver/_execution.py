@@ -38,7 +38,7 @@ from .._core._gate import Gate
 from .._core._lifecycle import Ending, Phase, done_sending
 from ._asking import WAITING
 from ._attempts import absorb_stray, attempt_scoped, invoke
-from ._clock import start_clock
+from ._clock import no_clock, start_clock
 from ._coordination import admitted_runner, budget_factory
 from ._deadlines import Deadlines
 from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible
@@ -123,12 +123,15 @@ class Executor(Submission):
         self._open = True
         # The backend's own clock, cancel scopes and checkpoint: what anyio's functions of those names
         # call, after looking the backend up again at every call.
-        backend = anyio.lowlevel.current_token().backend_class
-        self._now = backend.current_time
+        token = anyio.lowlevel.current_token()
+        backend = token.backend_class
         self._cancel_scope = backend.create_cancel_scope
         self._checkpoint = backend.checkpoint
         # Only asyncio lets a tool cancel its own task without a scope (see `_run`).
         self._strays = getattr(backend, "__name__", "") != "TrioBackend"
+        # The clock itself, read once here rather than found again at each reading: the running loop's
+        # `time` (what anyio's asyncio backend reads), trio's run clock (what `trio.current_time` reads).
+        self._now = _loop_clock(token.native_token, self._strays) or backend.current_time
         self._deadlines = Deadlines(self._now, tg.start_soon)
 
     def close(self) -> None:
@@ -218,7 +221,8 @@ class Executor(Submission):
         (`absorb_stray`). Each call runs under a cancel scope of its own; nothing of one is left for the next.
         """
         gate = self.gate
-        until = self._now() + _FOLLOW
+        # Only trio carries on with the calls it takes (asyncio lets the loop run after every call).
+        until = -math.inf if self._strays else self._now() + _FOLLOW
         while True:
             try:
                 if not self._open:
@@ -252,7 +256,8 @@ class Executor(Submission):
                 continue  # no cancellation can be stray here, and this task took no slice yet
             try:
                 await absorb_stray(self._checkpoint)
-                until = self._now() + _FOLLOW
+                if not self._strays:
+                    until = self._now() + _FOLLOW
             except BaseException:
                 if following is not None:  # the dispatcher is closing: the call taken ends with it
                     following.item.settle(Ending.CLOSED, self._now())
@@ -303,7 +308,8 @@ class Executor(Submission):
         # Without an approval to ask at the start, nothing waits between here and the start: the call's
         # only attempt gets its deadline now, kept by the watcher rather than a timer of its own (`_deadlines`).
         started = self._now()
-        once, keyed = self._once(entry, work)
+        # Without a retry policy every call gets one attempt (and its key, if any, decides nothing).
+        once, keyed = (True, False) if retry is None else self._once(entry, work)
         watch = None
         with self._cancel_scope() as scope:
             if once and timeout is not None and not recheck:
@@ -320,10 +326,11 @@ class Executor(Submission):
                 if watch is not None:
                     watch.forget()
                 return  # settled while it was on its way (its fleet hold lost)
-            # The call's deadlines stop while a person answers its server's question (`_clock`).
-            clock = start_clock(work.call, scope)
+            # The call's deadlines stop while a person answers its server's question (`_clock`); a local
+            # function has no server to ask one, and its call no clock (nor that of a call before it).
+            clock = start_clock(work.call, scope) if entry.server is not None else no_clock()
             if once:
-                if timeout is not None:
+                if timeout is not None and clock is not None:
                     clock.bound(scope, watch)
                 try:
                     last = await self._attempt(work, False, started, math.inf)
@@ -404,3 +411,14 @@ class Executor(Submission):
     def _attempt_scoped(self, work: PendingCall, start: float, limit: float) -> Awaitable[Attempt]:
         retry_timeout = self._retry.timeout if self._retry is not None else None
         return attempt_scoped(work, start, limit, self._call_timeout, retry_timeout, self._cancel_scope)
+
+
+def _loop_clock(native: object, asyncio: bool) -> Callable[[], float] | None:
+    """The running loop's own clock reading, or None where the backend is neither asyncio nor trio."""
+    if asyncio:
+        return getattr(native, "time", None)  # the running asyncio loop (`anyio.lowlevel.current_token`)
+    try:
+        import trio.lowlevel  # under trio only: trio is no dependency of the package
+    except ImportError:  # pragma: no cover
+        return None
+    return trio.lowlevel.current_clock().current_time
