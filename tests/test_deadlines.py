@@ -98,3 +98,22 @@ async def test_calls_that_end_behind_a_long_call_leave_no_entries_and_the_long_o
         assert long_scope.cancelled_caught
         assert max(queued) <= 2, max(queued)
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.backends("asyncio", "trio", "trio-mockclock")
+async def test_an_earlier_deadline_after_the_entry_the_watcher_sleeps_for_was_dropped_is_still_kept() -> None:
+    """The watcher sleeps for a deadline whose call ended; a shorter deadline watched next is not cut late."""
+    async with anyio.create_task_group() as tg:
+        deadlines = Deadlines(anyio.current_time, tg.start_soon)
+        with anyio.CancelScope() as first:
+            watch = deadlines.watch(first, anyio.current_time() + 60)
+            await anyio.wait_all_tasks_blocked()  # the watcher sleeps until the first deadline
+            watch.forget()
+        start = anyio.current_time()
+        with anyio.CancelScope() as second:
+            # Dropped from the FIFO (front and back), the ended entry no longer shows that it is later.
+            deadlines.watch(second, start + 0.2)
+            await anyio.sleep(5)
+        assert second.cancelled_caught, "not cut at its own deadline (the watcher sleeps until the first's)"
+        assert anyio.current_time() - start < 3
+        tg.cancel_scope.cancel()
