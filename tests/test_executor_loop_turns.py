@@ -1,0 +1,50 @@
+"""The executor's calls that never wait let the loop run, on every loop and under a virtual clock.
+
+Under trio a call's task carries on with the calls it takes for a short window before letting the loop run
+(`_execution._FOLLOW`); trio's MockClock stands still while tasks run, so a window of time alone never ended
+there and one task ran a whole batch while nothing else could (a caller's cancel, a watcher, a person).
+"""
+
+from __future__ import annotations
+
+import anyio
+import anyio.lowlevel
+import pytest
+from mcp.types import ToolAnnotations
+
+from dispatcher import CallStatus, Dispatcher, ToolCall
+from dispatcher._driver._execution import _FOLLOW_CALLS
+
+pytestmark = pytest.mark.anyio
+
+_CALLS = 3000
+
+
+@pytest.mark.backends("asyncio", "trio", "trio-mockclock")
+async def test_a_batch_of_calls_that_never_wait_lets_another_task_run_between_a_few_calls() -> None:
+    """Another task runs at least once every `_FOLLOW_CALLS` calls (or so), and each call gets its result in order."""
+    ran = 0
+    turns: list[int] = []
+    async with Dispatcher(max_concurrency=1) as dispatcher:
+
+        async def quick() -> int:
+            nonlocal ran
+            ran += 1
+            return ran
+
+        dispatcher.add_function(quick, annotations=ToolAnnotations(readOnlyHint=True))
+
+        async def other() -> None:
+            while ran < _CALLS:
+                turns.append(ran)
+                await anyio.lowlevel.checkpoint()
+
+        calls = [ToolCall(f"c{i}", "quick", {}) for i in range(_CALLS)]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(other)
+            results = await dispatcher.dispatch(calls)
+    assert [result.call_id for result in results] == [call.id for call in calls]
+    assert [result.status for result in results] == [CallStatus.OK] * _CALLS
+    gaps = [later - earlier for earlier, later in zip(turns, [*turns[1:], _CALLS], strict=True)]
+    assert len(turns) > _CALLS // (2 * _FOLLOW_CALLS + 2), len(turns)
+    assert max(gaps) <= 2 * _FOLLOW_CALLS + 2, max(gaps)
