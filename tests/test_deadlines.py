@@ -8,7 +8,9 @@ import weakref
 import anyio
 import anyio.lowlevel
 import pytest
+from mcp.types import ToolAnnotations
 
+from dispatcher import CallStatus, Dispatcher, ToolCall
 from dispatcher._driver._clock import CallClock
 from dispatcher._driver._deadlines import Deadlines
 
@@ -98,3 +100,47 @@ async def test_calls_that_end_behind_a_long_call_leave_no_entries_and_the_long_o
         assert long_scope.cancelled_caught
         assert max(queued) <= 2, max(queued)
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.backends("asyncio", "trio", "trio-mockclock")
+async def test_an_earlier_deadline_after_the_entry_the_watcher_sleeps_for_was_dropped_is_still_kept() -> None:
+    """The watcher sleeps for a deadline whose call ended; a shorter deadline watched next is not cut late."""
+    async with anyio.create_task_group() as tg:
+        deadlines = Deadlines(anyio.current_time, tg.start_soon)
+        with anyio.CancelScope() as first:
+            watch = deadlines.watch(first, anyio.current_time() + 60)
+            await anyio.wait_all_tasks_blocked()  # the watcher sleeps until the first deadline
+            watch.forget()
+        start = anyio.current_time()
+        with anyio.CancelScope() as second:
+            # Dropped from the FIFO (front and back), the ended entry no longer shows that it is later.
+            deadlines.watch(second, start + 0.2)
+            await anyio.sleep(5)
+        assert second.cancelled_caught, "not cut at its own deadline (the watcher sleeps until the first's)"
+        assert anyio.current_time() - start < 3
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.backends("asyncio", "trio", "trio-mockclock")
+async def test_calls_behind_a_long_call_at_the_head_of_the_fifo_still_time_out_at_their_own_deadline() -> None:
+    """A call that runs nearly its whole timeout heads the FIFO; the calls after it are cut at theirs, in order."""
+    timeout = 1.0
+    async with Dispatcher(call_timeout=timeout, max_concurrency=3) as dispatcher:
+
+        async def work(seconds: float) -> float:
+            await anyio.sleep(seconds)
+            return seconds
+
+        dispatcher.add_function(work, annotations=ToolAnnotations(readOnlyHint=True))
+        lengths = [0.95] + [(0.01, 30.0, 0.5)[i % 3] for i in range(12)]
+        calls = [ToolCall(f"c{i}", "work", {"seconds": seconds}) for i, seconds in enumerate(lengths)]
+        results = await dispatcher.dispatch(calls)
+    assert [result.call_id for result in results] == [call.id for call in calls]
+    for seconds, result in zip(lengths, results, strict=True):
+        assert result.started_at is not None and result.finished_at is not None
+        took = result.finished_at - result.started_at
+        if seconds > timeout:
+            assert result.status is CallStatus.TIMEOUT, result
+            assert timeout - 1e-9 <= took < timeout + 0.5, took  # not at the head's deadline, nor later
+        else:
+            assert result.status is CallStatus.OK, result

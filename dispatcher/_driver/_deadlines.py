@@ -20,6 +20,7 @@ while it sleeps, so a settled call is freed at once.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -62,19 +63,23 @@ class Deadlines:
         start_soon: Starts the watcher task (a task group's `start_soon`) at the first deadline watched.
     """
 
-    __slots__ = ("_now", "_start_soon", "_wake", "_watches")
+    __slots__ = ("_last", "_now", "_start_soon", "_wake", "_watches")
 
     def __init__(self, now: Callable[[], float], start_soon: Spawn | None) -> None:
         self._now = now
         self._start_soon = start_soon
         self._watches: deque[Watch] = deque()
         self._wake: anyio.Event | None = None
+        # The latest deadline ever watched: what the watcher may be sleeping for, even once its entry
+        # was dropped (its call ended), so an earlier one must not join the FIFO behind it.
+        self._last = -math.inf
 
     def watch(self, scope: anyio.CancelScope, deadline: float) -> Watch:
         """Cancel `scope` at `deadline` unless forgotten first.
 
-        A deadline earlier than the last one watched (which the executor's one call timeout never gives)
-        is handed to the scope itself, keeping the FIFO in deadline order.
+        A deadline earlier than the latest one watched (which the executor's one call timeout never gives)
+        is handed to the scope itself, keeping the FIFO in deadline order: compared with the latest ever
+        watched, not the last entry left, since the watcher may sleep for an entry already dropped.
         """
         watches = self._watches
         while watches and watches[0].scope is None:
@@ -88,9 +93,10 @@ class Deadlines:
             self._start_soon = None
             start_soon(self._run)
         entry = Watch(deadline, scope)
-        if watches and deadline < watches[-1].deadline:
+        if deadline < self._last:
             entry.take()  # out of order (a shorter timeout): the scope's own timer keeps it
             return entry
+        self._last = deadline
         watches.append(entry)
         wake = self._wake
         if wake is not None:

@@ -56,8 +56,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Executor"]
 
-# Seconds for which a call's task under trio carries on with the calls it takes before letting the loop run.
+# Seconds for which a call's task under trio carries on with the calls it takes before letting the loop run,
+# and the most calls it carries on with in that time: a virtual clock (trio's MockClock) stands still while
+# tasks run, so time alone would never end the window there.
 _FOLLOW = 0.0002
+_FOLLOW_CALLS = 32
 
 
 class Executor(Submission):
@@ -216,13 +219,15 @@ class Executor(Submission):
         that moment, instead of starting a task for it (starting an anyio task costs several times what
         running a call that does not wait costs: docs/benchmarks.md, "Choosing the executor"); the other
         calls the gate admits get tasks of their own (`_pump`). Between two calls the task lets the loop
-        run once (under trio, once per `_FOLLOW`: no tool can cancel its task there), so a run of calls that
-        never wait cannot hold the loop, and a cancellation a tool left on its task lands there
+        run once (under trio, once per `_FOLLOW` or per `_FOLLOW_CALLS` calls: no tool can cancel its task
+        there), so a run of calls that never wait cannot hold the loop, and a cancellation a tool left on
+        its task lands there
         (`absorb_stray`). Each call runs under a cancel scope of its own; nothing of one is left for the next.
         """
         gate = self.gate
         # Only trio carries on with the calls it takes (asyncio lets the loop run after every call).
         until = -math.inf if self._strays else self._now() + _FOLLOW
+        follows = _FOLLOW_CALLS
         while True:
             try:
                 if not self._open:
@@ -251,13 +256,15 @@ class Executor(Submission):
             if self._open:
                 self._pump()
             del work, ticket  # hold no finished call while the loop runs
-            if following is not None and not self._strays and self._now() < until:
+            if following is not None and not self._strays and follows and self._now() < until:
+                follows -= 1
                 work, ticket = following.item, following
                 continue  # no cancellation can be stray here, and this task took no slice yet
             try:
                 await absorb_stray(self._checkpoint)
                 if not self._strays:
                     until = self._now() + _FOLLOW
+                    follows = _FOLLOW_CALLS
             except BaseException:
                 if following is not None:  # the dispatcher is closing: the call taken ends with it
                     following.item.settle(Ending.CLOSED, self._now())

@@ -31,10 +31,12 @@ if TYPE_CHECKING:
 
 __all__ = ["Submission"]
 
-# Seconds of submitting calls after which `submit_yielding` lets the loop run, and how many calls it
-# submits between two readings of the clock.
+# Seconds of submitting calls after which `submit_yielding` lets the loop run, how many calls it
+# submits between two readings of the clock, and the most readings in one slice: a virtual clock (trio's
+# MockClock) stands still while tasks run, so time alone would never end a slice there.
 _SLICE = 0.002
 _SLICE_CHECK = 32
+_SLICE_READINGS = 16
 
 
 class Submission(Approvals):
@@ -68,20 +70,23 @@ class Submission(Approvals):
         """Queue checked calls of `batch` in order, letting the event loop run every few milliseconds.
 
         Checking a call's arguments takes microseconds, so a batch of thousands would otherwise hold
-        the loop for as long (and, with no concurrency limit, start all of its calls in one go). If the
+        the loop for as long (and, with no concurrency limit, start all of its calls in one go); the loop
+        also runs at least every `_SLICE_CHECK * _SLICE_READINGS` calls, for a clock that stands still. If the
         caller is cancelled meanwhile, the calls already queued are cancelled and awaited.
         """
         queue = self._queue
         clock = self._now
         now = clock()
         until = now + _SLICE
+        readings = _SLICE_READINGS
         names: dict[object, Resolution] = {}
         for position, call in enumerate(calls, start=1):
             queue(batch, call, names, now)
             if position % _SLICE_CHECK:
                 continue
             now = clock()
-            if now >= until:
+            readings -= 1
+            if now >= until or not readings:
                 self._pump()
                 try:
                     await anyio.lowlevel.checkpoint()
@@ -92,6 +97,7 @@ class Submission(Approvals):
                     raise
                 now = clock()
                 until = now + _SLICE
+                readings = _SLICE_READINGS
                 names.clear()  # the catalogue may have changed while the loop ran
         self._pump()
 
