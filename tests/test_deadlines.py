@@ -131,7 +131,7 @@ async def test_calls_behind_a_long_call_at_the_head_of_the_fifo_still_time_out_a
             await anyio.sleep(seconds)
             return seconds
 
-        dispatcher.add_function(work, annotations=ToolAnnotations(readOnlyHint=True))
+        dispatcher.add_function(work, annotations=ToolAnnotations(read_only_hint=True))
         lengths = [0.95] + [(0.01, 30.0, 0.5)[i % 3] for i in range(12)]
         calls = [ToolCall(f"c{i}", "work", {"seconds": seconds}) for i, seconds in enumerate(lengths)]
         results = await dispatcher.dispatch(calls)

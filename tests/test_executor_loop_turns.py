@@ -44,7 +44,7 @@ async def test_a_batch_of_calls_that_never_wait_lets_another_task_run_between_a_
             ran += 1
             return ran
 
-        dispatcher.add_function(quick, annotations=ToolAnnotations(readOnlyHint=True))
+        dispatcher.add_function(quick, annotations=ToolAnnotations(read_only_hint=True))
 
         async def other() -> None:
             while ran < _CALLS:
@@ -72,7 +72,7 @@ async def test_a_long_batch_s_submission_lets_another_task_run_every_slice() -> 
         async def quick(x: Annotated[int, AfterValidator(_count)]) -> int:
             return x
 
-        dispatcher.add_function(quick, annotations=ToolAnnotations(readOnlyHint=True))
+        dispatcher.add_function(quick, annotations=ToolAnnotations(read_only_hint=True))
 
         async def other() -> None:
             while len(_checked) < _CALLS:
