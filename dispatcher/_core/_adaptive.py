@@ -192,7 +192,8 @@ class Signal(enum.Enum):
     """How a call sent to the server ended, as far as its load is concerned."""
 
     ANSWER = "answer"
-    """The server answered (a result, or an error result that claims no overload): a latency sample."""
+    """The server answered with a result (not an error result: how fast a server refuses a call is no
+    measure of its load): a latency sample."""
     OVERLOAD = "overload"
     """A trusted server said it is overloaded (a -32000 family error, a 429, rate-limit words)."""
     TIMEOUT = "timeout"
