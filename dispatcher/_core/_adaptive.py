@@ -350,6 +350,7 @@ class Controller:
             self._answer(flight, now, tool, waiting=waiting)
         elif signal is Signal.OVERLOAD or signal is Signal.TIMEOUT:
             self._overload(flight)
+        self._overlap.grown(now, self.limit, self._epoch)
 
     def _ride(self, now: float) -> None:
         """A burst fills the limit at the knee: a probe that is due rides its first round (one call more),

@@ -14,7 +14,8 @@ Two pieces of the adaptive controller (`_adaptive.Controller`), without I/O and 
   answers all come back at once re-sends them all, and the first re-sent is not alone). So each call
   sent at an instant counts the calls in flight at the end of it, and the controller's figures do not
   depend on how a loop orders what happens at one instant (a virtual clock's runs are the same at every
-  run).
+  run). So does the limit each was sent under: an answer of that instant that grew the limit counts for
+  the calls sent at it before it was told.
 
 Cost: O(calls sent at the current instant) per start and per finish at that instant.
 """
@@ -41,6 +42,8 @@ def grow_to(in_flight: int) -> int:
 
 class _Counted(Protocol):
     in_flight: int
+    limit: int
+    epoch: int
 
 
 class Proof:
@@ -106,3 +109,12 @@ class Overlap:
         for other in sent[max(0, index) :]:
             if other.in_flight > 1:
                 other.in_flight -= 1
+
+    def grown(self, now: float, limit: int, epoch: int) -> None:
+        """An answer at `now` left the limit at `limit`: the calls sent at that instant count as sent under it
+        too (as they would had the loop told the answer first), unless it came with a cut (a new `epoch`)."""
+        if now != self.at:
+            return
+        for other in self.sent:
+            if other.epoch == epoch and other.limit < limit:
+                other.limit = limit
