@@ -94,10 +94,11 @@ def test_the_limit_follows_a_capacity_that_changes() -> None:
 def test_a_slower_answer_cuts_to_the_knee_it_shows() -> None:
     """An answer 8/3 times slower than the baseline with 8 in flight brings the limit down towards 3."""
     controller = Controller(AdaptiveLimit(initial=8))
-    flights = [controller.start(0.0) for _ in range(8)]
-    controller.finish(flights[0], 0.1, Signal.ANSWER, tool="t")  # the baseline: 0.1 s
-    for flight in flights[1:]:
-        controller.finish(flight, 0.1 * 8 / 3, Signal.ANSWER, tool="t")
+    alone = controller.start(0.0)
+    controller.finish(alone, 0.1, Signal.ANSWER, tool="t")  # the baseline: 0.1 s, alone
+    flights = [controller.start(0.2) for _ in range(8)]
+    for flight in flights:
+        controller.finish(flight, 0.2 + 0.1 * 8 / 3, Signal.ANSWER, tool="t")
     assert controller.limit == 4  # half of 8 at most from answers sent under 8
     later = [controller.start(1.0) for _ in range(4)]
     controller.finish(later[-1], 1.0 + 0.1 * 4 / 3, Signal.ANSWER, tool="t")

@@ -6,6 +6,7 @@ Pure discrete-event simulations: no event loop, every time exact.
 from __future__ import annotations
 
 import heapq
+import itertools
 import random
 
 from hypothesis import given, settings
@@ -37,13 +38,15 @@ def _bursts(
 
         def fill(at: float, events: list[tuple[float, int, Flight]]) -> None:
             nonlocal queued, running, seq
+            batch: list[Flight] = []
             while queued and running < controller.limit:
                 queued -= 1
                 running += 1
-                flight = controller.start(at)
-                # The server's load: the calls that have not ended by now (one that ends now does not count,
-                # whether or not its answer has been told yet), this one included.
-                load = 1 + sum(1 for due, _, _ in events if due > at)
+                batch.append(controller.start(at))
+            # The server's load: the calls that have not ended by now (one that ends now does not count,
+            # whether or not its answer has been told yet), and every call sent now (they share it).
+            load = len(batch) + sum(1 for due, _, _ in events if due > at)
+            for flight in batch:
                 heapq.heappush(events, (at + latency * max(1.0, load / cap(at)), seq, flight))
                 seq += 1
 
@@ -53,7 +56,8 @@ def _bursts(
             running -= 1
             controller.finish(flight, now, Signal.ANSWER, tool="t", waiting=queued > 0)
             limits.append(controller.limit)
-            fill(now, events)
+            if not events or events[0][0] > now:
+                fill(now, events)  # once every answer of the instant is in: the calls sent now share the server
         out.append((start, now, size, limits))
         now += rng.uniform(1.0, 5.0)
     return out
@@ -203,3 +207,61 @@ def test_a_clean_probe_below_a_knee_seen_grows_one_call_not_to_the_knee() -> Non
     assert probe.probe and probe.in_flight == 9
     controller.finish(probe, now + 0.2, Signal.ANSWER, tool="t", waiting=True)
     assert (controller.limit, controller.knee) == (9, 9.0)
+
+
+def test_calls_sent_at_one_instant_all_count_each_other() -> None:
+    """A closed loop whose six answers come back at one instant re-sends six calls then: each shares the server with
+    the other five, whatever the order of the answers and sends (the first re-sent once counted itself alone, so a
+    probe sent among them counted 2 of its 7 and could not grow the limit)."""
+    controller = Controller(AdaptiveLimit(initial=6))
+    first = [controller.start(0.0) for _ in range(6)]
+    assert [flight.in_flight for flight in first] == [6] * 6
+    again = []
+    for flight in first:
+        controller.finish(flight, 0.1, Signal.ANSWER, tool="t", waiting=True)
+        again.append(controller.start(0.1))
+    assert [flight.in_flight for flight in again] == [6] * 6
+    # One that ends at the instant it was sent shared the server with none sent after it.
+    overlap = Overlap()
+    flights = [Flight(0.0, k, 4, 0, probe=False) for k in (1, 2, 3)]
+    for flight in flights:
+        overlap.start(flight, 0.0)
+    overlap.finish(flights[0], 0.0)
+    assert [flight.in_flight for flight in flights] == [1, 2, 2]
+
+
+def _collapse_run(end: float) -> list[tuple[float, int]]:
+    """A closed loop of 64 callers against a server that answers in 0.1 s up to 12 in flight and never past it
+    (a call past 12 times out at 2 s). Returns (time, limit) after each answer."""
+    controller = Controller(AdaptiveLimit())
+    events: list[tuple[float, int, Flight, Signal]] = []
+    seq, now, out = 0, 0.0, []
+
+    def fill(at: float) -> None:
+        nonlocal seq
+        while controller.in_flight < controller.limit:
+            flight = controller.start(at)
+            hangs = controller.in_flight > 12
+            signal = Signal.TIMEOUT if hangs else Signal.ANSWER
+            heapq.heappush(events, (at + (2.0 if hangs else 0.1), seq, flight, signal))
+            seq += 1
+
+    fill(0.0)
+    while events and now < end:
+        now, _, flight, signal = heapq.heappop(events)
+        controller.finish(flight, now, signal, tool="t", waiting=True)
+        assert 1 <= controller.limit <= 64
+        out.append((now, controller.limit))
+        fill(now)
+    return out
+
+
+def test_a_timeout_cut_below_the_capacity_grows_back_to_it() -> None:
+    """Cut by timeouts past 12 (a server that hangs past its capacity), the limit grows back towards 12 after each
+    cut: from 30 to 60 s it averages over 10 (it stayed at the 6 the first cut left it at, its probes counted as
+    sent alone), and it never went past 1.25 x 12 (plus a probe's one call)."""
+    trace = _collapse_run(60.0)
+    pairs = itertools.pairwise(trace)
+    held = sum((min(60.0, t1) - max(30.0, t0)) * limit for (t0, limit), (t1, _) in pairs if t1 > 30.0)
+    assert held / 30.0 > 10.0, held / 30.0
+    assert max(limit for _, limit in trace) <= 16

@@ -79,7 +79,9 @@ async def test_an_untrusted_servers_words_never_move_its_limit(trusted: bool) ->
         )
         await dispatcher.dispatch(_calls(16))
         assert workspace.rate_limited > 0
-        assert dispatcher.server_limit("ws") == (8 if trusted else 16)
+        limit = dispatcher.server_limit("ws")
+        assert limit is not None
+        assert limit == 8 if trusted else limit >= 16  # untrusted: not cut (its answers at the limit may grow it)
 
 
 def _chatty_server() -> MCPServer[Any]:
@@ -107,7 +109,41 @@ async def test_rate_limit_words_in_a_result_count_only_from_a_trusted_server(tru
         assert all(result.status.value == "tool_error" for result in results)
         limit = dispatcher.server_limit("chatty")
         assert limit is not None
-        assert limit == 4 if trusted else limit >= 8  # untrusted: not cut (answers at the limit may grow it)
+        assert limit == (4 if trusted else 8)  # untrusted: not cut, and error results grow nothing either
+
+
+def _refusing_server(state: dict[str, bool]) -> MCPServer[Any]:
+    server = MCPServer("refusing")
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def lookup(key: str) -> str:
+        """Refuses at once (an error result, no overload words) while `state["refusing"]`; else works for 0.1 s."""
+        if state["refusing"]:
+            raise ToolError("no such key")
+        await anyio.sleep(0.1)
+        return key
+
+    return server
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("trusted", [False, True])
+async def test_error_results_answered_at_once_neither_grow_the_limit_nor_poison_its_baseline(trusted: bool) -> None:
+    """A server that refuses 256 calls at once (error results, no words about load), then works at 0.1 s with room
+    for all: the refusals are no latency samples. Before, they grew the limit (4 to 13 here, to the ceiling in a
+    closed loop) at no cost, and real answers, 10^4 times slower than the refusals, were then taken for load."""
+    state = {"refusing": True}
+    async with Dispatcher(max_concurrency=None, retry=None) as dispatcher:
+        await dispatcher.connect("refusing", _refusing_server(state), trusted=trusted, max_concurrency="auto")
+        for _ in range(4):
+            results = await dispatcher.dispatch(_calls(64, "lookup", {"key": "k"}))
+            assert all(result.status.value == "tool_error" for result in results)
+        assert dispatcher.server_limit("refusing") == 4
+        state["refusing"] = False
+        results = await dispatcher.dispatch(_calls(64, "lookup", {"key": "k"}))
+        assert all(result.ok for result in results)
+        limit = dispatcher.server_limit("refusing")
+        assert limit is not None and limit >= 4
 
 
 @pytest.mark.anyio

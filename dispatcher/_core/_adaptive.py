@@ -192,7 +192,8 @@ class Signal(enum.Enum):
     """How a call sent to the server ended, as far as its load is concerned."""
 
     ANSWER = "answer"
-    """The server answered (a result, or an error result that claims no overload): a latency sample."""
+    """The server answered with a result (not an error result: how fast a server refuses a call is no
+    measure of its load): a latency sample."""
     OVERLOAD = "overload"
     """A trusted server said it is overloaded (a -32000 family error, a 429, rate-limit words)."""
     TIMEOUT = "timeout"
@@ -349,6 +350,7 @@ class Controller:
             self._answer(flight, now, tool, waiting=waiting)
         elif signal is Signal.OVERLOAD or signal is Signal.TIMEOUT:
             self._overload(flight)
+        self._overlap.grown(now, self.limit, self._epoch)
 
     def _ride(self, now: float) -> None:
         """A burst fills the limit at the knee: a probe that is due rides its first round (one call more),

@@ -9,10 +9,15 @@ Two pieces of the adaptive controller (`_adaptive.Controller`), without I/O and 
 - `Overlap`: the calls in flight that each call shared the server with, counted from the starts and
   finishes the controller was told about. A call that ended at the very instant another was sent did
   not share the server with it, whatever order the event loop told the two in: the count of the later
-  one is corrected when the earlier one's end is reported. So the controller's figures do not depend on
-  how a loop orders what happens at one instant (a virtual clock's runs are the same at every run).
+  one is corrected when the earlier one's end is reported. Calls sent at one instant all share the
+  server with each other: each counts the ones sent after it at that instant too (a closed loop whose
+  answers all come back at once re-sends them all, and the first re-sent is not alone). So each call
+  sent at an instant counts the calls in flight at the end of it, and the controller's figures do not
+  depend on how a loop orders what happens at one instant (a virtual clock's runs are the same at every
+  run). So does the limit each was sent under: an answer of that instant that grew the limit counts for
+  the calls sent at it before it was told.
 
-Cost: O(1) per start, O(calls sent at the current instant) per finish at that instant.
+Cost: O(calls sent at the current instant) per start and per finish at that instant.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ def grow_to(in_flight: int) -> int:
 
 class _Counted(Protocol):
     in_flight: int
+    limit: int
+    epoch: int
 
 
 class Proof:
@@ -85,6 +92,8 @@ class Overlap:
         if now != self.at:
             self.at = now
             self.sent = []
+        for other in self.sent:
+            other.in_flight += 1  # sent at the same instant, it shares the server with this one as well
         self.sent.append(flight)
 
     def finish(self, flight: _Counted, now: float) -> None:
@@ -95,6 +104,17 @@ class Overlap:
         index = next((i for i, other in enumerate(sent) if other is flight), -1)
         if index >= 0:
             sent.pop(index)
+            # It ended at the instant it was sent: the calls sent after it then did not share the server with it.
+            flight.in_flight = max(1, flight.in_flight - (len(sent) - index))
         for other in sent[max(0, index) :]:
             if other.in_flight > 1:
                 other.in_flight -= 1
+
+    def grown(self, now: float, limit: int, epoch: int) -> None:
+        """An answer at `now` left the limit at `limit`: the calls sent at that instant count as sent under it
+        too (as they would had the loop told the answer first), unless it came with a cut (a new `epoch`)."""
+        if now != self.at:
+            return
+        for other in self.sent:
+            if other.epoch == epoch and other.limit < limit:
+                other.limit = limit

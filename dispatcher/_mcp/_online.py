@@ -22,6 +22,9 @@ time. A trusted server's words count too:
 - a Retry-After in the error's data (``{"retryAfter": 2}``) or its text holds back the server's next
   calls, up to `AdaptiveLimit.max_wait`.
 
+Any other error result, from any server, counts for nothing: how fast a server refuses a call is no
+measure of how fast it does the work, so only successful results are latency samples.
+
 Timeouts count for every server: the call's own timeout (`call_timeout`), its idle timeout and the
 SDK's read timeout (-32001; from an untrusted server only the SDK's own, not an error it answered with
 that code). Cancellation by the caller and failures that say nothing about load (a bad request, a lost
@@ -314,13 +317,19 @@ class LimitedTool:
 
 
 def classify_result(result: CallToolResult, trusted: bool) -> tuple[Signal, float | None]:
-    """What a tool's result says about its server's load: an answer, or (trusted only) an overload."""
-    if not result.is_error or not trusted:
+    """What a tool's result says about its server's load: an answer, (trusted only) an overload, or nothing.
+
+    An error result is no latency sample: how fast a server refuses a call says nothing about how fast it
+    does the work (one that answers errors at once would otherwise grow its limit to the ceiling, and then
+    be cut to the floor by its first real answer, measured against the errors' speed).
+    """
+    if not result.is_error:
         return Signal.ANSWER, None
-    text = " ".join(getattr(block, "text", "") for block in result.content[:8])
-    if says_overloaded(text):
-        return Signal.OVERLOAD, retry_after(text)
-    return Signal.ANSWER, None
+    if trusted:
+        text = " ".join(getattr(block, "text", "") for block in result.content[:8])
+        if says_overloaded(text):
+            return Signal.OVERLOAD, retry_after(text)
+    return Signal.OTHER, None
 
 
 def classify_error(exc: Exception, trusted: bool) -> tuple[Signal, float | None]:
