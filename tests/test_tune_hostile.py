@@ -158,7 +158,8 @@ async def test_synthetic_calls_skip_nested_and_required_slow_values_and_say_so()
     server.add_tool(operation, annotations=READ, structured_output=False)
     report = await tune(server, "reads", (1, 2), trusted=True, calls=10, warmup=0, repeats=1)
     # A generated `seconds` ranges over 0..9, and the defaults add 8 s: any of them makes a call last seconds.
-    assert all(s.calls == 10 and s.run_p95 < 1.0 for s in report.settings), report.settings
+    # At least the 10 measured calls (in real time a few more may end in the window's last loop turn).
+    assert all(10 <= s.calls <= 20 and s.run_p95 < 1.0 for s in report.settings), report.settings
     [note] = [n for n in report.notes if n.startswith("the synthetic calls of operation")]
     assert "set spec.pause=0, seconds=0, delay_ms=0 instead of the schema's defaults (spec.pause=3.0, " in note
     assert "delay_ms=5000) and generated values for seconds (required, without a default)" in note
