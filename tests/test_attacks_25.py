@@ -248,7 +248,8 @@ async def test_two_batches_dispatched_together_show_their_approvals_one_at_a_tim
 
 async def test_a_flood_of_questions_from_concurrent_reads_cannot_bury_an_approval() -> None:
     """Eight reads asking at once: at most `waiting` are queued, one shown at a time; the approval gets its turn."""
-    screen = Screen(wait=0.2)  # long enough that no read's question is answered before all have asked
+    # Long enough that no read's question is answered before all have asked, on a loaded machine too.
+    screen = Screen(wait=1.0)
     seen: list[str] = []
 
     async def fetch() -> str:
