@@ -83,19 +83,10 @@ class Servers:
         idempotency = self._check_idempotency(name, idempotency)
         overrides = self._check_server(name, max_concurrency, overrides)
         limit, online = self._limit_setting(name, max_concurrency, trusted)
-        server = self.registry.reserve(
-            name,
-            trusted=trusted,
-            overrides=overrides,
-            on_change=on_definition_change,
-            domain=domain,
-            keys=keys,
-            review_new_tools=review_new_tools,
-            online=online,
-            filled=_filled(idempotency),
+        server = self._reserve(
+            name, trusted, overrides, on_definition_change, domain, keys, review_new_tools, online, idempotency
         )
-        self._executor.gate.set_server_limit(name, limit)
-        self._executor.set_idempotency(name, idempotency)
+        self._apply(name, limit, idempotency)
         try:
             await self.registry.add_client(server, client)
         except BaseException:
@@ -139,16 +130,8 @@ class Servers:
         idempotency = self._check_idempotency(name, idempotency)
         idle_timeout = checks.seconds("idle_timeout", idle_timeout, none="no idle bound")
         max_answer_bytes = checks.whole("max_answer_bytes", max_answer_bytes, minimum=1024, none="no limit")
-        server = self.registry.reserve(
-            name,
-            trusted=trusted,
-            overrides=overrides,
-            on_change=on_definition_change,
-            domain=domain,
-            keys=keys,
-            review_new_tools=review_new_tools,
-            online=online,
-            filled=_filled(idempotency),
+        server = self._reserve(
+            name, trusted, overrides, on_definition_change, domain, keys, review_new_tools, online, idempotency
         )
         connection = self.registry.connection(
             server,
@@ -161,8 +144,7 @@ class Servers:
             task_timeout=task_timeout,
             idle_timeout=idle_timeout,
         )
-        self._executor.gate.set_server_limit(name, limit)
-        self._executor.set_idempotency(name, idempotency)
+        self._apply(name, limit, idempotency)
         try:
             await tg.start(connection.run)
         except BaseException as exc:
@@ -239,6 +221,36 @@ class Servers:
             raise ConfigurationError(f"a server named {name!r} is already registered")
         check_limit(max_concurrency, name)
         return dict(overrides or {})
+
+    def _reserve(
+        self,
+        name: str,
+        trusted: bool,
+        overrides: Mapping[str, ToolAnnotations],
+        on_change: Callable[[DefinitionChange], bool | Awaitable[bool]] | None,
+        domain: str | None,
+        keys: Mapping[str, KeyFunction] | None,
+        review_new_tools: bool,
+        online: OnlineLimit | None,
+        idempotency: IdempotencyKeys | None,
+    ) -> Any:
+        """Claim the server's name in the registry, with what both ways of adding a server set."""
+        return self.registry.reserve(
+            name,
+            trusted=trusted,
+            overrides=overrides,
+            on_change=on_change,
+            domain=domain,
+            keys=keys,
+            review_new_tools=review_new_tools,
+            online=online,
+            filled=_filled(idempotency),
+        )
+
+    def _apply(self, name: str, limit: int | None, idempotency: IdempotencyKeys | None) -> None:
+        """Give the executor the server's limit and idempotency keys, once its name is reserved."""
+        self._executor.gate.set_server_limit(name, limit)
+        self._executor.set_idempotency(name, idempotency)
 
     def _limit_setting(
         self, name: str, max_concurrency: object, trusted: bool
