@@ -234,6 +234,23 @@ def test_generated_arguments_follow_the_schema() -> None:
     }
 
 
+def test_generated_arguments_and_slow_values_read_references_alike() -> None:
+    """One pointer lookup for both walks over a schema (it was written twice): an escaped name (``~1`` for a
+    slash) resolves for the arguments as for the slow values inside a referenced object."""
+    from dispatcher.tuning._workloads import _arguments, _walk
+
+    schema = {
+        "type": "object",
+        "$defs": {"a/b": {"enum": ["x", "y"]}, "Spec": {"properties": {"pause": {"type": "number", "default": 3.0}}}},
+        "properties": {"mode": {"$ref": "#/$defs/a~1b"}, "spec": {"$ref": "#/$defs/Spec"}},
+        "required": ["mode", "spec"],
+    }
+    assert _arguments(schema, 1)["mode"] == "y"
+    found: dict[str, tuple[Any, Any]] = {}
+    _walk(schema, schema, "", found, depth=0)
+    assert found == {"spec.pause": (3.0, 0)}
+
+
 def test_doubling() -> None:
     """--from/--to double from the start and always end at the stop."""
     assert doubling(1, 64) == [1, 2, 4, 8, 16, 32, 64]
