@@ -1303,6 +1303,27 @@ async def test_online_on_a_tool_that_always_fails_reports_no_settled_limit() -> 
     json.dumps(report.to_json(), allow_nan=False)
 
 
+@pytest.mark.anyio
+@pytest.mark.backends("trio-mockclock")
+async def test_a_sweep_cut_short_says_how_many_measurements_each_figure_is_the_median_of() -> None:
+    """Stopped in the second round, the table says the rows hold 1 to 2 of the 3 measurements planned."""
+    stop = anyio.Event()
+
+    def on_progress(step: TuneProgress) -> None:
+        if step.repeat == 1 and step.index == 1 and step.phase == "measuring":
+            stop.set()
+
+    report = await tune(
+        Workspace(latency=0.05).server, "reads", (1, 2), trusted=True, calls=10, progress=on_progress, stop=stop
+    )
+    assert [(s.limit, s.repeats) for s in report.settings] == [(1, 2), (2, 1)]
+    table = render_table(report)
+    assert "each figure is the median of its row's measurements (1 to 2, of 3 planned)" in table
+    assert "median of 3 measurements" not in table
+    whole = await tune(Workspace(latency=0.05).server, "reads", (1, 2), trusted=True, calls=10)
+    assert "each figure is the median of 3 measurements;" in render_table(whole)
+
+
 # The time budget, calls slower than the window, workloads that only fail ---------------------------
 
 
