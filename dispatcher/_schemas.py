@@ -38,7 +38,7 @@ def expanded_size(schema: Any) -> int:
             total = 1
             if "$ref" in value:
                 ref = value["$ref"]
-                if not isinstance(ref, str) or _pointer(schema, ref) is None:
+                if not isinstance(ref, str) or pointer(schema, ref) is None:
                     # Not a part of this schema (another document, a URL, a dangling pointer): a
                     # framework that inlines references raises for it (LangChain does, failing every
                     # tool of the agent), or fetches it. It counts as too large.
@@ -46,7 +46,7 @@ def expanded_size(schema: Any) -> int:
                 if ref not in visiting:
                     if ref not in sizes:
                         visiting.add(ref)
-                        sizes[ref] = size(_pointer(schema, ref))
+                        sizes[ref] = size(pointer(schema, ref))
                         visiting.discard(ref)
                     total += sizes[ref]
             for item in value.values():
@@ -61,7 +61,7 @@ def expanded_size(schema: Any) -> int:
     return size(schema)
 
 
-def _pointer(schema: Any, ref: str) -> Any:
+def pointer(schema: Any, ref: str) -> Any:
     """What a local JSON pointer (``#/$defs/name``) designates in `schema`, or None."""
     if ref != "#" and not ref.startswith("#/"):
         return None

@@ -157,6 +157,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "dispatcher.cli._plot",
             "dispatcher.cli._present",
             "dispatcher.tuning._recommend",
+            "dispatcher.tuning._report",
             "dispatcher.tuning._sweep",
             "dispatcher.cli._targets",
             "dispatcher.cli._tune_command",

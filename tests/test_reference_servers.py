@@ -1,6 +1,6 @@
-"""Reference MCP servers from the package index, nobody's but theirs: mcp-server-git and mcp-server-time.
+"""Reference MCP servers from the package index, nobody's but theirs: mcp-server-git, -time and -fetch.
 
-Each runs as a subprocess over stdio (the `reference-servers` extra installs both into the dev venv; they
+Each runs as a subprocess over stdio (the `reference-servers` extra installs them into the dev venv; they
 require mcp 2.3 like the dispatcher, so they share its environment). The tests go through `connect()`,
 the `inspect` command and an agent's batch: reads together, writes alone and in order, a git commit
 that lands in a temporary repository.
@@ -8,12 +8,14 @@ that lands in a temporary repository.
 
 from __future__ import annotations
 
+import http.server
 import importlib.util
 import json
 import shlex
 import subprocess
 import sys
-from typing import TYPE_CHECKING
+import threading
+from typing import TYPE_CHECKING, ClassVar
 
 import pytest
 from mcp import StdioServerParameters
@@ -21,6 +23,7 @@ from mcp import StdioServerParameters
 from dispatcher import CallStatus, Dispatcher, ToolCall
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
 
     from dispatcher import ToolResult
@@ -147,3 +150,91 @@ def test_inspect_command_reads_the_time_server() -> None:
     assert set(tools) == {"get_current_time", "convert_time"}
     assert all(tool["scheduling"] == "concurrent" and tool["retryable"] for tool in tools.values())
     assert report["trusted"] is True
+
+
+# mcp-server-fetch, against pages served on 127.0.0.1: the tests never reach the internet. The server refuses
+# loopback and private addresses unless started with --allow-private-ips, and consults the site's robots.txt
+# before each autonomous fetch unless started with --ignore-robots-txt.
+
+_PAGE = "<html><head><title>Notes</title></head><body><h1>Release notes</h1><p>The fetch page body.</p></body></html>"
+_ROBOTS = "User-agent: *\nDisallow: /private/\n"
+_NOTES = "Plain notes, not HTML."
+
+
+class _Pages(http.server.BaseHTTPRequestHandler):
+    """Two pages, a robots.txt that disallows /private/, and 404 for the rest; records each request's path."""
+
+    requests: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        self.requests.append(self.path)
+        body = {"/robots.txt": _ROBOTS, "/notes.txt": _NOTES, "/page.html": _PAGE, "/private/page.html": _PAGE}.get(
+            self.path
+        )
+        if body is None:
+            self.send_error(404)
+            return
+        data = body.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html" if self.path.endswith(".html") else "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: the tests read the requests, not a log."""
+
+
+@pytest.fixture
+def pages() -> Iterator[str]:
+    """The base URL of a local HTTP server on 127.0.0.1 (a free port), serving `_Pages`."""
+    _Pages.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Pages)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+async def test_fetch_server_reads_local_pages_and_keeps_to_robots_txt(pages: str) -> None:
+    """mcp-server-fetch with --allow-private-ips: two pages come back, together; a path the site's robots.txt
+    disallows is that call's tool error, never requested, and the server asked robots.txt before each fetch.
+
+    Raw fetches only: turning HTML into Markdown goes through readabilipy, which runs Readability.js under
+    node when node is on PATH, and on its first use runs `npm install` inside its own package directory,
+    whose output then lands on the server's stdout (seen here: the call failed and the client read
+    "node:internal/modules/cjs/loader" as a JSON-RPC message).
+    """
+    params = _server("mcp_server_fetch", "--allow-private-ips")
+    async with Dispatcher(call_timeout=60) as dispatcher:
+        tools = await dispatcher.connect("fetch", params, trusted=True)
+        results = await dispatcher.dispatch(
+            [
+                ToolCall("1", "fetch", {"url": f"{pages}/page.html", "raw": True}),
+                ToolCall("2", "fetch", {"url": f"{pages}/notes.txt"}),
+                ToolCall("3", "fetch", {"url": f"{pages}/private/page.html", "raw": True}),
+            ]
+        )
+    assert [entry.name for entry in tools] == ["fetch"]
+    assert tools[0].concurrent and tools[0].idempotent  # read-only and idempotent: the reads run together
+    assert results[0].ok and "<h1>Release notes</h1>" in _text(results[0])
+    assert results[1].ok and "cannot be simplified to markdown" in _text(results[1]) and _NOTES in _text(results[1])
+    assert results[2].status is CallStatus.TOOL_ERROR and "robots.txt" in _text(results[2])
+    assert "/private/page.html" not in _Pages.requests  # refused before it was requested
+    assert _Pages.requests.count("/robots.txt") == 3
+    assert sorted(p for p in _Pages.requests if p != "/robots.txt") == ["/notes.txt", "/page.html"]
+
+
+async def test_fetch_server_refuses_loopback_by_default(pages: str) -> None:
+    """Started without --allow-private-ips, mcp-server-fetch refuses 127.0.0.1 before sending anything."""
+    params = _server("mcp_server_fetch", "--ignore-robots-txt")
+    async with Dispatcher(call_timeout=60) as dispatcher:
+        await dispatcher.connect("fetch", params, trusted=True)
+        [result] = await dispatcher.dispatch([ToolCall("1", "fetch", {"url": f"{pages}/page.html", "raw": True})])
+    assert result.status is CallStatus.TOOL_ERROR
+    assert "not a public address" in _text(result)
+    assert _Pages.requests == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import http.server
 import importlib.util
 import json
 import os
@@ -11,8 +12,9 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -39,6 +41,9 @@ from dispatcher.tuning import (
     tune,
 )
 from dispatcher.tuning._measure import combine
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 # The folder holding the `dispatcher` package, so subprocesses import this checkout.
 SOURCE_ROOT = str(pathlib.Path(dispatcher.__file__).resolve().parents[1])
@@ -232,6 +237,23 @@ def test_generated_arguments_follow_the_schema() -> None:
         "nested": {"k": "tune-1"},
         "maybe": 1,
     }
+
+
+def test_generated_arguments_and_slow_values_read_references_alike() -> None:
+    """One pointer lookup for both walks over a schema (it was written twice): an escaped name (``~1`` for a
+    slash) resolves for the arguments as for the slow values inside a referenced object."""
+    from dispatcher.tuning._workloads import _arguments, _walk
+
+    schema = {
+        "type": "object",
+        "$defs": {"a/b": {"enum": ["x", "y"]}, "Spec": {"properties": {"pause": {"type": "number", "default": 3.0}}}},
+        "properties": {"mode": {"$ref": "#/$defs/a~1b"}, "spec": {"$ref": "#/$defs/Spec"}},
+        "required": ["mode", "spec"],
+    }
+    assert _arguments(schema, 1)["mode"] == "y"
+    found: dict[str, tuple[Any, Any]] = {}
+    _walk(schema, schema, "", found, depth=0)
+    assert found == {"spec.pause": (3.0, 0)}
 
 
 def test_doubling() -> None:
@@ -1249,6 +1271,52 @@ async def test_three_runs_against_the_git_server_agree_and_never_ask_for_a_wider
     assert not any("wider range" in report.explanation for report in runs), tables
 
 
+class _Page(http.server.BaseHTTPRequestHandler):
+    """One small HTML page at every path, for mcp-server-fetch to fetch from 127.0.0.1."""
+
+    def do_GET(self) -> None:
+        data = b"<html><body>" + b"<p>A paragraph of the page.</p>" * 50 + b"</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: a sweep makes hundreds of requests."""
+
+
+@pytest.fixture
+def page() -> Iterator[str]:
+    """The URL of a page served on 127.0.0.1: the fetch server's sweeps never reach the internet."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/page.html"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@_LONG_FORM
+@pytest.mark.reference_servers
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_three_runs_against_the_fetch_server_agree(page: str) -> None:
+    """mcp-server-fetch over stdio, raw fetches of a local page, three sweeps: the advice agrees within one
+    setting. --allow-private-ips lets it fetch 127.0.0.1 (refused by default); --ignore-robots-txt spares each
+    call a second request (and HTTP client) for robots.txt."""
+    server = reference("mcp_server_fetch", "--allow-private-ips", "--ignore-robots-txt")
+    workload = load_workload([json.dumps({"name": "fetch", "arguments": {"url": page, "raw": True}})])
+    scale = (1, 2, 4, 8, 16)
+    runs = [await tune(server, workload, scale, trusted=True, calls=16, duration=2) for _ in range(3)]
+    tables = "\n\n".join(render_table(report) for report in runs)
+    assert agree_within_one_setting([report.recommended for report in runs], scale), tables
+    assert all(s.errors == 0 for report in runs for s in report.settings), tables
+
+
 def test_cli_tune_override_mistakes_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     """A bad --override item exits 2 before anything connects, saying what the hints are."""
     argv = ["tune", "--url", "http://127.0.0.1:9/mcp", "--synthetic", "reads", "--override", "search=fast"]
@@ -1284,6 +1352,27 @@ async def test_online_on_a_tool_that_always_fails_reports_no_settled_limit() -> 
     assert "every measured call failed at 1 and 2 (lookup: " in text, text
     assert "settled at" not in text and "nan" not in text, text
     json.dumps(report.to_json(), allow_nan=False)
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("trio-mockclock")
+async def test_a_sweep_cut_short_says_how_many_measurements_each_figure_is_the_median_of() -> None:
+    """Stopped in the second round, the table says the rows hold 1 to 2 of the 3 measurements planned."""
+    stop = anyio.Event()
+
+    def on_progress(step: TuneProgress) -> None:
+        if step.repeat == 1 and step.index == 1 and step.phase == "measuring":
+            stop.set()
+
+    report = await tune(
+        Workspace(latency=0.05).server, "reads", (1, 2), trusted=True, calls=10, progress=on_progress, stop=stop
+    )
+    assert [(s.limit, s.repeats) for s in report.settings] == [(1, 2), (2, 1)]
+    table = render_table(report)
+    assert "each figure is the median of its row's measurements (1 to 2, of 3 planned)" in table
+    assert "median of 3 measurements" not in table
+    whole = await tune(Workspace(latency=0.05).server, "reads", (1, 2), trusted=True, calls=10)
+    assert "each figure is the median of 3 measurements;" in render_table(whole)
 
 
 # The time budget, calls slower than the window, workloads that only fail ---------------------------

@@ -17,13 +17,14 @@ import anyio
 import pytest
 from mcp import StdioServerParameters
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel
 
 import dispatcher
 from dispatcher.cli import main
-from dispatcher.tuning import recommend, tune
+from dispatcher.tuning import load_workload, recommend, tune
 
 from .test_tune import setting
 
@@ -80,6 +81,8 @@ async def test_a_server_that_exits_mid_sweep_leaves_the_settings_measured(transp
     limits = [setting.limit for setting in report.settings]
     assert limits[0] == 1 and 4 not in limits, limits
     assert report.settings[0].calls == 10 and report.settings[0].errors == 0
+    # Fewer than two settings measured before the server went: nothing compared, so nothing recommended.
+    assert report.recommended is None and "nothing to recommend" in report.explanation, report.explanation
     # Over stdio the calls of 2 fail one by one (counted as errors); over HTTP the client's tasks end with it.
     assert any(
         "the server stopped answering" in note and re.search(r"not measured: \[(2, )?4\]", note)
@@ -102,8 +105,36 @@ def test_the_command_line_prints_the_settings_measured_and_exits_1(
     assert status == 1
     assert "Traceback" not in printed.err
     assert "cut short: the server stopped answering" in printed.out
-    assert "<- recommended" in printed.out
+    # Only 1 was measured whole: the calls of 2 failed with the connection, which says nothing of 2.
+    assert "<- recommended" not in printed.out and "recommended:" not in printed.out
+    assert "only 1 was measured (" in printed.out and "before the server stopped answering while 2 was" in printed.out
+    assert "one setting compares with nothing, so there is nothing to recommend" in printed.out
+    assert "as calls do when a server rejects" not in printed.out
     assert '"cut_short": "server_lost"' in out.read_text()
+
+
+def test_the_setting_the_server_was_lost_during_is_left_out_of_the_advice() -> None:
+    """Its calls failed with the connection: not read as a server rejecting calls above some concurrency."""
+    from dispatcher.tuning._report import conclude
+
+    lost = replace(setting(4, 30.0), errors=60)
+    measured = {1: [setting(1, 10.0)], 2: [setting(2, 20.0)], 4: [lost], 8: []}
+    verdict = conclude(
+        measured,
+        share=1.0,
+        tolerance=0.05,
+        planned_top=8,
+        synthetic=False,
+        repeats=1,
+        cut_short="server_lost",
+        max_time=None,
+        lost="Connection closed, before measuring 8",
+        lost_during=4,
+    )
+    assert [s.limit for s in verdict.settings] == [1, 2, 4]  # the table still shows it
+    assert verdict.recommended == 2 and "Left out: the settings where more calls failed" not in verdict.explanation
+    assert "4 is left out: the server stopped answering while it was measured" in verdict.explanation
+    assert any("not measured: [8]" in note for note in verdict.notes), verdict.notes
 
 
 def changing_server(after: int) -> MCPServer[Any]:
@@ -187,18 +218,40 @@ def rejecting_server(most: int) -> MCPServer[Any]:
 
 
 @pytest.mark.anyio
-@pytest.mark.backends("asyncio", "trio")
+@pytest.mark.backends("asyncio", "trio", "trio-mockclock")
 async def test_settings_where_the_server_rejects_calls_are_not_recommended() -> None:
     """Above 4 in flight most calls are rejected, and those answered come as fast: 4 is recommended, not 16.
 
-    On the real clock only: on the mock one a rejection takes no time at all, and a window of instant
-    rejections has no length to count them in.
+    On the mock clock too, where a rejection takes no time at all: the calls after the warm-up count even
+    when they end at the instant the window opened (they were counted as neither calls nor errors).
     """
     report = await tune(rejecting_server(4), "reads", (1, 4, 8, 16), trusted=True, calls=40, repeats=1)
+    rejected = {s.limit: s for s in report.settings}
+    assert rejected[8].errors > 0 and rejected[16].errors > 0, report.settings
     assert report.recommended == 4, report.explanation
     assert "Left out: the settings where more calls failed (" in report.explanation
     assert "at 16" in report.explanation and "largest setting at which calls do not fail" in report.explanation
     assert "wider range" not in report.explanation
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("asyncio", "trio", "trio-mockclock")
+async def test_calls_in_flight_count_those_that_fail() -> None:
+    """Calls that fail after 20 ms held their slots: 4 in flight at 4 (the column counted successes only: 0)."""
+    server: MCPServer[Any] = MCPServer("failing")
+
+    async def lookup(name: str) -> str:
+        """Look a name up."""
+        await anyio.sleep(0.02)
+        raise ToolError(f"no {name}")
+
+    server.add_tool(lookup, annotations=READ, structured_output=False)
+    workload = load_workload(['{"name": "lookup", "arguments": {"name": "a"}}'])
+    report = await tune(server, workload, (1, 4), trusted=True, calls=40, repeats=1)
+    by = {s.limit: s for s in report.settings}
+    assert by[1].calls == by[4].calls == 0 and by[4].errors >= 40, report.settings
+    # Bands: on a loaded machine the slots stand empty for a moment between a failure and the next call.
+    assert 0.8 <= by[1].in_flight <= 1.01 and 2.5 <= by[4].in_flight <= 4.01, report.settings
 
 
 def test_errors_that_do_not_grow_with_the_setting_leave_it_eligible() -> None:

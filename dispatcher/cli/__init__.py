@@ -2,7 +2,7 @@
 
 - `tune` (`_sweep`, public as `dispatcher.tuning`): sweep a concurrency limit against a server. Its parts:
   workloads (`_workloads`), the closed-loop measurement of one setting (`_measure`), the recommendation
-  (`_recommend`).
+  (`_recommend`), and the report with the reading of a sweep's measurements into it (`_report`).
 - `inspect` (`_inspect`): how a dispatcher would treat a server's tools, with warnings.
 - The command line (`_main`, with one module per subcommand and `_targets` for the server options they
   share), presentation with `rich` (`_present`, `_plot`), and `machine_info` (`_machine`), which the

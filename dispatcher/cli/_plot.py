@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from ..tuning._sweep import TuneReport
+    from ..tuning._report import TuneReport
 
 __all__ = ["save_plot"]
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from ..tuning._measure import SettingResult
     from ..tuning._online import OnlineResult
-    from ..tuning._sweep import TuneProgress, TuneReport
+    from ..tuning._report import TuneProgress, TuneReport
     from ._inspect import Report
 
 __all__ = [
@@ -178,10 +178,15 @@ def _tune_heading(report: TuneReport) -> list[str]:
 
 def _tune_conclusion(report: TuneReport) -> list[str]:
     lines = ["times in ms; run = from a call's start to its result, queue = waiting for a slot in the dispatcher"]
-    if report.repeats > 1:
-        lines.append(
-            f"each figure is the median of {report.repeats} measurements; spread = half their range of calls/s"
-        )
+    done = sorted({s.repeats for s in report.settings})
+    if done and done[-1] > 1:
+        # A sweep cut short measured some settings fewer times than planned (the rows say "(2x)").
+        if done == [report.repeats]:
+            measured = f"the median of {report.repeats} measurements"
+        else:
+            times = str(done[0]) if len(done) == 1 else f"{done[0]} to {done[-1]}"
+            measured = f"the median of its row's measurements ({times}, of {report.repeats} planned)"
+        lines.append(f"each figure is {measured}; spread = half their range of calls/s")
     if any(s.cut_off for s in report.settings):
         lines.append("cut off = calls still running when the window closed, left to finish and timed in run/queue")
     if report.errors:

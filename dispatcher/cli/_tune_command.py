@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from dispatcher._core._calls import ToolCall
 
-    from ..tuning._sweep import TuneReport
+    from ..tuning._report import TuneReport
 
 __all__ = ["add_parser", "doubling"]
 

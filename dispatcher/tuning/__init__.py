@@ -13,10 +13,10 @@ from ..cli._present import render_tune as render_table
 from ._measure import SettingResult as SettingResult
 from ._online import OnlineResult as OnlineResult
 from ._recommend import recommend as recommend
+from ._report import TuneProgress as TuneProgress
+from ._report import TuneReport as TuneReport
 from ._sweep import DEFAULT_REPEATS as DEFAULT_REPEATS
 from ._sweep import DEFAULT_SETTINGS as DEFAULT_SETTINGS
-from ._sweep import TuneProgress as TuneProgress
-from ._sweep import TuneReport as TuneReport
 from ._sweep import tune as tune
 from ._workloads import load_workload as load_workload
 from ._workloads import synthetic_workload as synthetic_workload

@@ -11,7 +11,7 @@ measured call, or the end of a time budget (closed by a timer, even when no call
   time plus the round trip of the transport, p50 and p95, over the successful calls that ended inside
   the window and those still running when it closed (the cut-off calls, left to finish);
 - queue time (`started_at - queued_at`): how long calls waited in the dispatcher for a slot;
-- calls in flight: the mean number of calls running during the window;
+- calls in flight: the mean number of calls running during the window, whatever their outcome;
 - errors: calls that ended inside the window without success (a tool error, a failure, a timeout).
 """
 
@@ -53,7 +53,7 @@ class SettingResult:
         run_p95: Their 95th percentile run time.
         queue_p50: The median time they waited for a slot (`started_at - queued_at`).
         queue_p95: The 95th percentile of that wait.
-        in_flight: The mean number of calls running during the window.
+        in_flight: The mean number of calls running during the window, those that failed included.
         error: The first error among the measured calls, if any.
         error_tool: The tool of the call that gave `error`.
         cut_off: Calls still running when the window closed. They were left to finish, and their run
@@ -163,6 +163,7 @@ async def measure(
         inclusive=window.inclusive,
         abandoned=window.abandoned,
         partial=window.partial,
+        warmup=window.warmup,
     )
 
 
@@ -179,6 +180,9 @@ class Window:
             window: they were cancelled rather than left to finish, so their run time is known only to
             be at least `stop - started_at`.
         partial: The deadline closed the window (or ended the warm-up) before it would have closed.
+        warmup: How many of the first `results` (in the order they ended) were the warm-up, when a count of
+            calls opened the window (0 otherwise): the calls after them are measured even when they end at
+            the very moment the window opened, as calls rejected at once all do on a virtual clock.
     """
 
     results: list[ToolResult]
@@ -187,6 +191,7 @@ class Window:
     inclusive: bool
     abandoned: tuple[tuple[float, float], ...] = ()
     partial: bool = False
+    warmup: int = 0
 
 
 async def closed_loop(
@@ -327,6 +332,7 @@ async def closed_loop(
         inclusive=not warmup,
         abandoned=tuple(abandoned),
         partial=partial,
+        warmup=warmup if warmup and opened_by_count else 0,
     )
 
 
@@ -345,6 +351,7 @@ def summarise(
     inclusive: bool,
     abandoned: Sequence[tuple[float, float]] = (),
     partial: bool = False,
+    warmup: int = 0,
 ) -> SettingResult:
     """The figures of the window from `start` to `stop`.
 
@@ -355,11 +362,16 @@ def summarise(
     The latencies are those of the successful calls that ended inside the window and of the cut-off
     ones; `abandoned` calls (cancelled at a deadline, as (queued_at, started_at)) count as cut off, with
     the run time they had reached by `stop` (a lower bound) and no share of throughput (their outcome is
-    unknown).
+    unknown). The first `warmup` results (`Window.warmup`) are the warm-up whatever their time: the
+    others count from the window's start on, including those that ended at that very moment.
     """
+    warm = {id(r) for r in results[:warmup]}
 
     def ended_inside(r: ToolResult) -> bool:
-        return (start <= r.finished_at if inclusive else start < r.finished_at) and r.finished_at <= stop
+        if id(r) in warm:
+            return False
+        after = start <= r.finished_at if inclusive or warmup else start < r.finished_at
+        return after and r.finished_at <= stop
 
     measured = [r for r in results if ended_inside(r)]
     cut_off = [r for r in results if r.started_at is not None and r.started_at < stop < r.finished_at]
@@ -367,14 +379,16 @@ def summarise(
     failed = [r for r in measured if r.status is not CallStatus.OK]
     elapsed = stop - start
     done = 0.0  # successful calls, in shares of a call
-    busy = 0.0  # seconds of calls running, summed over the calls
+    busy = 0.0  # seconds of calls running, summed over the calls: failed ones held a slot too
     for r in results:
-        if r.status is not CallStatus.OK or r.started_at is None:
+        if r.started_at is None:
             continue
-        inside = min(r.finished_at, stop) - max(r.started_at, start)
+        inside = max(0.0, min(r.finished_at, stop) - max(r.started_at, start))
+        busy += inside
+        if r.status is not CallStatus.OK:
+            continue
         if r.run_time > 0:
-            done += max(0.0, inside) / r.run_time
-            busy += max(0.0, inside)
+            done += inside / r.run_time
         elif ended_inside(r):
             done += 1
     for _, began in abandoned:

@@ -4,11 +4,11 @@ For each setting of the limit (`Dispatcher(max_concurrency=...)`, or the per-ser
 `add_mcp_server`), a fresh dispatcher runs the same workload on one shared connection, so what changes
 between settings is the limit and nothing else. Each setting is measured `repeats` times, in rounds
 over the settings, by a closed loop of callers (`_measure`), and the repeats are combined into medians
-with their range; the recommendation (`_recommend`) is the knee, where throughput per unit of run time
-peaks: past it, more calls in flight only make each call slower. A time budget or a stop event ends
-the sweep early with the settings measured so far. When no call of the workload may
-run concurrently (an untrusted server, a workload of writes), no limit can matter, and nothing is
-recommended.
+with their range; the report (`_report`) reads them: the recommendation (`_recommend`) is the knee, where
+throughput per unit of run time peaks: past it, more calls in flight only make each call slower. A time
+budget or a stop event ends the sweep early with the settings measured so far. When no call of the
+workload may run concurrently (an untrusted server, a workload of writes), no limit can matter, and
+nothing is recommended.
 
 With `fleet` (a Redis URL), the limit swept is a fleet-wide one: each setting is measured by `processes`
 processes, each a dispatcher of its own sharing `FleetServer(limit=setting)` through Redis, with the
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio
@@ -34,9 +34,10 @@ from dispatcher._mcp._failures import innermost
 
 from ._connection import LOST, connected, describe_target, lost_connection
 from ._fleet import check_redis, fleet_measure
-from ._measure import combine, measure
-from ._online import OnlineResult, measure_online
-from ._recommend import TOLERANCE, CutShort, cut_short_note, drift_note, format_number, recommend
+from ._measure import measure
+from ._online import measure_online
+from ._recommend import TOLERANCE, CutShort
+from ._report import Phase, TuneProgress, TuneReport, conclude, failed_entirely, failed_note
 from ._workloads import resolve_workload, tool_change
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
     from ._connection import Target
     from ._measure import SettingResult
+    from ._online import OnlineResult
     from ._workloads import Synthetic
 
 __all__ = ["DEFAULT_REPEATS", "DEFAULT_SETTINGS", "TuneProgress", "TuneReport", "tune"]
@@ -65,117 +67,6 @@ DEFAULT_REPEATS = 3
 """Measurements per setting: three give a median and a spread, and the median shrugs off one bad run."""
 # More would only make a sweep longer than anyone waits.
 _MAX_REPEATS = 20
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TuneReport:
-    """A sweep's measurements and the setting it recommends.
-
-    Attributes:
-        target: What was tuned against, for people.
-        trusted: Whether the server's annotations were trusted.
-        knob: "max_concurrency" (the dispatcher-wide limit), "per_server" (`add_mcp_server`'s) or
-            "fleet" (`FleetServer.limit`, shared by `processes` processes through Redis).
-        workload: A description of the workload.
-        concurrent_share: The share of the workload's calls that may run concurrently.
-        clients: Callers kept waiting on the dispatcher (the offered concurrency).
-        calls: Measured calls per measurement (None: measured for `duration` instead).
-        duration: The time budget of each setting's measurement, if any.
-        settings: One result per setting, in increasing order.
-        recommended: The recommended setting, or None when no setting got a successful answer or no
-            limit can matter (no call of the workload may run concurrently).
-        best: The setting with the highest throughput, or None likewise.
-        explanation: Why the recommended setting (or why none), in a sentence or two.
-        notes: Things the reader should know (an untrusted server, failed calls, a narrow range).
-        processes: The processes of a fleet sweep, or None.
-        repeats: The measurements planned per setting (the repeats done are each result's `repeats`).
-        cut_short: Why the sweep ended before measuring everything it planned: "interrupted" (`stop`
-            was set, e.g. on Ctrl-C), "max_time" (the time budget ran out) or "server_lost" (the server
-            exited or closed the connection; the notes say how); None when it finished.
-            The report then holds the settings measured so far.
-        online: Where the online limit (`AdaptiveLimit`) settled on the same server and workload, when
-            the sweep was asked for it (``online=``), else None.
-    """
-
-    target: str
-    trusted: bool
-    knob: Literal["max_concurrency", "per_server", "fleet"]
-    workload: str
-    concurrent_share: float
-    clients: int
-    calls: int | None
-    duration: float | None
-    settings: tuple[SettingResult, ...]
-    recommended: int | None
-    best: int | None
-    explanation: str
-    notes: tuple[str, ...] = ()
-    processes: int | None = None
-    repeats: int = 1
-    cut_short: CutShort | None = None
-    online: OnlineResult | None = None
-
-    @property
-    def how_to_apply(self) -> str:
-        """The code that applies the recommendation."""
-        if self.recommended is None:
-            return "no recommendation"
-        if self.knob == "per_server":
-            return f"add_mcp_server(..., max_concurrency={self.recommended})"
-        if self.knob == "fleet":
-            return f"RedisCoordinator(..., servers={{...: FleetServer(limit={self.recommended})}})"
-        return f"Dispatcher(max_concurrency={self.recommended})"
-
-    @property
-    def errors(self) -> int:
-        """Measured calls that did not succeed, over every setting."""
-        return sum(setting.errors for setting in self.settings)
-
-    def to_json(self) -> dict[str, Any]:
-        """The report as JSON data (what `--json` writes, without the machine description)."""
-        return {
-            "target": self.target,
-            "trusted": self.trusted,
-            "knob": self.knob,
-            "processes": self.processes,
-            "workload": self.workload,
-            "concurrent_share": self.concurrent_share,
-            "clients": self.clients,
-            "calls": self.calls,
-            "repeats": self.repeats,
-            "cut_short": self.cut_short,
-            "duration_s": self.duration,
-            "settings": [setting.to_json() for setting in self.settings],
-            "recommended": self.recommended,
-            "best": self.best,
-            "apply": self.how_to_apply,
-            "explanation": self.explanation,
-            "notes": list(self.notes),
-            "online": None if self.online is None else self.online.to_json(),
-        }
-
-
-Phase = Literal["probing", "warming up", "measuring"]
-
-
-@dataclass(frozen=True, slots=True)
-class TuneProgress:
-    """Where a sweep is: setting `index` of `total` (from 0), `completed` of its `planned` calls.
-
-    `planned` is None when the setting runs for a time budget rather than a number of calls (and
-    counts the warm-up). `repeat` (from 0) of `repeats` is the round: each round measures every setting
-    once. `phase` is "probing" (the synthetic workload's tools are tried once, before any setting),
-    "warming up" or "measuring".
-    """
-
-    limit: int
-    index: int
-    total: int
-    completed: int
-    planned: int | None
-    repeat: int = 0
-    repeats: int = 1
-    phase: Phase = "measuring"
 
 
 async def tune(
@@ -302,6 +193,7 @@ async def tune(
     share = 0.0
     settled: OnlineResult | None = None
     gave_up: str | None = None  # why the sweep stopped early on its own: the first settings failed every call
+    last: int | None = None  # the setting measured last: when the server was lost, the one it was lost during
 
     def report_to(limit: int, index: int, repeat: int) -> tuple[Callable[[int, int | None], None] | None, Any]:
         if progress is None:
@@ -325,7 +217,7 @@ async def tune(
         return on_call, on_phase
 
     async def sweep(client: Any, deadline: float) -> None:
-        nonlocal pattern, description, share, failure, settled, cut_short, gave_up, lost, listed
+        nonlocal pattern, description, share, failure, settled, cut_short, gave_up, lost, listed, last
         for repeat in range(repeats):
             for index, limit in enumerate(limits):
                 if anyio.current_time() >= deadline:
@@ -402,9 +294,10 @@ async def tune(
                                 measured[limit].append(result)
                             return
                         measured[limit].append(result)
-                        if repeat == 0 and index == min(1, len(limits) - 1) and _failed_entirely(measured):
+                        last = limit
+                        if repeat == 0 and index == min(1, len(limits) - 1) and failed_entirely(measured):
                             # The first settings failed every call: the rest would only repeat the error.
-                            gave_up = _failed_note(measured, limits)
+                            gave_up = failed_note(measured, limits)
                             return
                     except DispatcherError as exc:
                         failure = exc
@@ -465,30 +358,21 @@ async def tune(
     if not pattern:
         # Cut short before the workload was known (while probing): nothing was measured.
         description = f"synthetic {workload}" if isinstance(workload, str) else f"{len(workload)} calls"
-    results = [combine(measured[limit]) for limit in limits if measured[limit]]
-    notes.extend(_error_notes(results, synthetic=isinstance(workload, str)))
-    if cut_short is not None:
-        notes.append(cut_short_note(cut_short, max_time, measured, repeats, lost=lost))
-    if gave_up is not None:
-        recommended, best, explanation = None, None, gave_up
-    elif not results:
-        recommended, best = None, None
-        explanation = "the sweep was cut short before any setting was measured, so there is nothing to recommend"
-    elif share == 0:
-        recommended, best = None, None
-        low = min(results, key=lambda s: s.throughput)
-        high = max(results, key=lambda s: s.throughput)
-        explanation = (
-            "no limit can matter here, so there is nothing to recommend: every call of the workload runs alone "
-            f"(the settings measured {format_number(low.throughput)} to {format_number(high.throughput)} calls/s, "
-            "which is noise); see the notes"
-        )
-    else:
-        recommended, best, explanation = recommend(results, tolerance=tolerance, planned_top=limits[-1])
-        drift = drift_note(measured, writes=share < 1)
-        if drift is not None:
-            notes.append(drift)
-            explanation += " It may not repeat: the server got slower during the sweep (see the notes)."
+    # The calls of the setting measured when the server stopped answering failed with the connection.
+    lost_during = last if last is not None and measured[last] and measured[last][-1].errors else None
+    verdict = conclude(
+        measured,
+        share=share,
+        tolerance=tolerance,
+        planned_top=limits[-1],
+        synthetic=isinstance(workload, str),
+        repeats=repeats,
+        cut_short=cut_short,
+        max_time=max_time,
+        lost=lost,
+        lost_during=lost_during if cut_short == "server_lost" else None,
+        gave_up=gave_up,
+    )
     return TuneReport(
         target=describe_target(target),
         trusted=trusted,
@@ -498,11 +382,11 @@ async def tune(
         clients=callers,
         calls=calls,
         duration=duration,
-        settings=tuple(results),
-        recommended=recommended,
-        best=best,
-        explanation=explanation,
-        notes=tuple(notes),
+        settings=verdict.settings,
+        recommended=verdict.recommended,
+        best=verdict.best,
+        explanation=verdict.explanation,
+        notes=(*notes, *verdict.notes),
         processes=processes if fleet is not None else None,
         repeats=repeats,
         cut_short=cut_short,
@@ -559,37 +443,3 @@ def _workload_notes(share: float, trusted: bool, clients: int, limits: Sequence[
     if beyond:
         notes.append(f"only {clients} callers offer calls, so settings above it ({beyond}) cannot run more at once")
     return notes
-
-
-def _error_notes(results: Sequence[SettingResult], *, synthetic: bool) -> list[str]:
-    notes = [
-        f"at {result.limit}, {result.errors} of {result.calls + result.errors} measured calls did not succeed "
-        f"({result.error})"
-        for result in results
-        if result.errors
-    ]
-    if notes:
-        where = (
-            "the generated arguments are a guess; write the calls your agent makes to a --workload file"
-            if synthetic
-            else "check the workload's calls"
-        )
-        notes.append(f"failed calls count as errors, not throughput, and no setting is chosen from them; {where}")
-    return notes
-
-
-def _failed_entirely(measured: Mapping[int, Sequence[SettingResult]]) -> bool:
-    """Whether every setting measured so far got errors and not one successful or cut-off call."""
-    runs = [run for results in measured.values() for run in results]
-    return bool(runs) and all(run.errors and not run.calls and not run.cut_off for run in runs)
-
-
-def _failed_note(measured: Mapping[int, Sequence[SettingResult]], limits: Sequence[int]) -> str:
-    done = [limit for limit in limits if measured[limit]]
-    first = measured[done[0]][0]
-    tool = f"{first.error_tool}: " if first.error_tool else ""
-    return (
-        f"every measured call failed at {' and '.join(map(str, done))} ({tool}{first.error}), so there is nothing "
-        "to recommend and the sweep stopped there: the other settings would only repeat the error; fix the "
-        "workload's calls (or the server) and run again"
-    )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from dispatcher._core._calls import CallStatus, ToolCall
 from dispatcher._core._errors import ConfigurationError
+from dispatcher._schemas import pointer
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -244,12 +245,7 @@ def _walk(schema: Any, root: Mapping[str, Any], prefix: str, found: dict[str, tu
 def _resolve(schema: Any, root: Mapping[str, Any]) -> Any:
     """A schema with its local ``$ref`` followed (a pydantic model nested in another is one)."""
     ref = schema.get("$ref") if isinstance(schema, dict) else None
-    if isinstance(ref, str) and ref.startswith("#/"):
-        target: Any = root
-        for part in ref[2:].split("/"):
-            target = target.get(part) if isinstance(target, dict) else None
-        return target
-    return schema
+    return pointer(root, ref) if isinstance(ref, str) and ref.startswith("#/") else schema
 
 
 def _arguments(schema: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -262,12 +258,9 @@ def _example(schema: Any, index: int, root: Mapping[str, Any], *, depth: int) ->
     """A value that fits `schema`, varied by `index` (a best effort: the server validates)."""
     if not isinstance(schema, dict) or depth > 8:
         return f"tune-{index}"
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#/"):
-        target: Any = root
-        for part in ref[2:].split("/"):
-            target = target.get(part) if isinstance(target, dict) else None
-        return _example(target, index, root, depth=depth + 1)
+    resolved = _resolve(schema, root)
+    if resolved is not schema:
+        return _example(resolved, index, root, depth=depth + 1)
     if "const" in schema:
         return schema["const"]
     enum = schema.get("enum")
