@@ -13,6 +13,7 @@ from trio.testing import MockClock
 
 from dispatcher import CallStatus, Dispatcher, PendingCall, ToolCall, ToolResult
 from dispatcher._driver._clock import current_clock, start_clock
+from tests.batches import mixed_batch
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -250,18 +251,7 @@ async def test_the_work_per_call_does_not_grow_with_the_batch(anyio_backend: Any
         return key
 
     def batch(size: int) -> list[ToolCall]:
-        calls = []
-        for i in range(size):
-            kind = i % 50
-            if kind == 0:
-                calls.append(ToolCall(f"c{i}", "no_such_tool", {"key": i}))
-            elif kind == 1:
-                calls.append(ToolCall(f"c{i}", "peek", {"key": "not a number"}))
-            elif kind in (2, 27):
-                calls.append(ToolCall(f"c{i}", "bump", {"key": i}))
-            else:
-                calls.append(ToolCall(f"c{i}", "peek", {"key": i, "wait": i % 3 == 0}))
-        return calls
+        return mixed_batch(size, writes=(2, 27), waits=True)
 
     per_call = {}
     async with Dispatcher(max_concurrency=limit) as dispatcher:

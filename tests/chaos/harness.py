@@ -351,22 +351,46 @@ def check_children_quiet(before: Iterable[int]) -> bool:
     return any(pid not in known for pid, _, _ in live_children())
 
 
-def check_server_overlaps(entries: Sequence[Entry], exclusive: set[str], abandoned: set[str]) -> list[str]:
+def check_server_overlaps(
+    entries: Sequence[Entry],
+    exclusive: set[str],
+    abandoned: set[str],
+    *,
+    retried: set[str] | frozenset[str] = frozenset(),
+    events: Sequence[CallEvent] = (),
+) -> list[str]:
     """On the server, an exclusive call never ran while another call of the same process ran.
 
-    `exclusive` and `abandoned` hold `call_key`s. An overlap with a call the client had abandoned (it
-    timed out, was cancelled or lost its connection while the server went on running it) is counted in
-    `FIGURES` but not reported: after a lost answer, the client cannot know when the server stops.
+    `exclusive`, `abandoned` and `retried` hold `call_key`s (`abandoned(results)`, `retried(results)`). An overlap
+    with a call the client had abandoned (it timed out, was cancelled or lost its connection while the
+    server went on running it) is the documented exception (RELIABILITY.md, "What it cannot prove"):
+    after a lost answer, the client cannot know when the server stops. It is counted in `FIGURES`, not
+    reported, within its bound: the dispatcher gave the abandoned call up (an attempt retried, or its
+    result) before it started the call that overlapped it, in the order of `events` (when given). An
+    overlap the dispatcher started while it still waited for the other call is reported.
+
+    A call retried and then answered counts as abandoned only when the server ran it more than once
+    (the ledger cannot tell which execution was answered); one that ran once was answered there.
     A process killed mid-call ends all its calls at once.
     """
+    runs = Counter(call_key(entry.tool, entry.arguments) for entry in entries)
+    gave_up: dict[str, int] = {}  # a call's key -> the first event at which the dispatcher stopped waiting on it
+    began: dict[str, int] = {}  # a call's key -> the event at which its last attempt started
+    for index, event in enumerate(events):
+        called = call_key(event.call.name, event.call.arguments)
+        if event.kind in ("retried", "finished"):
+            gave_up.setdefault(called, index)
+        if event.kind in ("started", "retried"):
+            began[called] = index
+    never = len(events)
     problems = []
-    events: list[tuple[int, int, str, Entry]] = []
+    timeline: list[tuple[int, int, str, Entry]] = []
     for entry in entries:
-        events.append((entry.start, 1, "start", entry))
+        timeline.append((entry.start, 1, "start", entry))
         if entry.end is not None:
-            events.append((entry.end, 0, "end", entry))
+            timeline.append((entry.end, 0, "end", entry))
     running: dict[tuple[int, int], Entry] = {}
-    for _, _, kind, entry in sorted(events, key=lambda event: (event[0], event[1])):
+    for _, _, kind, entry in sorted(timeline, key=lambda event: (event[0], event[1])):
         key = (entry.pid, entry.seq)
         if kind == "end":
             running.pop(key, None)
@@ -378,10 +402,14 @@ def check_server_overlaps(entries: Sequence[Entry], exclusive: set[str], abandon
         others = [call_key(other.tool, other.arguments) for other in running.values()]
         clash = others and (me in exclusive or any(other in exclusive for other in others))
         if clash:
-            if all(other in abandoned for other in others):
+            given_up = all(other in abandoned or (other in retried and runs[other] > 1) for other in others)
+            in_order = all(gave_up.get(other, never) <= began.get(me, never) for other in others) if events else True
+            if given_up and in_order:
                 FIGURES.server_overlaps_after_abandoned_calls += 1
             else:
-                problems.append(f"{me} started on the server while {others} ran")
+                why = "" if given_up else " (answered calls)"
+                why = why or " before the dispatcher gave them up"
+                problems.append(f"{me} started on the server while {others} ran{why}")
                 FIGURES.exclusive_overlaps += 1
         running[key] = entry
     return problems
@@ -470,8 +498,12 @@ def abandoned(results: Sequence[ToolResult]) -> set[str]:
         for result in results
         if result.status in (CallStatus.TIMEOUT, CallStatus.CANCELLED)
         or (result.status is CallStatus.FAILED and result.attempts > 0)
-        or result.attempts > 1
     }
+
+
+def retried(results: Sequence[ToolResult]) -> set[str]:
+    """The `call_key`s of calls tried more than once: an attempt before the last was given up."""
+    return {call_key(result.call.name, result.call.arguments) for result in results if result.attempts > 1}
 
 
 class DroppingProxy:

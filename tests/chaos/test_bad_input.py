@@ -15,6 +15,7 @@ from mcp.types import TextContent, ToolAnnotations
 
 from dispatcher import BatchError, CallStatus, Dispatcher, ToolCall
 from dispatcher.examples import Workspace
+from tests.batches import mixed_batch
 
 from . import harness
 from .harness import FIGURES, scale
@@ -261,17 +262,7 @@ async def test_a_huge_mixed_batch_returns_every_result_in_order(anyio_backend: A
         seen += 1
         return key
 
-    calls = []
-    for i in range(size):
-        kind = i % 50
-        if kind == 0:
-            calls.append(ToolCall(f"c{i}", "no_such_tool", {"key": i}))
-        elif kind == 1:
-            calls.append(ToolCall(f"c{i}", "peek", {"key": "not a number"}))
-        elif kind == 2:
-            calls.append(ToolCall(f"c{i}", "bump", {"key": i}))
-        else:
-            calls.append(ToolCall(f"c{i}", "peek", {"key": i}))
+    calls = mixed_batch(size)
     async with Dispatcher(max_concurrency=64) as d:
         d.add_function(peek, annotations=READ)
         d.add_function(bump)

@@ -222,7 +222,13 @@ class Round:
         exclusive_ids = {call.id for call in self.calls if harness.must_run_alone(call)}
         exclusive = {call_key(call.name, call.arguments) for call in self.calls if call.id in exclusive_ids}
         for ledger in ledgers:
-            problems += harness.check_server_overlaps(ledger.entries(), exclusive, harness.abandoned(self.results))
+            problems += harness.check_server_overlaps(
+                ledger.entries(),
+                exclusive,
+                harness.abandoned(self.results),
+                retried=harness.retried(self.results),
+                events=self.events,
+            )
         problems += harness.check_exclusive_events(self.events, exclusive_ids)
         return problems
 
