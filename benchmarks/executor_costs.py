@@ -4,8 +4,9 @@ Run it with ``python -m benchmarks.executor_costs [--backend asyncio|trio] [--ca
 [--profile]``. It dispatches one batch of `--calls` zero-latency calls and runs the same calls through the
 16 hand-written workers of `benchmarks.executors` (`_tools.workers`: the same validation, call and
 conversion through the dispatcher's own adapter), interleaved repetition by repetition, and prints the
-median CPU time of the thread per call (`time.thread_time`, which other processes on the machine move far
-less than the wall clock) and the median wall time per call of each, and their ratios.
+median and the least CPU time of the thread per call (`time.thread_time`, which other processes on the machine
+move less than the wall clock; the least is the steadiest figure on a loaded machine), the median wall
+time per call of each, and their ratios.
 
 With ``--profile`` it then runs the dispatcher's repetitions under `cProfile` and sums each function's
 own time into the part of the executor it belongs to (submission, gate, tasks and loop, cancel scopes,
@@ -114,10 +115,13 @@ async def _measure(calls_count: int, repeat: int, profile: bool) -> None:
         scale = 1e6 / calls_count
         cpu = {name: statistics.median(c for c, _ in samples) * scale for name, samples in figures.items()}
         wall = {name: statistics.median(w for _, w in samples) * scale for name, samples in figures.items()}
+        least = {name: min(c for c, _ in samples) * scale for name, samples in figures.items()}
         ratios = [d[0] / w[0] for d, w in zip(figures["dispatcher"], figures["workers"], strict=True)]
         print(
             f"{backend}: CPU us/call dispatcher {cpu['dispatcher']:.2f}, workers {cpu['workers']:.2f}, "
             f"ratio {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}); "
+            f"least CPU us/call {least['dispatcher']:.2f} / {least['workers']:.2f} = "
+            f"{least['dispatcher'] / least['workers']:.2f}; "
             f"wall us/call {wall['dispatcher']:.2f} / {wall['workers']:.2f}"
         )
         if profile:
@@ -135,10 +139,17 @@ def profile_parts(profiler: cProfile.Profile, calls: int) -> str:
     parts: dict[str, float] = defaultdict(float)
     for (path, _, function), row in stats.stats.items():  # type: ignore[attr-defined]
         parts[part_of(path, function)] += row[2]
+    counts: dict[str, int] = defaultdict(int)
+    for (path, _, function), row in stats.stats.items():  # type: ignore[attr-defined]
+        counts[part_of(path, function)] += row[1]
     total = sum(parts.values())
-    lines = [f"  {'part':<36} {'us/call':>8} {'share':>6}"]
+    # Function calls per call do not move with the machine's load, unlike the times.
+    lines = [f"  {'part':<36} {'us/call':>8} {'share':>6} {'functions/call':>15}"]
     for part, seconds in sorted(parts.items(), key=lambda item: -item[1]):
-        lines.append(f"  {part:<36} {seconds / calls * 1e6:>8.2f} {seconds / total:>6.1%}")
+        lines.append(
+            f"  {part:<36} {seconds / calls * 1e6:>8.2f} {seconds / total:>6.1%} {counts[part] / calls:>15.2f}"
+        )
+    lines.append(f"  {'all':<36} {total / calls * 1e6:>8.2f} {1:>6.1%} {sum(counts.values()) / calls:>15.2f}")
     return "\n".join(lines)
 
 
