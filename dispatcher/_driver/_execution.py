@@ -89,6 +89,8 @@ class Executor(Submission):
         self._budgets: dict[str | None, RetryBudget] = {}
         # A fleet coordinator wraps each admitted call in its fleet-wide hold; without one, nothing is added.
         self._run_admitted = admitted_runner(coordinator, self._execute, call_timeout)
+        # Whether calls run in no fleet hold, so that a call may run under its task's scope (`_shares_scope`).
+        self._local = self._run_admitted == self._execute
         self._new_budget = budget_factory(coordinator)
         self._rng = random.Random(retry.seed if retry is not None else None)
         self.gate: Gate[PendingCall] = Gate(max_concurrency)
@@ -221,58 +223,119 @@ class Executor(Submission):
         calls the gate admits get tasks of their own (`_pump`). Between two calls the task lets the loop
         run once (under trio, once per `_FOLLOW` or per `_FOLLOW_CALLS` calls: no tool can cancel its task
         there), so a run of calls that never wait cannot hold the loop, and a cancellation a tool left on
-        its task lands there
-        (`absorb_stray`). Each call runs under a cancel scope of its own; nothing of one is left for the next.
+        its task lands there (`absorb_stray`).
+
+        The task's calls run under one cancel scope of the task's, the call's interrupt (`cancel`, its
+        call timeout), as long as none cancels it: a cancelled scope cannot be used again, so the task
+        leaves it, settles the call it cut short, and enters a fresh one for the next call. A call the
+        task's scope cannot carry (`_shares_scope`) runs under a scope of its own inside (`_execute`).
         """
         gate = self.gate
+        cancelled = anyio.get_cancelled_exc_class()
         # Only trio carries on with the calls it takes (asyncio lets the loop run after every call).
         until = -math.inf if self._strays else self._now() + _FOLLOW
         follows = _FOLLOW_CALLS
         while True:
+            cut = False  # whether the task's scope was cancelled while the call ran (it is settled below)
             try:
-                if not self._open:
-                    work.settle(Ending.CLOSED, self._now())
-                else:
-                    await self._run_admitted(work)
-            except anyio.get_cancelled_exc_class():
-                # Either the dispatcher is closing (its task group is cancelled: every scope around this
-                # task is), or a cancellation of the task's own that no scope caught (see `_absorb_stray`)
-                # ended the call: the task ends quietly, never cancelling the task group.
-                closing = anyio.current_effective_deadline() == -math.inf
-                self._cut_short(work, closing)
-                if closing:
+                with self._cancel_scope() as scope:
+                    while True:
+                        try:
+                            if not self._open:
+                                work.settle(Ending.CLOSED, self._now())
+                            elif self._shares_scope(work):
+                                await self._carry_out(work, scope)
+                            else:
+                                await self._run_admitted(work)
+                        except cancelled:
+                            if scope.cancel_called:
+                                cut = True
+                                raise  # to the task's scope, or beyond it if the dispatcher is closing too
+                            # Either the dispatcher is closing (its task group is cancelled: every scope around
+                            # this task is), or a cancellation of the task's own that no scope caught (see
+                            # `_absorb_stray`) ended the call: the task ends quietly, never cancelling the task group.
+                            closing = anyio.current_effective_deadline() == -math.inf
+                            self._cut_short(work, closing)
+                            if closing:
+                                raise
+                        except BaseException:
+                            # KeyboardInterrupt, SystemExit (or a bug) ends the dispatcher's block: the call still
+                            # gets its result, or a caller waiting for it, shielded, would wait forever.
+                            work.settle(Ending.CLOSED, self._now())
+                            raise
+                        finally:
+                            done_sending()
+                            if not cut:
+                                gate.finish(ticket)
+                        following = self._next()
+                        del work, ticket  # hold no finished call while the loop runs
+                        if scope.cancel_called or scope.deadline != math.inf:
+                            break  # cancelled as its call ended, or given a deadline: not for the next call
+                        if following is not None and not self._strays and follows and self._now() < until:
+                            follows -= 1
+                            work, ticket = following.item, following
+                            continue  # no cancellation can be stray here, and this task took no slice yet
+                        await self._between(following)
+                        if not self._strays:
+                            until = self._now() + _FOLLOW
+                            follows = _FOLLOW_CALLS
+                        if following is None:
+                            return
+                        work, ticket = following.item, following
+            except cancelled:
+                if not cut:
                     raise
-            except BaseException:
-                # KeyboardInterrupt, SystemExit (or a bug) ends the dispatcher's block: the call still gets
-                # its result, or a caller waiting for it, shielded, would wait forever.
-                work.settle(Ending.CLOSED, self._now())
-                raise
-            finally:
-                done_sending()
+                # The scope's cancellation went on past it: the dispatcher is closing, or a cancellation of the
+                # task's own (a tool's `Task.cancel`) came with it, which is absorbed as anywhere else.
+                if anyio.current_effective_deadline() == -math.inf:
+                    self._cut_short(work, True)
+                    gate.finish(ticket)
+                    raise
+            if cut:
+                self._interrupted(work)
                 gate.finish(ticket)
-            following = gate.take() if self._open else None
-            if following is not None:
-                following.item.admit()
-            if self._open:
-                self._pump()
-            del work, ticket  # hold no finished call while the loop runs
-            if following is not None and not self._strays and follows and self._now() < until:
-                follows -= 1
-                work, ticket = following.item, following
-                continue  # no cancellation can be stray here, and this task took no slice yet
-            try:
-                await absorb_stray(self._checkpoint)
-                if not self._strays:
-                    until = self._now() + _FOLLOW
-                    follows = _FOLLOW_CALLS
-            except BaseException:
-                if following is not None:  # the dispatcher is closing: the call taken ends with it
-                    following.item.settle(Ending.CLOSED, self._now())
-                    gate.finish(following)
-                raise
+                following = self._next()
+                del work, ticket
+            await self._between(following)
+            if not self._strays:
+                until = self._now() + _FOLLOW
+                follows = _FOLLOW_CALLS
             if following is None:
                 return
             work, ticket = following.item, following
+
+    def _next(self) -> Ticket[PendingCall] | None:
+        """As a call's task is done with its call: the call it takes next, if the gate admits one now, after
+        starting tasks for the others the gate admits."""
+        following = self.gate.take() if self._open else None
+        if following is not None:
+            following.item.admit()
+        if self._open:
+            self._pump()
+        return following
+
+    async def _between(self, following: Ticket[PendingCall] | None) -> None:
+        """Let the loop run between two calls of a task, absorbing a cancellation a tool left on the task."""
+        try:
+            await absorb_stray(self._checkpoint)
+        except BaseException:
+            if following is not None:  # the dispatcher is closing: the call taken ends with it
+                following.item.settle(Ending.CLOSED, self._now())
+                self.gate.finish(following)
+            raise
+
+    def _shares_scope(self, work: PendingCall) -> bool:
+        """Whether a call can run under its task's cancel scope rather than one of its own.
+
+        Not a call in a fleet hold (the hold is released outside the call's scope), nor a call of a
+        server (its clock may set its scope's deadline while a person answers a question, even after the
+        call has ended), nor one whose approval is asked again as it starts (that sets its scope's deadline).
+        """
+        if not self._local:
+            return False
+        entry = work.entry
+        state = work.state
+        return entry is not None and entry.server is None and (state is None or not state.recheck)
 
     def _cut_short(self, work: PendingCall, closing: bool) -> None:
         """Settle a call whose task a cancellation ended before the call settled."""
@@ -303,6 +366,17 @@ class Executor(Submission):
         that gets one attempt carries that deadline on its own scope; an attempt that may be followed
         by another has a scope of its own, since a timed-out attempt must leave the call running.
         """
+        with self._cancel_scope() as scope:
+            await self._carry_out(work, scope)
+            return
+        # The scope was cancelled before the call settled: by `cancel`, or at its only attempt's deadline.
+        self._interrupted(work)
+
+    async def _carry_out(self, work: PendingCall, scope: anyio.CancelScope) -> None:
+        """Run an admitted call's attempts under `scope`, its interrupt, and settle it (see `_execute`).
+
+        A cancellation of `scope` propagates: whoever entered it settles the call (`_interrupted`).
+        """
         if work.cancel_requested:
             work.settle(Ending.CANCELLED, self._now(), "before it started")
             return
@@ -318,43 +392,43 @@ class Executor(Submission):
         # Without a retry policy every call gets one attempt (and its key, if any, decides nothing).
         once, keyed = (True, False) if retry is None else self._once(entry, work)
         watch = None
-        with self._cancel_scope() as scope:
-            if once and timeout is not None and not recheck:
-                watch = self._deadlines.watch(scope, started + timeout)
-            work.waiting(scope)
-            if recheck:
-                if await self._approve_at_start(work):
-                    return
-                started = self._now()
-                once, keyed = self._once(entry, work)  # the idempotency keys may have changed meanwhile
-                if once and timeout is not None:
-                    scope.deadline = started + timeout
-            if not work.start(started):
+        if once and timeout is not None and not recheck:
+            watch = self._deadlines.watch(scope, started + timeout)
+        work.waiting(scope)
+        if recheck:
+            if await self._approve_at_start(work):
+                return
+            started = self._now()
+            once, keyed = self._once(entry, work)  # the idempotency keys may have changed meanwhile
+            if once and timeout is not None:
+                scope.deadline = started + timeout
+        if not work.start(started):
+            if watch is not None:
+                watch.forget()
+            return  # settled while it was on its way (its fleet hold lost)
+        # The call's deadlines stop while a person answers its server's question (`_clock`); a local
+        # function has no server to ask one, and its call no clock (nor that of a call before it).
+        clock = start_clock(work.call, scope) if entry.server is not None else no_clock()
+        if once:
+            if timeout is not None and clock is not None:
+                clock.bound(scope, watch)
+            try:
+                last = await self._attempt(work, False, started, math.inf)
+            finally:
                 if watch is not None:
                     watch.forget()
-                return  # settled while it was on its way (its fleet hold lost)
-            # The call's deadlines stop while a person answers its server's question (`_clock`); a local
-            # function has no server to ask one, and its call no clock (nor that of a call before it).
-            clock = start_clock(work.call, scope) if entry.server is not None else no_clock()
-            if once:
-                if timeout is not None and clock is not None:
-                    clock.bound(scope, watch)
-                try:
-                    last = await self._attempt(work, False, started, math.inf)
-                finally:
-                    if watch is not None:
-                        watch.forget()
-            else:
-                assert retry is not None  # a call of a policy's retries has one
-                still = functools.partial(self._still_eligible, retry, entry, keyed)
-                # Read again as each repeat is sent, after any reconnect on its way (see `sent`).
-                work.repeat_check = still
-                retrier = Retrier(retry, self._budget(retry, entry.server), self._rng, entry.server, recheck=still)
-                last = await retrier.run(functools.partial(self._attempt, work, True), started)
-            work.waiting(None)
-            work.ended(last.status, last.error, self._now(), result=last.result, untrusted=last.untrusted)
-            return
-        # The scope was cancelled before the call settled: by `cancel`, or at its only attempt's deadline.
+        else:
+            assert retry is not None  # a call of a policy's retries has one
+            still = functools.partial(self._still_eligible, retry, entry, keyed)
+            # Read again as each repeat is sent, after any reconnect on its way (see `sent`).
+            work.repeat_check = still
+            retrier = Retrier(retry, self._budget(retry, entry.server), self._rng, entry.server, recheck=still)
+            last = await retrier.run(functools.partial(self._attempt, work, True), started)
+        work.waiting(None)
+        work.ended(last.status, last.error, self._now(), result=last.result, untrusted=last.untrusted)
+
+    def _interrupted(self, work: PendingCall) -> None:
+        """Settle a call whose scope was cancelled before it settled: by `cancel`, or at its only attempt's deadline."""
         work.waiting(None)
         now = self._now()
         if work.phase is not Phase.RUNNING:
