@@ -320,21 +320,28 @@ def _noisy_capacity_run(controller: Controller, capacity: int, end: float, seed:
     return trace
 
 
-@pytest.mark.xfail(reason="issue 26: proof per answer, a noisy baseline that drifts up with the load", strict=False)
+@pytest.mark.xfail(
+    reason="issue 26: a probe's one answer that the noise made fast forgets the knee and jumps 4x, and the noisy "
+    "baseline drifts up with the load",
+    strict=True,
+)
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 @pytest.mark.parametrize("capacity", [6, 8, 12])
 def test_noise_does_not_pump_the_limit_past_a_fixed_capacity(capacity: int, seed: int) -> None:
     """Latency +-50% on a server whose capacity never changes: the limit stays near the capacity (its median from
-    5 s on within 1.5x of it, never at the ceiling), not pumped up by answers that the noise made look fast."""
+    5 s on within 2x of it, its peak within 3x, far from the ceiling of 64), not pumped up by a probe's answer
+    that the noise made look fast or by a baseline that rose with the load."""
     trace = _noisy_capacity_run(Controller(AdaptiveLimit()), capacity, 30.0, seed)
     late = [limit for at, limit in trace if at >= 5.0]
-    assert sorted(late)[len(late) // 2] <= 1.5 * capacity, sorted(late)[len(late) // 2]
-    assert max(late) < 64, max(late)
+    assert sorted(late)[len(late) // 2] <= 2 * capacity, sorted(late)[len(late) // 2]
+    assert max(late) <= 3 * capacity, max(late)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_noise_still_lets_the_limit_climb_to_a_capacity_that_is_there(seed: int) -> None:
-    """The same noise on a server with room for 48: the limit still climbs most of the way (median >= 0.75 x 48)."""
+    """The same noise on a server with room for 48: the limit still climbs (its peak from 10 s on >= 0.75 x 48,
+    its median >= half of 48), so the test above is not met by a limit that never grows."""
     trace = _noisy_capacity_run(Controller(AdaptiveLimit()), 48, 30.0, seed)
     late = [limit for at, limit in trace if at >= 10.0]
-    assert sorted(late)[len(late) // 2] >= 0.75 * 48, sorted(late)[len(late) // 2]
+    assert max(late) >= 0.75 * 48, max(late)
+    assert sorted(late)[len(late) // 2] >= 0.5 * 48, sorted(late)[len(late) // 2]
