@@ -292,3 +292,51 @@ def test_a_costless_probe_lets_growth_resume() -> None:
     assert max(limit for at, limit in trace if at < 10.0) <= 2 * 8 + 1
     grown = [at for at, limit in trace if at >= 10.0 and limit >= 0.8 * 24]
     assert grown and grown[0] < 12.0, grown[:1]
+
+
+def _noisy_capacity_run(controller: Controller, capacity: int, end: float, seed: int) -> list[tuple[float, int]]:
+    """A closed loop of 64 callers against a server that serves `capacity` at full speed and shares itself past
+    it, each answer's latency also varying +-50% (uniform, seeded) at any load."""
+    rng = random.Random(seed)
+    events: list[tuple[float, int, Flight]] = []
+    now, seq, running = 0.0, 0, 0
+    trace: list[tuple[float, int]] = []
+
+    def fill() -> None:
+        nonlocal running, seq
+        while running < min(64, controller.limit):
+            running += 1
+            latency = 0.1 * max(1.0, running / capacity) * rng.uniform(0.5, 1.5)
+            heapq.heappush(events, (now + latency, seq, controller.start(now)))
+            seq += 1
+
+    fill()
+    while events and now < end:
+        now, _, flight = heapq.heappop(events)
+        running -= 1
+        controller.finish(flight, now, Signal.ANSWER, tool="t", waiting=True)
+        trace.append((now, controller.limit))
+        fill()
+    return trace
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("capacity", [6, 8, 12])
+def test_noise_does_not_pump_the_limit_past_a_fixed_capacity(capacity: int, seed: int) -> None:
+    """Latency +-50% on a server whose capacity never changes: the limit stays near the capacity (its median from
+    5 s on within 2x of it, its peak under 3/4 of the ceiling of 64: before the fix every case peaked at 48-64),
+    not pumped up by a probe's answer that the noise made look fast or by a baseline that rose with the load."""
+    trace = _noisy_capacity_run(Controller(AdaptiveLimit()), capacity, 30.0, seed)
+    late = [limit for at, limit in trace if at >= 5.0]
+    assert sorted(late)[len(late) // 2] <= 2 * capacity, sorted(late)[len(late) // 2]
+    assert max(late) < 48, max(late)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_noise_still_lets_the_limit_climb_to_a_capacity_that_is_there(seed: int) -> None:
+    """The same noise on a server with room for 48: the limit still climbs (its peak from 10 s on >= 0.75 x 48,
+    its median >= half of 48), so the test above is not met by a limit that never grows."""
+    trace = _noisy_capacity_run(Controller(AdaptiveLimit()), 48, 30.0, seed)
+    late = [limit for at, limit in trace if at >= 10.0]
+    assert max(late) >= 0.75 * 48, max(late)
+    assert sorted(late)[len(late) // 2] >= 0.5 * 48, sorted(late)[len(late) // 2]

@@ -34,6 +34,9 @@ evidence move it:
   call below a known knee; at the knee, by a *probe* every 32 such answers (four rounds if more), or
   every second if that comes first (a due one rides a burst's first round), so that bursts too short
   to count up to 32 still probe. Past proven, a slowdown cuts back to proven, not below.
+- Noise. On a noisy server no one answer is evidence: a clean probe adds one call, and at the knee a round
+  at the limit grows it by one call (the next round, judged whole, says if that was too many). A noisy
+  round past what was proven before it never raises a baseline (a load would hide in the noise).
 
 A probe is one call above the limit, not a higher limit: once that one call is sent the limit is back
 where it was until the probe's answer says what one more call costs. An answer within half the
@@ -239,6 +242,7 @@ class Controller:
         "_proof",
         "_rated",
         "_round",
+        "_round_proven",
         "_since",
         "_spread",
         "_too_many",
@@ -272,6 +276,7 @@ class Controller:
         self._fresh: set[str] = set()
         # The answers of the round under way: (tool, latency, calls in flight when it was sent).
         self._round: list[tuple[str, float, int]] = []
+        self._round_proven = 0  # what was proven when the round under way began
         # The spread of the last round's latencies (see `_sample`): 0 for a server without noise; None
         # until a round has shown it.
         self._spread: float | None = None
@@ -385,8 +390,7 @@ class Controller:
         self._epoch += 1
         self._eager = False
         self._knee = knee
-        # Where the server showed it had had enough: fast growth after a clean probe stops short of it.
-        self._too_many = too_many
+        self._too_many = too_many  # where the server had had enough: fast growth stops short of it
         self._proof.cut(level)
         self._set_level(level)
 
@@ -415,9 +419,8 @@ class Controller:
                 if current:
                     self._knee, self._too_many = self._level, k  # the probe's one call more was one too many
             elif spread is not None and spread <= _QUIET:
-                # A server without noise: one slower answer is load already. It cuts by `backoff` at
-                # most from the limit it was sent under, so neither an outlier nor the answers of calls
-                # sent before a cut can pin the limit down.
+                # No noise: one slower answer is load already. It cuts by `backoff` at most from the limit
+                # it was sent under (an outlier, or calls sent before a cut, cannot pin the limit down).
                 self._slower(k / ratio, flight.limit, k)
             return
         if not current:
@@ -432,8 +435,7 @@ class Controller:
         if knee is None or self._level < knee:
             top = min(float(self.ceiling), self._proof.top(noisy=(spread or 0.0) > _QUIET)) if knee is None else knee
             if self._level < top:
-                # Slow start while no knee is known (the limit doubles per round of answers), half that
-                # below a known one.
+                # Slow start while no knee is known (2x per round of answers), half that below a known one.
                 self.top = top
                 self._level = min(top, self._level + (_GAIN if knee is None else _GAIN / 2))
                 before, self.limit = self.limit, self._level_limit()
@@ -443,6 +445,11 @@ class Controller:
         if self._level >= self.ceiling or self._probe or self._probing:
             return
         self._since += 1
+        if (spread or 0.0) > _QUIET:  # no probe: a round at the limit grows it by one; the next round judges that
+            if self._since >= self.limit:
+                self._knee = self._level + 1
+                self._set_level(self._knee)
+            return
         pace = _RATE_PACE if self._rated else 1
         due = self._since >= pace * max(_PROBE_EVERY, _PROBE_ROUNDS * self.limit)
         # Bursts too short to count up to a probe still get one, a second (or `pace` seconds) apart.
@@ -457,8 +464,8 @@ class Controller:
             self._knee, self._too_many = self._level, k  # slower by a little: the one call more bought nothing
             return
         self._proof.clean(k)
-        if self._rated:
-            self._knee = float(k)  # a rate limit answers a probe later, if at all: one call more
+        if self._rated or (self._spread or 0.0) > _QUIET:
+            self._knee = float(k)  # one call more: a rate limit answers later; one noisy answer proves nothing
         elif too_many is not None and k < too_many:
             # No slowdown below where the server last had had enough: one call more, and the next one
             # is probed at once (a knee seen is approached a call at a time, never overshot).
@@ -487,6 +494,8 @@ class Controller:
     def _sample(self, tool: str, latency: float, k: int) -> None:
         """Count an answer into the round; at the round's end, judge the round as a whole."""
         samples = self._round
+        if not samples:
+            self._round_proven = self._proof.level
         samples.append((tool, latency, k))
         if len(samples) < min(_ROUND_MAX, max(_ROUND_MIN, self.limit)):
             return
@@ -523,9 +532,11 @@ class Controller:
         # and each tool's baseline moves towards the round's median latency for it (all the way for a
         # round that ran alone and was slower: the server itself got slower, not loaded).
         weight = 1.0 if alone and median > allowed else _DRIFT
+        # A noisy round past what was proven before it never raises a baseline (a load hides in the noise).
+        new_high = noise > _QUIET and not alone and max(sample[2] for sample in samples) > self._round_proven
         for name, middle in middles.items():
             base = bases.get(name)
-            if base is not None:
+            if base is not None and not (new_high and middle > base):
                 bases[name] = base + weight * (middle - base)
 
     def _judge(self, samples: list[tuple[str, float, int]]) -> tuple[list[float], float, float]:
