@@ -478,8 +478,10 @@ def test_a_process_killed_or_stopped_holding_slots_leaves_the_others_carrying_on
                 results.extend(json.load(file))
         assert len(results) == 2 * 4 * 10 * 2
         assert all(result["status"] == "ok" for result in results), [r for r in results if r["status"] != "ok"][:3]
-        # The victim's slots came free within its lease and max_call_time; the band absorbs a loaded machine.
-        assert carried_on < 30.0
+        # The victim's slots came free within its lease and max_call_time: P1 and P2 finished while it was
+        # still dead or stopped. The band is wait_all's: their start (two interpreters importing the SDK)
+        # takes most of it on a loaded machine (35 s seen at load 10 on 2 cores).
+        assert carried_on < 60.0
         seen = read_ledger(ledger)
         assert seen.peak <= ceiling, f"{seen.peak} calls ran at once; the fleet's ceiling is {ceiling}"
         fleet_level, epoch = level_of(redis_server, namespace)
