@@ -52,7 +52,9 @@ Fencing tokens. Every grant takes the next number of the server's `fence` counte
 token plus one and Redis' clock in microseconds (TIME). The counter never goes back while its key lives,
 and when the key is gone (a FLUSHALL, an eviction, a Redis restarted empty) the next token is still larger
 than every token granted before, as long as Redis' clock has not gone back by more than the time since the
-last grant: the tokens a resource has seen stay below the new ones. Holds that conflict are granted one
+last grant: the tokens a resource has seen stay below the new ones. A `fence` that is not a whole number
+up to MAX_TOKEN, or is at it, counts as gone too (junk from another writer; past it the + 1 is lost in
+a double and every grant would repeat one token). Holds that conflict are granted one
 after the other, so a resource that refuses a token lower than the highest it has seen refuses the
 requests of a holder whose turn was handed on.
 
@@ -75,10 +77,16 @@ state vanished.
 
 from __future__ import annotations
 
-__all__ = ["ACQUIRE", "LIMIT", "MAX_PAUSE_MS", "RELEASE", "RENEW", "SPEND", "WALK"]
+__all__ = ["ACQUIRE", "LIMIT", "MAX_PAUSE_MS", "MAX_TOKEN", "RELEASE", "RENEW", "SPEND", "WALK"]
 
 WALK = 1000
 """The most waiters one grant walks past (a bound on a script's time when thousands wait)."""
+
+MAX_TOKEN = 2**53 - 2
+"""The largest fencing token read back from Redis (its `fence` counter, a hold's entry in `tokens`): past it a
+double no longer counts in ones, so the next token would repeat the last. No clock in microseconds reaches
+it before the year 2255; a larger value, or one that is not a whole number, was written by something other
+than the fleet and counts as none."""
 
 MAX_PAUSE_MS = 3_600_000
 """The longest pause of the fleet's calls a Retry-After can ask for (LIMIT's ``"pause"``), and the most
@@ -129,8 +137,20 @@ local function read_limit(key, floor, ceiling, initial, now)
 end
 """.replace("MAX_PAUSE", str(MAX_PAUSE_MS))
 
+_TOKEN = """
+local MAX_TOKEN = MAX_TOKEN_VALUE
+-- A fencing token read back from Redis: a whole number from 0 to MAX_TOKEN, else nil (junk, or a counter
+-- past where a double still counts in ones: its next token would repeat it).
+local function token_of(text)
+  local n = tonumber(text or '')
+  if n and n >= 0 and n <= MAX_TOKEN and n == math.floor(n) then return n end
+  return nil
+end
+""".replace("MAX_TOKEN_VALUE", str(MAX_TOKEN))
+
 _PRELUDE = (
     _SHARED
+    + _TOKEN
     + """
 local Q, W, WE, H, HE, SEQ, META = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local TOK, FENCE, LIM = KEYS[8], KEYS[9], KEYS[10]
@@ -276,7 +296,10 @@ end
 local function hold(id, spec, locks)
   redis.call('HSET', H, id, spec)
   redis.call('ZADD', HE, expiry(locks), id)
-  local last = tonumber(redis.call('GET', FENCE) or '0') or 0
+  -- A `fence` that is no token, or at the cap, counts as gone (as after a FLUSHALL): the next token is
+  -- Redis' clock, never the cap's repeat.
+  local last = token_of(redis.call('GET', FENCE)) or 0
+  if last >= MAX_TOKEN then last = 0 end
   local token = string.format('%.0f', math.max(last + 1, micros))
   redis.call('SET', FENCE, token)
   redis.call('HSET', TOK, id, token)
@@ -335,7 +358,9 @@ local id, spec = ARGV[6], ARGV[7]
 local quiet_now = check()
 purge()
 local function granted()
-  return {1, redis.call('HGET', TOK, id) or '0', epoch() or '0', redis.call('HLEN', H), shared_level, shared_epoch,
+  -- A token changed under the hold into junk reads as 0, which a fencing server refuses (the safe side).
+  local token = token_of(redis.call('HGET', TOK, id))
+  return {1, string.format('%.0f', token or 0), epoch() or '0', redis.call('HLEN', H), shared_level, shared_epoch,
     shared_pause, shared_bounds}
 end
 if redis.call('HEXISTS', H, id) == 1 then
