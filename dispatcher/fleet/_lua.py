@@ -183,7 +183,7 @@ local BLOCKERS = {[0] = {3}, [1] = {2, 3}, [2] = {1, 3}, [3] = {0, 1, 2, 3}}
 
 -- Whether the state is whole: meta complete, and each key holding as many entries as meta says.
 local function whole(seen)
-  if not seen[2] or not seen[3] then return false end
+  if not finite(tonumber(seen[2] or '')) or not seen[3] then return false end
   local held, waiting = tonumber(seen[4] or '0'), tonumber(seen[5] or '0')
   return redis.call('HLEN', H) == held and redis.call('ZCARD', HE) == held and redis.call('HLEN', TOK) == held
     and redis.call('ZCARD', Q) == waiting and redis.call('HLEN', W) == waiting
@@ -193,6 +193,13 @@ end
 -- Run first by every script: notices a state that was lost, in part or whole, or written by another
 -- instance, and starts the quiet period (module docstring). Returns whether it is on.
 local function check()
+  -- A key of another type than the fleet's (written by something else) is dropped, as if deleted: what it
+  -- held is then missing, and noticed below like any key lost on its own.
+  for _, owned in ipairs({{Q, 'zset'}, {W, 'hash'}, {WE, 'zset'}, {H, 'hash'}, {HE, 'zset'}, {SEQ, 'string'},
+      {META, 'hash'}, {TOK, 'hash'}, {FENCE, 'string'}}) do
+    local kind = redis.call('TYPE', owned[1])['ok']
+    if kind ~= owned[2] and kind ~= 'none' then redis.call('DEL', owned[1]) end
+  end
   -- A Redis that refuses INFO (renamed away on some managed services) is taken for one instance, so a
   -- failover there goes unnoticed; a loss of state is noticed all the same.
   local info = redis.pcall('INFO', 'server')
@@ -218,6 +225,18 @@ end
 -- Run last by every script that changes the state: how many holds and waiters it has now.
 local function seal()
   redis.call('HSET', META, 'held', redis.call('HLEN', H), 'waiting', redis.call('ZCARD', Q))
+end
+
+-- The next arrival number: after both the counter and the newest waiter's, so that a counter that was
+-- deleted or holds junk (not a whole number a double counts exactly) never lets a later waiter go first.
+local function arrival()
+  local last = token_of(redis.call('GET', SEQ)) or 0
+  local newest = redis.call('ZRANGE', Q, -1, -1, 'WITHSCORES')
+  local after = token_of(newest[2]) or 0
+  local number = math.max(last, after) + 1
+  if number > MAX_TOKEN then number = 1 end  -- past that the + 1 is lost: order, never an error
+  redis.call('SET', SEQ, string.format('%.0f', number))
+  return number
 end
 
 local function epoch()
@@ -369,7 +388,7 @@ if redis.call('HEXISTS', H, id) == 1 then
   return granted()
 end
 if redis.call('HEXISTS', W, id) == 0 then
-  redis.call('ZADD', Q, redis.call('INCR', SEQ), id)
+  redis.call('ZADD', Q, arrival(), id)
   redis.call('HSET', W, id, spec)
 end
 redis.call('ZADD', WE, now + ttl, id)
@@ -456,8 +475,12 @@ SPEND = """
 -- since the last call, ARGV[3] 1 to take one token for a retry, 0 only to add the earnings.
 -- Returns 1 when a token was taken.
 local capacity = tonumber(ARGV[1])
-local tokens = tonumber(redis.call('HGET', KEYS[1], 'tokens') or capacity)
-tokens = math.min(capacity, tokens + tonumber(ARGV[2]))
+-- A key of another type, or tokens that are not a finite number (written by something else), count as
+-- gone: the bucket starts again full, as after a DEL.
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then redis.call('DEL', KEYS[1]) end
+local tokens = tonumber(redis.call('HGET', KEYS[1], 'tokens') or '')
+if tokens == nil or tokens ~= tokens or tokens == math.huge or tokens == -math.huge then tokens = capacity end
+tokens = math.min(capacity, math.max(0, tokens) + tonumber(ARGV[2]))
 local taken = 0
 if ARGV[3] == '1' and tokens >= 1 then
   tokens = tokens - 1

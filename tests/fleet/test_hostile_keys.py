@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from dispatcher.fleet import FleetServer, RedisCoordinator
-from dispatcher.fleet._lua import MAX_TOKEN
+from dispatcher.fleet._lua import MAX_TOKEN, SPEND
 
 if TYPE_CHECKING:
     from benchmarks._redis import RedisServer
@@ -91,3 +91,121 @@ async def test_a_fence_counter_at_its_cap_starts_again_from_redis_clock_rather_t
                     tokens.append(lease.token)
     assert tokens[0] == MAX_TOKEN, tokens
     assert clock < tokens[1] < tokens[2] < MAX_TOKEN, tokens
+
+
+JUNK = [
+    ("meta", "quiet_until", "abc"),
+    ("meta", "held", "abc"),
+    ("meta", None, "a string"),
+    ("seq", None, "abc"),
+    ("seq", None, str(2**63 - 1)),
+    ("queue", None, "a string"),
+    ("waiting", None, "a string"),
+    ("holders", None, "a string"),
+    ("holders_exp", None, "a string"),
+    ("tokens", None, "a string"),
+    ("fence", "a", "hash"),
+]
+
+
+async def spoil(server: RedisServer, name: str, field: str | None, value: str) -> None:
+    client = redis.Redis.from_url(server.url)
+    try:
+        if field is None or name.endswith(":fence"):
+            await anyio.to_thread.run_sync(client.delete, name)
+        if field is None:
+            await anyio.to_thread.run_sync(client.set, name, value)
+        else:
+            await anyio.to_thread.run_sync(client.hset, name, field, value)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(("name", "field", "value"), JUNK)
+async def test_junk_or_a_foreign_type_in_a_key_is_lost_state_not_an_outage(
+    redis_server: RedisServer, namespace: str, name: str, field: str | None, value: str
+) -> None:
+    """After junk in any key the scripts read, writes from two coordinators are granted again, one at a time.
+
+    Before, a `quiet_until` that was not a number, a key of another type or an arrival counter INCR could not
+    add to made every script fail: every call FAILED, as "cannot reach Redis", for as long as the junk stayed.
+    """
+    first, second = fleet(redis_server, namespace), fleet(redis_server, namespace)
+    inside: list[str] = []
+    overlaps: list[tuple[str, ...]] = []
+    granted: list[str] = []
+
+    async def write(coordinator: RedisCoordinator, who: str) -> None:
+        async with coordinator.hold(server="ws", exclusive=True, on_lost=never_lost):
+            if inside:
+                overlaps.append((*inside, who))
+            inside.append(who)
+            await anyio.sleep(0.05)
+            inside.remove(who)
+            granted.append(who)
+
+    async with first, second:
+        with anyio.fail_after(30):
+            await write(first, "warm-up")
+            await spoil(redis_server, key(namespace, name), field, value)
+            async with anyio.create_task_group() as tg:
+                for number in range(6):
+                    tg.start_soon(write, (first, second)[number % 2], f"w{number}")
+    assert sorted(granted) == sorted(["warm-up", *(f"w{number}" for number in range(6))]), granted
+    assert overlaps == []
+
+
+async def test_a_lost_arrival_counter_lets_no_later_waiter_go_first(redis_server: RedisServer, namespace: str) -> None:
+    """A DEL (or junk) of `seq` alone, with writes queued: the next waiter is still numbered after them."""
+    coordinator = fleet(redis_server, namespace)
+    order: list[str] = []
+    holding = anyio.Event()
+
+    async def write(who: str) -> None:
+        async with coordinator.hold(server="ws", exclusive=True, on_lost=never_lost):
+            order.append(who)
+            if who == "holder":
+                holding.set()
+            await anyio.sleep(0.05 if who != "holder" else 0.6)
+
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        async with coordinator:
+            with anyio.fail_after(30):
+                await write("warm-up")
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(write, "holder")
+                    await holding.wait()
+                    for number in range(3):
+                        tg.start_soon(write, f"queued{number}")
+                        await anyio.sleep(0.05)
+                    await anyio.to_thread.run_sync(client.delete, key(namespace, "seq"))
+                    tg.start_soon(write, "later")
+    finally:
+        client.close()
+    assert order == ["warm-up", "holder", "queued0", "queued1", "queued2", "later"], order
+
+
+@pytest.mark.parametrize("junk", ["-inf", "inf", "nan", "abc", "-5", "a string"])
+def test_junk_in_a_shared_retry_budget_neither_spends_it_for_good_nor_overfills_it(
+    redis_server: RedisServer, junk: str
+) -> None:
+    """Tokens that are not a finite number, or a key of another type, count as a fresh (full) bucket.
+
+    Before, "-inf" stayed for good (no retry ever again) and a string key failed every spend.
+    """
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        spend = client.register_script(SPEND)
+        if junk == "a string":
+            client.set("budget", "junk")
+        else:
+            client.hset("budget", "tokens", junk)
+        taken = [spend(keys=["budget"], args=[3, 0, 1]) for _ in range(5)]
+        left = float(client.hget("budget", "tokens") or "nan")
+    finally:
+        client.close()
+    if junk == "-5":  # a finite number: what is left of a bucket, never below empty
+        assert taken == [0, 0, 0, 0, 0] and left == 0.0
+    else:
+        assert taken == [1, 1, 1, 0, 0] and left == 0.0
