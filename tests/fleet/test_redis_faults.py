@@ -8,11 +8,17 @@ the configured waits.
 
 from __future__ import annotations
 
+import math
+import os
+import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import pytest
 import redis
 
+from dispatcher.fleet import CoordinationError, FleetServer, RedisCoordinator
 from dispatcher.fleet._lua import LIMIT
 
 if TYPE_CHECKING:
@@ -71,3 +77,91 @@ def test_six_clients_cutting_the_shared_limit_at_once_cut_it_once_per_round_and_
     finally:
         for client in clients:
             client.close()
+
+
+TTL = 0.6
+WRITES = {"ws": FleetServer(shared_state=True, max_write_time=0)}
+
+
+class Holder:
+    """Takes one write's hold and keeps it until told, noting when it was granted and when it was lost."""
+
+    def __init__(self, coordinator: RedisCoordinator) -> None:
+        self.coordinator = coordinator
+        self.granted = math.inf
+        self.lost = math.inf
+        self.why = ""
+        self.done = anyio.Event()
+        self.holding = anyio.Event()
+
+    def on_lost(self, why: str) -> None:
+        self.lost = min(self.lost, anyio.current_time())
+        self.why = why
+
+    async def run(self) -> None:
+        async with self.coordinator.hold(server="ws", exclusive=True, on_lost=self.on_lost):
+            self.granted = anyio.current_time()
+            self.holding.set()
+            await self.done.wait()
+
+
+async def hold_once(coordinator: RedisCoordinator) -> tuple[str, float, float]:
+    """One write's hold: ("granted", asked, granted) or ("failed: ...", asked, failed)."""
+    asked = anyio.current_time()
+    try:
+        async with coordinator.hold(server="ws", exclusive=True, on_lost=lambda why: None):
+            return "granted", asked, anyio.current_time()
+    except CoordinationError as exc:
+        return f"failed: {exc}", asked, anyio.current_time()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("fault", ["restart", "freeze"])
+async def test_redis_killed_and_restarted_or_frozen_past_the_lease_hands_no_write_on_while_its_holder_holds(
+    redis_server: RedisServer, namespace: str, fault: str
+) -> None:
+    """A holds a write; Redis is SIGKILLed and started again on its port, or SIGSTOPped for 4 ttls.
+
+    A loses its hold (it is told, with why) before B, asking meanwhile and after, is granted; every request
+    during the fault ends within its `timeout` as a clear CoordinationError (no hang on a stale pooled
+    connection), and once Redis is back the fleet grants again within the quiet period.
+    """
+    timeout = 0.3
+
+    def fleet() -> RedisCoordinator:
+        return RedisCoordinator(
+            redis_server.url, namespace=namespace, servers=WRITES, lease_ttl=TTL, recheck=0.1, timeout=timeout,
+            wait_timeout=8.0,
+        )  # fmt: skip
+
+    first, second = fleet(), fleet()
+    holder = Holder(first)
+    tries: list[tuple[str, float, float]] = []
+    async with first, second:
+        with anyio.fail_after(40):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(holder.run)
+                await holder.holding.wait()
+                assert redis_server.process is not None
+                if fault == "restart":
+                    redis_server.stop()  # SIGKILL
+                    tries.append(await hold_once(second))  # nothing listens on the port
+                    redis_server.start()
+                else:
+                    pid = redis_server.process.pid
+                    os.kill(pid, signal.SIGSTOP)
+                    try:
+                        stopped = anyio.current_time()
+                        while anyio.current_time() < stopped + 4 * TTL:
+                            tries.append(await hold_once(second))
+                    finally:
+                        os.kill(pid, signal.SIGCONT)
+                after = await hold_once(second)
+                holder.done.set()
+    during = [outcome for outcome, _, _ in tries]
+    assert during and all(outcome.startswith("failed: cannot reach Redis") for outcome in during), during
+    # Each failed within its request's timeout (a connect, or one script), with room for a loaded machine.
+    assert all(ended - asked < timeout * 2 + 1.0 for _, asked, ended in tries), tries
+    assert after[0] == "granted", after
+    assert holder.lost < after[2], (holder.lost, after, holder.why)
+    assert holder.why, "the holder was not told it lost its hold"
