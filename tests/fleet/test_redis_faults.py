@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pytest
 import redis
+from mcp.shared.exceptions import MCPError
 
 from dispatcher.fleet import CoordinationError, FleetServer, RedisCoordinator
 from dispatcher.fleet._lua import LIMIT
+from dispatcher.testing import FencedResource
 
 if TYPE_CHECKING:
     from benchmarks._redis import RedisServer
@@ -91,15 +93,20 @@ class Holder:
         self.granted = math.inf
         self.lost = math.inf
         self.why = ""
+        self.token = 0
         self.done = anyio.Event()
         self.holding = anyio.Event()
+        self.told = anyio.Event()
 
     def on_lost(self, why: str) -> None:
         self.lost = min(self.lost, anyio.current_time())
         self.why = why
+        self.told.set()
 
     async def run(self) -> None:
-        async with self.coordinator.hold(server="ws", exclusive=True, on_lost=self.on_lost):
+        async with self.coordinator.hold(server="ws", exclusive=True, on_lost=self.on_lost) as lease:
+            assert lease is not None and lease.token is not None
+            self.token = lease.token
             self.granted = anyio.current_time()
             self.holding.set()
             await self.done.wait()
@@ -165,3 +172,53 @@ async def test_redis_killed_and_restarted_or_frozen_past_the_lease_hands_no_writ
     assert after[0] == "granted", after
     assert holder.lost < after[2], (holder.lost, after, holder.why)
     assert holder.why, "the holder was not told it lost its hold"
+
+
+@pytest.mark.anyio
+async def test_redis_clock_stepped_forward_past_a_lease_overlaps_for_one_renewal_and_the_fence_refuses_the_stale_write(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """Redis' clock stepping forward by 10 ttls, simulated: every stored expiry moved back by that much.
+
+    The scripts read time only from Redis (TIME) and store absolute ends, so a step forward and ends moved
+    back are the same to them. The holder's own count (its monotonic clock) cannot see the step: the next
+    write is granted while it still believes it holds. That is the assumption docs/fleet.md states; what
+    bounds it: the holder is told at its next renewal (a third of a ttl), and the newer holder's token is
+    larger, so a fencing resource that has seen it refuses the stale one's write.
+    """
+
+    def fleet() -> RedisCoordinator:
+        return RedisCoordinator(
+            redis_server.url, namespace=namespace, servers=WRITES, lease_ttl=TTL, recheck=0.1, wait_timeout=8.0
+        )
+
+    first, second = fleet(), fleet()
+    holder = Holder(first)
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    fence = FencedResource()
+    try:
+        async with first, second:
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(holder.run)
+                    await holder.holding.wait()
+                    expiries = f"{namespace}:server:ws:holders_exp"
+                    for lease_id, score in await anyio.to_thread.run_sync(
+                        lambda: client.zrange(expiries, 0, -1, withscores=True)
+                    ):
+                        await anyio.to_thread.run_sync(client.zadd, expiries, {lease_id: score - 10 * TTL * 1000})
+                    async with second.hold(server="ws", exclusive=True, on_lost=lambda why: None) as newer:
+                        granted = anyio.current_time()
+                        assert newer is not None and newer.token is not None
+                        overlapped = holder.lost > granted  # the documented window
+                        fence.admit(newer.token)
+                        with anyio.fail_after(TTL / 3 + 2.0):
+                            await holder.told.wait()
+                    holder.done.set()
+    finally:
+        client.close()
+    assert overlapped, "the holder saw the step: the simulation did not move the expiries"
+    assert "expired in Redis" in holder.why, holder.why
+    assert holder.token < newer.token
+    with pytest.raises(MCPError):
+        fence.admit(holder.token)
