@@ -52,7 +52,9 @@ Fencing tokens. Every grant takes the next number of the server's `fence` counte
 token plus one and Redis' clock in microseconds (TIME). The counter never goes back while its key lives,
 and when the key is gone (a FLUSHALL, an eviction, a Redis restarted empty) the next token is still larger
 than every token granted before, as long as Redis' clock has not gone back by more than the time since the
-last grant: the tokens a resource has seen stay below the new ones. Holds that conflict are granted one
+last grant: the tokens a resource has seen stay below the new ones. A `fence` that is not a whole number
+up to MAX_TOKEN, or is at it, counts as gone too (junk from another writer; past it the + 1 is lost in
+a double and every grant would repeat one token). Holds that conflict are granted one
 after the other, so a resource that refuses a token lower than the highest it has seen refuses the
 requests of a holder whose turn was handed on.
 
@@ -75,10 +77,16 @@ state vanished.
 
 from __future__ import annotations
 
-__all__ = ["ACQUIRE", "LIMIT", "MAX_PAUSE_MS", "RELEASE", "RENEW", "SPEND", "WALK"]
+__all__ = ["ACQUIRE", "LIMIT", "MAX_PAUSE_MS", "MAX_TOKEN", "RELEASE", "RENEW", "SPEND", "WALK"]
 
 WALK = 1000
 """The most waiters one grant walks past (a bound on a script's time when thousands wait)."""
+
+MAX_TOKEN = 2**53 - 2
+"""The largest fencing token read back from Redis (its `fence` counter, a hold's entry in `tokens`): past it a
+double no longer counts in ones, so the next token would repeat the last. No clock in microseconds reaches
+it before the year 2255; a larger value, or one that is not a whole number, was written by something other
+than the fleet and counts as none."""
 
 MAX_PAUSE_MS = 3_600_000
 """The longest pause of the fleet's calls a Retry-After can ask for (LIMIT's ``"pause"``), and the most
@@ -129,8 +137,20 @@ local function read_limit(key, floor, ceiling, initial, now)
 end
 """.replace("MAX_PAUSE", str(MAX_PAUSE_MS))
 
+_TOKEN = """
+local MAX_TOKEN = MAX_TOKEN_VALUE
+-- A fencing token read back from Redis: a whole number from 0 to MAX_TOKEN, else nil (junk, or a counter
+-- past where a double still counts in ones: its next token would repeat it).
+local function token_of(text)
+  local n = tonumber(text or '')
+  if n and n >= 0 and n <= MAX_TOKEN and n == math.floor(n) then return n end
+  return nil
+end
+""".replace("MAX_TOKEN_VALUE", str(MAX_TOKEN))
+
 _PRELUDE = (
     _SHARED
+    + _TOKEN
     + """
 local Q, W, WE, H, HE, SEQ, META = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local TOK, FENCE, LIM = KEYS[8], KEYS[9], KEYS[10]
@@ -163,7 +183,7 @@ local BLOCKERS = {[0] = {3}, [1] = {2, 3}, [2] = {1, 3}, [3] = {0, 1, 2, 3}}
 
 -- Whether the state is whole: meta complete, and each key holding as many entries as meta says.
 local function whole(seen)
-  if not seen[2] or not seen[3] then return false end
+  if not finite(tonumber(seen[2] or '')) or not seen[3] then return false end
   local held, waiting = tonumber(seen[4] or '0'), tonumber(seen[5] or '0')
   return redis.call('HLEN', H) == held and redis.call('ZCARD', HE) == held and redis.call('HLEN', TOK) == held
     and redis.call('ZCARD', Q) == waiting and redis.call('HLEN', W) == waiting
@@ -173,6 +193,13 @@ end
 -- Run first by every script: notices a state that was lost, in part or whole, or written by another
 -- instance, and starts the quiet period (module docstring). Returns whether it is on.
 local function check()
+  -- A key of another type than the fleet's (written by something else) is dropped, as if deleted: what it
+  -- held is then missing, and noticed below like any key lost on its own.
+  for _, owned in ipairs({{Q, 'zset'}, {W, 'hash'}, {WE, 'zset'}, {H, 'hash'}, {HE, 'zset'}, {SEQ, 'string'},
+      {META, 'hash'}, {TOK, 'hash'}, {FENCE, 'string'}}) do
+    local kind = redis.call('TYPE', owned[1])['ok']
+    if kind ~= owned[2] and kind ~= 'none' then redis.call('DEL', owned[1]) end
+  end
   -- A Redis that refuses INFO (renamed away on some managed services) is taken for one instance, so a
   -- failover there goes unnoticed; a loss of state is noticed all the same.
   local info = redis.pcall('INFO', 'server')
@@ -198,6 +225,18 @@ end
 -- Run last by every script that changes the state: how many holds and waiters it has now.
 local function seal()
   redis.call('HSET', META, 'held', redis.call('HLEN', H), 'waiting', redis.call('ZCARD', Q))
+end
+
+-- The next arrival number: after both the counter and the newest waiter's, so that a counter that was
+-- deleted or holds junk (not a whole number a double counts exactly) never lets a later waiter go first.
+local function arrival()
+  local last = token_of(redis.call('GET', SEQ)) or 0
+  local newest = redis.call('ZRANGE', Q, -1, -1, 'WITHSCORES')
+  local after = token_of(newest[2]) or 0
+  local number = math.max(last, after) + 1
+  if number > MAX_TOKEN then number = 1 end  -- past that the + 1 is lost: order, never an error
+  redis.call('SET', SEQ, string.format('%.0f', number))
+  return number
 end
 
 local function epoch()
@@ -276,7 +315,10 @@ end
 local function hold(id, spec, locks)
   redis.call('HSET', H, id, spec)
   redis.call('ZADD', HE, expiry(locks), id)
-  local last = tonumber(redis.call('GET', FENCE) or '0') or 0
+  -- A `fence` that is no token, or at the cap, counts as gone (as after a FLUSHALL): the next token is
+  -- Redis' clock, never the cap's repeat.
+  local last = token_of(redis.call('GET', FENCE)) or 0
+  if last >= MAX_TOKEN then last = 0 end
   local token = string.format('%.0f', math.max(last + 1, micros))
   redis.call('SET', FENCE, token)
   redis.call('HSET', TOK, id, token)
@@ -335,7 +377,9 @@ local id, spec = ARGV[6], ARGV[7]
 local quiet_now = check()
 purge()
 local function granted()
-  return {1, redis.call('HGET', TOK, id) or '0', epoch() or '0', redis.call('HLEN', H), shared_level, shared_epoch,
+  -- A token changed under the hold into junk reads as 0, which a fencing server refuses (the safe side).
+  local token = token_of(redis.call('HGET', TOK, id))
+  return {1, string.format('%.0f', token or 0), epoch() or '0', redis.call('HLEN', H), shared_level, shared_epoch,
     shared_pause, shared_bounds}
 end
 if redis.call('HEXISTS', H, id) == 1 then
@@ -344,7 +388,7 @@ if redis.call('HEXISTS', H, id) == 1 then
   return granted()
 end
 if redis.call('HEXISTS', W, id) == 0 then
-  redis.call('ZADD', Q, redis.call('INCR', SEQ), id)
+  redis.call('ZADD', Q, arrival(), id)
   redis.call('HSET', W, id, spec)
 end
 redis.call('ZADD', WE, now + ttl, id)
@@ -431,8 +475,12 @@ SPEND = """
 -- since the last call, ARGV[3] 1 to take one token for a retry, 0 only to add the earnings.
 -- Returns 1 when a token was taken.
 local capacity = tonumber(ARGV[1])
-local tokens = tonumber(redis.call('HGET', KEYS[1], 'tokens') or capacity)
-tokens = math.min(capacity, tokens + tonumber(ARGV[2]))
+-- A key of another type, or tokens that are not a finite number (written by something else), count as
+-- gone: the bucket starts again full, as after a DEL.
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then redis.call('DEL', KEYS[1]) end
+local tokens = tonumber(redis.call('HGET', KEYS[1], 'tokens') or '')
+if tokens == nil or tokens ~= tokens or tokens == math.huge or tokens == -math.huge then tokens = capacity end
+tokens = math.min(capacity, math.max(0, tokens) + tonumber(ARGV[2]))
 local taken = 0
 if ARGV[3] == '1' and tokens >= 1 then
   tokens = tokens - 1
