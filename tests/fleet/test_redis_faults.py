@@ -12,7 +12,7 @@ import math
 import os
 import signal
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import pytest
@@ -203,10 +203,12 @@ async def test_redis_clock_stepped_forward_past_a_lease_overlaps_for_one_renewal
                     tg.start_soon(holder.run)
                     await holder.holding.wait()
                     expiries = f"{namespace}:server:ws:holders_exp"
-                    for lease_id, score in await anyio.to_thread.run_sync(
-                        lambda: client.zrange(expiries, 0, -1, withscores=True)
-                    ):
-                        await anyio.to_thread.run_sync(client.zadd, expiries, {lease_id: score - 10 * TTL * 1000})
+                    ends = cast(
+                        "list[tuple[str, float]]",
+                        await anyio.to_thread.run_sync(lambda: client.zrange(expiries, 0, -1, withscores=True)),
+                    )
+                    moved: dict[Any, float] = {lease_id: score - 10 * TTL * 1000 for lease_id, score in ends}
+                    await anyio.to_thread.run_sync(lambda: client.zadd(expiries, moved))
                     async with second.hold(server="ws", exclusive=True, on_lost=lambda why: None) as newer:
                         granted = anyio.current_time()
                         assert newer is not None and newer.token is not None
@@ -219,6 +221,7 @@ async def test_redis_clock_stepped_forward_past_a_lease_overlaps_for_one_renewal
         client.close()
     assert overlapped, "the holder saw the step: the simulation did not move the expiries"
     assert "expired in Redis" in holder.why, holder.why
+    assert holder.token is not None and newer is not None and newer.token is not None
     assert holder.token < newer.token
     with pytest.raises(MCPError):
         fence.admit(holder.token)
