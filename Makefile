@@ -67,9 +67,12 @@ conformance: $(STAMP)
 	$(BIN)/python -m scripts.conformance
 
 # The long form of the chaos suite (tests/chaos): more seeds, batches and examples, and the tests marked
-# `stress`, tune's real-clock stability sweeps (tests/test_tune.py) and the fleet's real-clock race oracle. It writes its figures to tests/chaos/results/stress.json (see RELIABILITY.md).
+# `stress`, tune's real-clock stability sweeps (tests/test_tune.py), the fleet's real-clock race oracle and the
+# full example counts of the lifecycle's and the gate's model-based tests (make test runs a fifth to a third of
+# them). It writes its figures to tests/chaos/results/stress.json (see RELIABILITY.md).
 stress: $(STAMP)
-	DISPATCHER_STRESS=1 $(BIN)/python -m pytest -q tests/chaos tests/test_tune.py tests/fleet/test_processes.py
+	DISPATCHER_STRESS=1 $(BIN)/python -m pytest -q tests/chaos tests/test_tune.py tests/fleet/test_processes.py \
+		tests/test_lifecycle.py tests/test_gate.py
 
 # Build the wheel and sdist, install the wheel into a clean venv (no source tree on its path) and run a
 # batch with it (.ci/smoke.py); then add each framework integration's extra from the wheel, one at a time,

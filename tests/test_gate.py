@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from benchmarks.reference import KeyedCall, ideal_keyed_makespan, ideal_makespan, keyed_schedule, plan
 from dispatcher._core._gate import Gate, Ticket, TicketState, conflicts, normalize_keys
+from tests.chaos.harness import scale
 
 
 @given(st.lists(st.booleans(), max_size=60))
@@ -47,7 +48,7 @@ operations = st.lists(
 )
 
 
-@settings(max_examples=300)
+@settings(max_examples=scale(100, 300))  # make stress runs the long form
 @given(
     ops=operations,
     limit=st.one_of(st.none(), st.integers(1, 4)),
@@ -321,7 +322,7 @@ def run_against_model(
     assert [t.state for t in tickets] == model.state
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=scale(100, 400), deadline=None)  # make stress runs the long form
 @given(
     ops=keyed_operations,
     limit=st.one_of(st.none(), st.integers(1, 4)),

@@ -22,6 +22,7 @@ from dispatcher._core._annotations import effective_annotations
 from dispatcher._core._catalog import ToolEntry
 from dispatcher._core._errors import LifecycleError
 from dispatcher._core._lifecycle import MAX_ERROR, OUTCOMES, CallRecord, Ending, Phase
+from tests.chaos.harness import scale
 
 Q, A, D, R, S = Phase.QUEUED, Phase.AWAITING_APPROVAL, Phase.ADMITTED, Phase.RUNNING, Phase.SETTLED
 
@@ -213,7 +214,8 @@ def run_against_model(ops: list[tuple[str, Any]], record_type: type[CallRecord] 
         assert told_record is record and told_result is record.outcome
 
 
-@settings(max_examples=1500, deadline=None)
+# 300 sequences in make test (about 1.7 s of CPU), 1,500 in make stress.
+@settings(max_examples=scale(300, 1500), deadline=None)
 @given(ops=st.lists(operation, max_size=30))
 def test_the_lifecycle_matches_the_model(ops: list[tuple[str, Any]]) -> None:
     """Random transitions and endings in any phase: the record follows the model, and settles once."""
