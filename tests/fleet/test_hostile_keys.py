@@ -272,7 +272,7 @@ async def test_a_junk_waiter_entry_is_lost_state_not_an_outage(
                     async with holder.hold(server="ws", exclusive=True, on_lost=on_lost):
                         tg.start_soon(wait_for_it)
                         await waiting.wait()
-                        entries: list[str] = []
+                        entries: list[bytes | str] = []
                         while not entries:
                             await anyio.sleep(0.02)
                             entries = await anyio.to_thread.run_sync(client.hkeys, key(namespace, "waiting"))
