@@ -67,12 +67,13 @@ clock when its state was created) and how many holds and waiters the state had w
 ended. When `meta` is missing or incomplete, or the other keys do not hold that many entries (`holders`,
 `holders_exp` and `tokens` the holds, `queue`, `waiting` and `waiting_exp` the waiters: a key deleted
 or evicted on its own), the state is lost: what is left of it is dropped, a new epoch begins, and nothing
-is granted for ttl plus the max write time. When `meta` names another instance (a restart from a
-snapshot, a failover), the same quiet period follows but the epoch stays. A holder renews with the epoch
-of its grant: a hold missing from Redis under another epoch is lost (never re-registered), while under
-the same epoch (a replica that had the namespace but not this hold) it is re-registered. A fresh
-namespace therefore waits one quiet period before its first grant: Redis cannot tell it from one whose
-state vanished.
+is granted for ttl plus the max write time. An entry of `holders` or `waiting` that is not a lock list
+(junk) is lost state too: `holders` is checked first by every script, a waiter's entry when a grant
+reads it. When `meta` names another instance (a restart from a snapshot, a failover), the same quiet
+period follows but the epoch stays. A holder renews with the epoch of its grant: a hold missing from
+Redis under another epoch is lost (never re-registered), while under the same epoch (a replica that had
+the namespace but not this hold) it is re-registered. A fresh namespace therefore waits one quiet period
+before its first grant: Redis cannot tell it from one whose state vanished.
 """
 
 from __future__ import annotations
