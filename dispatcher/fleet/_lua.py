@@ -67,12 +67,13 @@ clock when its state was created) and how many holds and waiters the state had w
 ended. When `meta` is missing or incomplete, or the other keys do not hold that many entries (`holders`,
 `holders_exp` and `tokens` the holds, `queue`, `waiting` and `waiting_exp` the waiters: a key deleted
 or evicted on its own), the state is lost: what is left of it is dropped, a new epoch begins, and nothing
-is granted for ttl plus the max write time. When `meta` names another instance (a restart from a
-snapshot, a failover), the same quiet period follows but the epoch stays. A holder renews with the epoch
-of its grant: a hold missing from Redis under another epoch is lost (never re-registered), while under
-the same epoch (a replica that had the namespace but not this hold) it is re-registered. A fresh
-namespace therefore waits one quiet period before its first grant: Redis cannot tell it from one whose
-state vanished.
+is granted for ttl plus the max write time. An entry of `holders` or `waiting` that is not a lock list
+(junk) is lost state too: `holders` is checked first by every script, a waiter's entry when a grant
+reads it. When `meta` names another instance (a restart from a snapshot, a failover), the same quiet
+period follows but the epoch stays. A holder renews with the epoch of its grant: a hold missing from
+Redis under another epoch is lost (never re-registered), while under the same epoch (a replica that had
+the namespace but not this hold) it is re-registered. A fresh namespace therefore waits one quiet period
+before its first grant: Redis cannot tell it from one whose state vanished.
 """
 
 from __future__ import annotations
@@ -181,13 +182,51 @@ local micros = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- BLOCKERS[m]: the modes held on a path that a lock of mode m cannot share it with (as in _gate).
 local BLOCKERS = {[0] = {3}, [1] = {2, 3}, [2] = {1, 3}, [3] = {0, 1, 2, 3}}
 
--- Whether the state is whole: meta complete, and each key holding as many entries as meta says.
+-- A hold's locks read back from Redis: the list [path, mode, ...] the fleet writes (a string and a mode 0
+-- to 3 in each pair, at least one pair), else nil (junk: not JSON, an object, a path or mode of another kind).
+local function locks_of(spec)
+  local ok, locks = pcall(cjson.decode, spec or '')
+  if not ok or type(locks) ~= 'table' or #locks == 0 or #locks % 2 ~= 0 then return nil end
+  local n = 0
+  for _ in pairs(locks) do n = n + 1 end
+  if n ~= #locks then return nil end
+  for i = 1, #locks, 2 do
+    if type(locks[i]) ~= 'string' or not BLOCKERS[locks[i + 1]] then return nil end
+  end
+  return locks
+end
+
+-- Whether the state is whole: meta complete, each key holding as many entries as meta says, and each
+-- holder's entry a lock list (a waiter's is checked where a grant reads it).
 local function whole(seen)
   if not finite(tonumber(seen[2] or '')) or not seen[3] then return false end
   local held, waiting = tonumber(seen[4] or '0'), tonumber(seen[5] or '0')
-  return redis.call('HLEN', H) == held and redis.call('ZCARD', HE) == held and redis.call('HLEN', TOK) == held
+  if not (redis.call('HLEN', H) == held and redis.call('ZCARD', HE) == held and redis.call('HLEN', TOK) == held
     and redis.call('ZCARD', Q) == waiting and redis.call('HLEN', W) == waiting
-    and redis.call('ZCARD', WE) == waiting
+    and redis.call('ZCARD', WE) == waiting) then return false end
+  for _, spec in ipairs(redis.call('HVALS', H)) do
+    if not locks_of(spec) then return false end
+  end
+  return true
+end
+
+-- The Redis instance: a Redis that refuses INFO (renamed away on some managed services) is taken for one
+-- instance, so a failover there goes unnoticed; a loss of state is noticed all the same.
+local function instance()
+  local info = redis.pcall('INFO', 'server')
+  if type(info) ~= 'string' then info = '' end
+  return string.match(info, 'run_id:(%w+)') or 'unknown'
+end
+
+-- The state is lost: holds running elsewhere may be missing here. What is left is dropped, so that the
+-- state is whole again under a new epoch (its holders lose their holds at their next renewal), and
+-- nothing is granted until the quiet period it returns the end of is over.
+local function lose()
+  redis.call('DEL', Q, W, WE, H, HE, TOK)
+  local untl = now + ttl + math.max(extra, callx)
+  redis.call('HSET', META, 'run_id', instance(), 'quiet_until', untl, 'epoch', string.format('%.0f', micros),
+    'held', 0, 'waiting', 0)
+  return untl
 end
 
 -- Run first by every script: notices a state that was lost, in part or whole, or written by another
@@ -200,20 +239,11 @@ local function check()
     local kind = redis.call('TYPE', owned[1])['ok']
     if kind ~= owned[2] and kind ~= 'none' then redis.call('DEL', owned[1]) end
   end
-  -- A Redis that refuses INFO (renamed away on some managed services) is taken for one instance, so a
-  -- failover there goes unnoticed; a loss of state is noticed all the same.
-  local info = redis.pcall('INFO', 'server')
-  if type(info) ~= 'string' then info = '' end
-  local run_id = string.match(info, 'run_id:(%w+)') or 'unknown'
+  local run_id = instance()
   local seen = redis.call('HMGET', META, 'run_id', 'quiet_until', 'epoch', 'held', 'waiting')
   local untl = seen[2]
   if not whole(seen) then
-    -- Lost: holds running elsewhere may be missing here. What is left is dropped, so that the state
-    -- is whole again under a new epoch (its holders lose their holds at their next renewal).
-    redis.call('DEL', Q, W, WE, H, HE, TOK)
-    untl = now + ttl + math.max(extra, callx)
-    redis.call('HSET', META, 'run_id', run_id, 'quiet_until', untl, 'epoch', string.format('%.0f', micros),
-      'held', 0, 'waiting', 0)
+    untl = lose()
   elseif seen[1] ~= run_id then
     -- Written by another instance (a snapshot, a replica): it may lack recent holds; the epoch stays.
     untl = now + ttl + math.max(extra, callx)
@@ -297,12 +327,12 @@ local function take(taken, locks)
   end
 end
 
--- The locks of the holds in force, and how many there are.
+-- The locks of the holds in force (each a lock list: check() made sure), and how many there are.
 local function state()
   local taken = {}
   local count = 0
   for _, spec in ipairs(redis.call('HVALS', H)) do
-    take(taken, cjson.decode(spec))
+    take(taken, locks_of(spec) or {'', 3})
     count = count + 1
   end
   return taken, count
@@ -344,7 +374,12 @@ local function grant(quiet_now)
         redis.call('ZREM', WE, id)
         start = start - 1
       else
-        local locks = cjson.decode(spec)
+        local locks = locks_of(spec)
+        -- Junk for a waiter's locks: lost state, as junk in any key (what this walk granted goes too).
+        if not locks then
+          lose()
+          return
+        end
         if blocked(taken, locks) or blocked(ahead, locks) then
           take(ahead, locks)
           local root = ahead['']
@@ -410,7 +445,7 @@ local quiet_now = check()
 local spec = redis.call('HGET', H, id)
 local kept = false
 if ARGV[7] == '1' and spec then
-  local ends = now + beyond(cjson.decode(spec))
+  local ends = now + beyond(locks_of(spec) or {'', 3})
   if limit > 0 then ends = math.max(ends, now + ttl + callx) end
   if ends > now then
     -- GT: never earlier than its lease already ends.

@@ -8,6 +8,7 @@ and nothing is granted that a fleet with clean keys would not grant. Each test r
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import anyio
@@ -209,3 +210,76 @@ def test_junk_in_a_shared_retry_budget_neither_spends_it_for_good_nor_overfills_
         assert taken == [0, 0, 0, 0, 0] and left == 0.0
     else:
         assert taken == [1, 1, 1, 0, 0] and left == 0.0
+
+
+ENTRIES = ["not json", "", "{}", "[]", '{"1": "", "2": 3}', '["", 7]', '["", 1.5]', "[1, 3]", '[""]', "[null, 3]"]
+"""A hold's locks as no fleet process writes them: not JSON, or not a list of (path, mode 0 to 3) pairs."""
+
+
+@pytest.mark.parametrize("junk", ENTRIES)
+async def test_a_junk_holder_entry_is_lost_state_not_an_outage(
+    redis_server: RedisServer, namespace: str, junk: str
+) -> None:
+    """A holder's entry in `holders` replaced with junk: the holder loses its hold before anyone else gets one.
+
+    Before, every script failed to decode the entry (as "cannot reach Redis") until its holder released or its
+    lease ran out: every call FAILED meanwhile.
+    """
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    holder, other = fleet(redis_server, namespace), fleet(redis_server, namespace)
+    lost_at: list[float] = []
+    try:
+        async with holder, other:
+            with anyio.fail_after(20):
+                async with holder.hold(server="ws", exclusive=True, on_lost=lambda _: lost_at.append(time.monotonic())):
+                    (entry,) = await anyio.to_thread.run_sync(client.hkeys, key(namespace, "holders"))
+                    await anyio.to_thread.run_sync(client.hset, key(namespace, "holders"), entry, junk)
+                    spoiled = time.monotonic()
+                    async with other.hold(server="ws", exclusive=True, on_lost=never_lost) as lease:
+                        granted = time.monotonic()
+                        assert lease is not None and lease.token is not None
+    finally:
+        client.close()
+    assert lost_at and lost_at[0] < granted, "granted to another while the first still held"
+    assert granted - spoiled >= TTL * 0.9, f"granted {granted - spoiled:.2f}s after the junk, before one ttl"
+
+
+@pytest.mark.parametrize("junk", ENTRIES)
+async def test_a_junk_waiter_entry_is_lost_state_not_an_outage(
+    redis_server: RedisServer, namespace: str, junk: str
+) -> None:
+    """A waiter's entry in `waiting` replaced with junk: the holder loses its hold, then the waiter is granted."""
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    holder, waiter = fleet(redis_server, namespace), fleet(redis_server, namespace)
+    lost_at: list[float] = []
+    granted: list[float] = []
+    waiting, lost = anyio.Event(), anyio.Event()
+
+    def on_lost(reason: str) -> None:
+        lost_at.append(time.monotonic())
+        lost.set()
+
+    async def wait_for_it() -> None:
+        waiting.set()
+        async with waiter.hold(server="ws", exclusive=True, on_lost=never_lost) as lease:
+            assert lease is not None and lease.token is not None
+            granted.append(time.monotonic())
+
+    try:
+        async with holder, waiter:
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    async with holder.hold(server="ws", exclusive=True, on_lost=on_lost):
+                        tg.start_soon(wait_for_it)
+                        await waiting.wait()
+                        entries: list[bytes | str] = []
+                        while not entries:
+                            await anyio.sleep(0.02)
+                            entries = await anyio.to_thread.run_sync(client.hkeys, key(namespace, "waiting"))
+                        await anyio.to_thread.run_sync(client.hset, key(namespace, "waiting"), entries[0], junk)
+                        spoiled = time.monotonic()
+                        await lost.wait()
+    finally:
+        client.close()
+    assert granted and lost_at[0] < granted[0], "granted to the waiter while the holder still held"
+    assert granted[0] - spoiled >= TTL * 0.9, f"granted {granted[0] - spoiled:.2f}s after the junk, before one ttl"
