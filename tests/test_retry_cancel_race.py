@@ -47,7 +47,6 @@ class _Anyio(types.SimpleNamespace):
         self._woke()
 
 
-@pytest.mark.xfail(reason="the retrier starts the next attempt without a checkpoint after its backoff", strict=True)
 @pytest.mark.parametrize("how", ["batch", "one"])
 async def test_a_cancel_as_the_backoff_ends_starts_no_attempt(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
     """The call is cancelled once its backoff's sleep has returned and before the retrier goes on: it ends
@@ -83,3 +82,68 @@ async def test_a_cancel_as_the_backoff_ends_starts_no_attempt(monkeypatch: pytes
     assert result.status is CallStatus.CANCELLED, result
     assert result.attempts == 1 and runs == [1]
     assert result.attempt_errors == ("the server answered with error -32603: try later",)
+
+
+@pytest.mark.backends("asyncio")
+async def test_a_cancel_in_the_loop_turn_the_backoff_ends_in_starts_no_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race itself, on asyncio and with nothing of the dispatcher patched: a stalled loop (its clock jumps past
+    the backoff) runs the backoff's timer, then a callback that cancels the batch, in one turn. The sleep's future
+    is done by then, so anyio leaves the cancellation for the task's next checkpoint; the call must not start its
+    second attempt before it."""
+    import asyncio
+
+    wait = 30.0  # seconds of the loop's clock, never waited for: the clock jumps over them
+    loop = asyncio.get_running_loop()
+    offset = [0.0]
+    clock = loop.time
+    monkeypatch.setattr(loop, "time", lambda: clock() + offset[0])
+    runs: list[int] = []
+    events: list[CallEvent] = []
+    marks: list[int] = []
+    failed = anyio.Event()
+
+    async def flaky() -> str:
+        runs.append(1)
+        if len(runs) == 1:
+            failed.set()
+            raise MCPError(code=INTERNAL_ERROR, message="try later")
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    policy = RetryPolicy(attempts=3, wait_initial=wait, wait_max=wait, jitter=False, timeout=None)
+    async with Dispatcher(retry=policy, on_event=events.append) as dispatcher:
+        dispatcher.add_function(flaky, annotations=IDEMPOTENT)
+        batch = dispatcher.batch()
+        pending = batch.submit(ToolCall("f", "flaky"))
+
+        def cancel() -> None:
+            marks.append(len(events))
+            batch.cancel()
+
+        async def stall() -> None:
+            await failed.wait()
+            # The backoff's timer: the one `wait` ahead (every other timer here is nearer or far beyond it),
+            # found in the loop's heap of timers (asyncio's own, read only).
+            scheduled: list[asyncio.TimerHandle] = loop._scheduled  # type: ignore[attr-defined]
+            timers: list[float] = []
+            for _ in range(1000):
+                now = loop.time()
+                timers = [
+                    h.when() for h in scheduled if not h.cancelled() and now + wait / 2 < h.when() < now + 2 * wait
+                ]
+                if timers:
+                    break
+                await asyncio.sleep(0)
+            assert len(timers) == 1, timers
+            loop.call_at(timers[0] + 0.001, cancel)
+            offset[0] += wait + 1.0  # the loop stalls past both: they run in its next turn, in that order
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stall)
+            await batch.wait()
+    assert marks, "the cancel never ran"
+    late = [f"{e.kind} {e.call.id}" for e in events[marks[0] :] if e.kind in ("started", "retried")]
+    assert not late, f"calls started after the cancellation: {late}"
+    result = pending.result()
+    assert result.status is CallStatus.CANCELLED and result.attempts == 1, result
+    assert runs == [1], "the tool ran again after its call was cancelled"
