@@ -21,6 +21,8 @@ from mcp.types import INTERNAL_ERROR, ToolAnnotations
 
 from dispatcher import CallStatus, Dispatcher, RetryPolicy, ToolCall
 from dispatcher._driver import _retry
+from dispatcher.examples import Workspace
+from dispatcher.testing import inject_faults
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -147,3 +149,32 @@ async def test_a_cancel_in_the_loop_turn_the_backoff_ends_in_starts_no_attempt(m
     result = pending.result()
     assert result.status is CallStatus.CANCELLED and result.attempts == 1, result
     assert runs == [1], "the tool ran again after its call was cancelled"
+
+
+async def test_a_server_call_cancelled_as_its_backoff_ends_is_not_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chaos suite's case: a trusted server's idempotent write whose first attempt failed transiently is
+    cancelled as its backoff ends; the server sees one execution, and the call ends CANCELLED."""
+    workspace = Workspace()
+    faults = inject_faults(workspace.server, rate=0.0, seed=0)
+    faults.fail_next("set_note", "error")
+    events: list[CallEvent] = []
+    marks: list[int] = []
+    policy = RetryPolicy(attempts=3, wait_initial=0.01, wait_max=0.01, jitter=False, timeout=None)
+    async with Dispatcher(call_timeout=5.0, retry=policy, on_event=events.append) as dispatcher:
+        await dispatcher.connect("ws", workspace.server, trusted=True)
+        batch = dispatcher.batch()
+        pending = batch.submit(ToolCall("c1", "set_note", {"name": "r", "text": "c1"}, server="ws"))
+
+        def woke() -> None:
+            marks.append(len(events))
+            batch.cancel()
+
+        monkeypatch.setattr(_retry, "anyio", _Anyio(woke))
+        with anyio.fail_after(10):
+            await batch.wait()
+    assert marks, "the backoff never ended: the test did not reach the window it is about"
+    late = [f"{e.kind} {e.call.id}" for e in events[marks[0] :] if e.kind in ("started", "retried")]
+    assert not late, f"calls started after the cancellation: {late}"
+    result = pending.result()
+    assert result.status is CallStatus.CANCELLED and result.attempts == 1, result
+    assert [e.fault for e in faults.ledger] == ["error"], faults.ledger
