@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import anyio
+import anyio.lowlevel
 from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
 from tenacity import AsyncRetrying
@@ -316,6 +317,11 @@ class Retrier:
             if replay is not None:
                 outcome, replay = replay, None
                 return outcome
+            # The backoff has ended (or a shared budget answered): a cancellation that came as it ended may not
+            # have landed yet. Under asyncio a scope cancelled once the sleep's future is done leaves its
+            # cancellation for the task's next checkpoint, and nothing from here to the tool is one: this is it,
+            # so a cancelled call starts no attempt after any wait.
+            await anyio.lowlevel.checkpoint_if_cancelled()
             if self._recheck is not None and self._recheck() is not None:
                 # Eligibility changed during the wait: no attempt; `_stop` says why and ends it.
                 return previous
