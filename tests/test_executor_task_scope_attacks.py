@@ -1,0 +1,352 @@
+"""Attacks on the task's shared cancel scope (`Executor._run`): hostile tools and odd callers, one task carrying
+many calls (``max_concurrency`` 1 to 3), under asyncio and trio.
+
+What every test checks: each call gets exactly one result, in request order; a call's cancellation or
+timeout ends that call alone; a tool's own cancellation tricks end its call at most; the dispatcher stays
+usable for the next batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+from mcp.types import ToolAnnotations
+
+from dispatcher import CallStatus, Dispatcher, PendingCall, ToolCall
+
+pytestmark = pytest.mark.anyio
+
+READ_ONLY = ToolAnnotations(read_only_hint=True)
+OK = CallStatus.OK
+
+
+def calls(*keys: str) -> list[ToolCall]:
+    return [ToolCall(f"c{i}", "tool", {"key": key}) for i, key in enumerate(keys)]
+
+
+async def usable(dispatcher: Dispatcher) -> None:
+    """The dispatcher runs a next batch as usual."""
+    again = await dispatcher.dispatch([ToolCall(f"n{i}", "tool", {"key": "n"}) for i in range(4)])
+    assert [r.status for r in again] == [OK] * 4, again
+
+
+def statuses(results: list[Any]) -> list[CallStatus]:
+    assert [r.call_id for r in results] == [f"c{i}" for i in range(len(results))]
+    return [r.status for r in results]
+
+
+# Caller cancellations --------------------------------------------------------------------------
+
+
+@pytest.mark.backends("asyncio", "trio")
+@pytest.mark.parametrize("limit", [1, 2])
+async def test_a_tool_cancelling_its_own_call_then_returning_ends_ok_and_leaves_the_next_alone(limit: int) -> None:
+    """A tool that cancels its own call (`PendingCall.cancel`) and returns without waiting keeps its answer;
+    the calls its task runs after it are not cancelled."""
+    pending: list[PendingCall] = []
+
+    async def tool(key: str) -> str:
+        if key == "self":
+            pending[1].cancel()
+            pending[1].cancel()  # twice: the same
+            return key
+        await anyio.lowlevel.checkpoint()
+        return key
+
+    with anyio.fail_after(10):
+        async with Dispatcher(max_concurrency=limit) as dispatcher:
+            dispatcher.add_function(tool, annotations=READ_ONLY)
+            async with dispatcher.batch() as batch:
+                pending.extend(batch.submit_all(calls("a", "self", "b", "c", "d")))
+            assert statuses(batch.results()) == [OK] * 5
+            await usable(dispatcher)
+
+
+@pytest.mark.backends("asyncio", "trio")
+@pytest.mark.parametrize("limit", [1, 3])
+async def test_a_tool_cancelling_its_own_call_then_waiting_ends_cancelled_alone(limit: int) -> None:
+    """A tool that cancels its own call and then waits ends CANCELLED; no other call does."""
+    pending: list[PendingCall] = []
+
+    async def tool(key: str) -> str:
+        if key == "self":
+            pending[2].cancel()
+            await anyio.sleep_forever()
+        await anyio.lowlevel.checkpoint()
+        return key
+
+    with anyio.fail_after(10):
+        async with Dispatcher(max_concurrency=limit) as dispatcher:
+            dispatcher.add_function(tool, annotations=READ_ONLY)
+            async with dispatcher.batch() as batch:
+                pending.extend(batch.submit_all(calls("a", "b", "self", "c", "d", "e")))
+            assert statuses(batch.results()) == [OK, OK, CallStatus.CANCELLED, OK, OK, OK]
+            await usable(dispatcher)
+
+
+@pytest.mark.backends("asyncio", "trio")
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+async def test_a_tool_cancelling_its_batch_ends_the_calls_not_done(where: str) -> None:
+    """`Batch.cancel` from inside a tool: the calls that ended before keep their results, the tool's own call
+    keeps the answer it returns without waiting, the rest end CANCELLED, and the next batch runs."""
+    keys = ["a", "b", "c", "d"]
+    at = {"first": 0, "middle": 2, "last": 3}[where]
+    keys[at] = "cancel"
+    holder: list[Any] = []
+
+    async def tool(key: str) -> str:
+        if key == "cancel":
+            holder[0].cancel()
+            return key
+        await anyio.lowlevel.checkpoint()
+        return key
+
+    with anyio.fail_after(10):
+        async with Dispatcher(max_concurrency=1) as dispatcher:
+            dispatcher.add_function(tool, annotations=READ_ONLY)
+            async with dispatcher.batch() as batch:
+                holder.append(batch)
+                batch.submit_all(calls(*keys))
+            got = statuses(batch.results())
+            assert got[: at + 1] == [OK] * (at + 1)
+            assert got[at + 1 :] == [CallStatus.CANCELLED] * (len(keys) - at - 1)
+            await usable(dispatcher)
+
+
+@pytest.mark.backends("asyncio", "trio")
+async def test_cancelling_a_call_just_as_the_one_before_it_settles_cancels_that_call_alone() -> None:
+    """The caller cancels call N+1 (admitted to the same task, not started) in the instant call N answers;
+    N ends OK, N+1 CANCELLED, N+2 OK; and cancelling N once it ended changes nothing."""
+    wake = anyio.Event()
+    ran: list[str] = []
+
+    async def tool(key: str) -> str:
+        ran.append(key)
+        if key == "wait":
+            await wake.wait()
+            return key
+        await anyio.lowlevel.checkpoint()
+        return key
+
+    with anyio.fail_after(10):
+        async with Dispatcher(max_concurrency=1) as dispatcher:
+            dispatcher.add_function(tool, annotations=READ_ONLY)
+            async with dispatcher.batch() as batch:
+                works = batch.submit_all(calls("wait", "victim", "after"))
+                await anyio.wait_all_tasks_blocked()
+                wake.set()
+                works[1].cancel()
+                works[1].cancel()
+                await works[0].wait()
+                works[0].cancel()  # already over: changes nothing, and reaches no other call
+            assert statuses(batch.results()) == [OK, CallStatus.CANCELLED, OK]
+            assert ran == ["wait", "after"]
+            await usable(dispatcher)
+
+
+# Tools that cancel their own task (asyncio) ---------------------------------------------------
+
+
+def self_cancel() -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    task.cancel()
+
+
+@pytest.mark.backends("asyncio")
+@pytest.mark.parametrize("how", ["returns", "raises", "awaits", "twice", "absorbs-then-awaits"])
+@pytest.mark.parametrize("limit", [1, 2])
+async def test_a_tool_cancelling_its_own_task_ends_its_call_at_most(how: str, limit: int) -> None:
+    """A tool cancels its own task (`Task.cancel`) and returns, raises, waits again, does it twice or absorbs
+    it and waits again; a later call of the same task is cancelled by its caller and another times out:
+    those end CANCELLED and TIMEOUT, the hostile call at most CANCELLED, every other call OK."""
+    started = anyio.Event()
+
+    async def tool(key: str) -> str:
+        if key == "self":
+            self_cancel()
+            if how == "raises":
+                raise ValueError("after cancelling itself")
+            if how == "awaits":
+                await asyncio.sleep(0)
+            if how == "twice":
+                self_cancel()
+            if how == "absorbs-then-awaits":
+                try:
+                    await asyncio.sleep(0)
+                except asyncio.CancelledError:
+                    pass
+                await asyncio.sleep(0)
+        elif key == "wait":
+            started.set()
+            await anyio.sleep_forever()
+        elif key == "long":
+            await anyio.sleep(60)
+        await anyio.lowlevel.checkpoint()
+        return key
+
+    keys = ["a", "self", "b", "wait", "c", "self", "long", "d", "self"]
+    with anyio.fail_after(20):
+        async with Dispatcher(max_concurrency=limit, call_timeout=0.5) as dispatcher:
+            dispatcher.add_function(tool, annotations=READ_ONLY)
+            async with dispatcher.batch() as batch:
+                works = batch.submit_all(calls(*keys))
+                await started.wait()
+                works[3].cancel()
+            got = statuses(batch.results())
+            await usable(dispatcher)
+    for key, status in zip(keys, got, strict=True):
+        if key == "self":
+            expected = (CallStatus.TOOL_ERROR,) if how == "raises" else (OK, CallStatus.CANCELLED)
+            assert status in expected, (key, status)
+        elif key == "wait":
+            assert status is CallStatus.CANCELLED
+        elif key == "long":
+            assert status is CallStatus.TIMEOUT
+        else:
+            assert status is OK, (key, got)
+
+
+@pytest.mark.backends("asyncio", "trio")
+async def test_a_tool_raising_the_cancellation_exception_by_hand_ends_its_call_alone() -> None:
+    """A tool raises the backend's cancellation exception with nothing cancelled (trio's has no public
+    constructor: the attempt fails); the next call of the task, cancelled by its caller, ends CANCELLED alone."""
+    started = anyio.Event()
+
+    async def tool(key: str) -> str:
+        if key == "raise":
+            raise anyio.get_cancelled_exc_class()()
+        if key == "wait":
+            started.set()
+            await anyio.sleep_forever()
+        await anyio.lowlevel.checkpoint()
+        return key
+
+    with anyio.fail_after(10):
+        async with Dispatcher(max_concurrency=1) as dispatcher:
+            dispatcher.add_function(tool, annotations=READ_ONLY)
+            async with dispatcher.batch() as batch:
+                works = batch.submit_all(calls("a", "raise", "b", "wait", "c"))
+                await started.wait()
+                works[3].cancel()
+            got = statuses(batch.results())
+            # asyncio's CancelledError raised by hand: CANCELLED; trio's Cancelled() raises TypeError: TOOL_ERROR.
+            assert got[1] in (CallStatus.CANCELLED, CallStatus.TOOL_ERROR)
+            assert [got[i] for i in (0, 2, 3, 4)] == [OK, OK, CallStatus.CANCELLED, OK]
+            await usable(dispatcher)
+
+
+@pytest.mark.backends("asyncio", "trio")
+@pytest.mark.parametrize("how", ["own-scope", "shield", "swallow"])
+async def test_a_tool_playing_with_cancel_scopes_ends_its_call_alone(how: str) -> None:
+    """A tool cancels a scope of its own, shields itself from its call's cancellation, or swallows that
+    cancellation and returns: its call ends OK (the answer came back) and the next calls run untouched."""
+    started = anyio.Event()
+
+    async def tool(key: str) -> str:
+        if key == "scopes":
+            if how == "own-scope":
+                with anyio.CancelScope() as scope:
+                    scope.cancel()
+                    await anyio.sleep_forever()
+                return key
+            started.set()
+            if how == "shield":
+                with anyio.CancelScope(shield=True):
+                    await anyio.sleep(0.05)
+                return key
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                return key  # hostile: swallows its call's cancellation
+        await anyio.lowlevel.checkpoint()
+        return key
+
+    with anyio.fail_after(10):
+        async with Dispatcher(max_concurrency=1) as dispatcher:
+            dispatcher.add_function(tool, annotations=READ_ONLY)
+            async with dispatcher.batch() as batch:
+                works = batch.submit_all(calls("a", "scopes", "b", "c"))
+                if how != "own-scope":
+                    await started.wait()
+                    works[1].cancel()
+            assert statuses(batch.results()) == [OK, OK, OK, OK]
+            await usable(dispatcher)
+
+
+# Time ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.backends("trio-mockclock", "asyncio")
+@pytest.mark.parametrize("seconds", [1e-9, 1e-6, 0.5])
+async def test_a_call_ending_at_its_deadline_exactly_leaves_the_next_call_its_whole_timeout(seconds: float) -> None:
+    """Call N sleeps its whole timeout (ending at its deadline, as the watcher may cut it): N ends OK or
+    TIMEOUT; call N+1, admitted in that instant to the same task, gets its whole timeout; timeouts of 0 and
+    of a nanosecond or a microsecond cut no call that does not wait."""
+
+    async def tool(key: str) -> str:
+        if key == "edge":
+            await anyio.sleep(seconds)
+        elif key == "wait":
+            await anyio.sleep(seconds * 0.5)
+        return key
+
+    keys = ["edge", "wait", "edge", "now", "wait", "now"]
+    with anyio.fail_after(10):
+        async with Dispatcher(max_concurrency=1, call_timeout=seconds) as dispatcher:
+            dispatcher.add_function(tool, annotations=READ_ONLY)
+            got = statuses(await dispatcher.dispatch(calls(*keys)))
+            await usable(dispatcher)
+    for key, status in zip(keys, got, strict=True):
+        if key == "edge":
+            assert status in (OK, CallStatus.TIMEOUT)
+        elif key == "now":
+            assert status is OK
+        elif seconds > 0.01:
+            assert status is OK
+        else:
+            assert status in (OK, CallStatus.TIMEOUT)  # a sleep of 0 may not wait at all
+
+
+# KeyboardInterrupt, SystemExit -----------------------------------------------------------------
+
+
+# trio only: on asyncio the event loop re-raises a KeyboardInterrupt or SystemExit raised in a task itself
+# (`Task.__step`), past the task group and the test runner (see test_executor_adversarial.py).
+@pytest.mark.backends("trio")
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("limit", [1, 2])
+async def test_a_tool_stopping_the_program_gives_every_call_one_result(exc: type[BaseException], limit: int) -> None:
+    """A tool raising KeyboardInterrupt or SystemExit ends the dispatcher's block with it; every call of the
+    batch, those before, beside and after it, still has exactly one result."""
+    holder: list[Any] = []
+
+    async def tool(key: str) -> str:
+        if key == "stop":
+            raise exc
+        if key == "wait":
+            await anyio.sleep_forever()
+        await anyio.lowlevel.checkpoint()
+        return key
+
+    # Beside a call that never ends, when two run at once.
+    keys = ["a", "wait", "b", "stop", "c", "d"] if limit == 2 else ["a", "b", "stop", "c", "d"]
+    with anyio.fail_after(10), pytest.raises((exc, BaseExceptionGroup)) as caught:
+        async with Dispatcher(max_concurrency=limit) as dispatcher:
+            dispatcher.add_function(tool, annotations=READ_ONLY)
+            batch = dispatcher.batch()
+            holder.append(batch)
+            batch.submit_all(calls(*keys))
+            await batch.wait()
+    if isinstance(caught.value, BaseExceptionGroup):
+        assert caught.value.split(exc)[0] is not None
+    batch = holder[0]
+    assert batch.done
+    got = statuses(batch.results())
+    stop = keys.index("stop")
+    assert [got[i] for i, key in enumerate(keys[:stop]) if key != "wait"] == [OK] * (stop - limit + 1)
+    assert all(status is not OK for status in got[stop:])
