@@ -16,7 +16,7 @@ import anyio.lowlevel
 import pytest
 from mcp.types import ToolAnnotations
 
-from dispatcher import CallStatus, Dispatcher, PendingCall, ToolCall
+from dispatcher import CallStatus, Dispatcher, PendingCall, RetryPolicy, ToolCall
 
 pytestmark = pytest.mark.anyio
 
@@ -276,6 +276,106 @@ async def test_a_tool_playing_with_cancel_scopes_ends_its_call_alone(how: str) -
                     works[1].cancel()
             assert statuses(batch.results()) == [OK, OK, OK, OK]
             await usable(dispatcher)
+
+
+async def cancelled_with_a_failing_child(started: anyio.Event) -> None:
+    """A tool's task group whose child raises as it is cancelled: trio's nursery raises the cancellation and
+    the child's error together, in one group."""
+
+    async def child() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            raise ValueError("the child fails as it is cancelled")  # the hostile part
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(child)
+        started.set()
+        await anyio.sleep_forever()
+
+
+@pytest.mark.backends("asyncio", "trio")
+@pytest.mark.parametrize("limit", [1, 2])
+@pytest.mark.parametrize("retried", [False, True])
+async def test_a_tool_whose_task_group_fails_as_it_is_cancelled_ends_its_call_alone(limit: int, retried: bool) -> None:
+    """A call cancelled while its tool's task group runs a child that raises as it is cancelled ends CANCELLED
+    (under asyncio, whose task group keeps only the child's error, TOOL_ERROR): the group does not leave the
+    call's task and end the dispatcher; the other calls run, and so does the next batch."""
+    started = anyio.Event()
+
+    async def tool(key: str) -> str:
+        if key == "group":
+            await cancelled_with_a_failing_child(started)
+        await anyio.lowlevel.checkpoint()
+        return key
+
+    annotations = ToolAnnotations(read_only_hint=True, idempotent_hint=True)
+    retry = RetryPolicy(attempts=3, wait_initial=0.0, wait_max=0.0) if retried else None
+    with anyio.fail_after(10):
+        async with Dispatcher(max_concurrency=limit, call_timeout=None, retry=retry) as dispatcher:
+            dispatcher.add_function(tool, annotations=annotations)
+            async with dispatcher.batch() as batch:
+                works = batch.submit_all(calls("a", "group", "b", "c"))
+                await started.wait()
+                works[1].cancel()
+            got = statuses(batch.results())
+            assert got[1] in (CallStatus.CANCELLED, CallStatus.TOOL_ERROR)
+            if anyio.get_cancelled_exc_class() is not asyncio.CancelledError:
+                assert got[1] is CallStatus.CANCELLED
+            assert [got[i] for i in (0, 2, 3)] == [OK, OK, OK]
+            await usable(dispatcher)
+
+
+@pytest.mark.backends("trio-mockclock", "asyncio")
+@pytest.mark.parametrize("retried", [False, True])
+async def test_a_tool_whose_task_group_fails_at_its_timeout_ends_its_call_alone(retried: bool) -> None:
+    """The same tool cut by the call timeout ends TIMEOUT (asyncio: TOOL_ERROR); the next calls run."""
+
+    async def tool(key: str) -> str:
+        if key == "group":
+            await cancelled_with_a_failing_child(anyio.Event())
+        await anyio.sleep(0.1)
+        return key
+
+    annotations = ToolAnnotations(read_only_hint=True, idempotent_hint=True)
+    retry = RetryPolicy(attempts=2, wait_initial=0.0, wait_max=0.0) if retried else None
+    with anyio.fail_after(20):
+        async with Dispatcher(max_concurrency=1, call_timeout=0.5, retry=retry) as dispatcher:
+            dispatcher.add_function(tool, annotations=annotations)
+            got = statuses(await dispatcher.dispatch(calls("a", "group", "b", "group", "c")))
+            await usable(dispatcher)
+    assert [got[i] for i in (0, 2, 4)] == [OK, OK, OK]
+    assert {got[1], got[3]} <= {CallStatus.TIMEOUT, CallStatus.TOOL_ERROR}
+    if anyio.get_cancelled_exc_class() is not asyncio.CancelledError:
+        assert got[1] is got[3] is CallStatus.TIMEOUT
+
+
+@pytest.mark.backends("asyncio", "trio")
+async def test_a_tool_whose_task_group_fails_as_the_dispatcher_closes_gives_every_call_one_result() -> None:
+    """The same tool running as the dispatcher closes: its call and the one queued behind it end, the group
+    does not come out of the dispatcher's block, and the caller's block goes on."""
+    started = anyio.Event()
+    results: list[Any] = []
+
+    async def tool(key: str) -> str:
+        if key == "group":
+            await cancelled_with_a_failing_child(started)
+        return key
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            async with Dispatcher(max_concurrency=1, call_timeout=None) as dispatcher:
+                dispatcher.add_function(tool, annotations=READ_ONLY)
+
+                async def run() -> None:
+                    results.extend(await dispatcher.dispatch(calls("a", "group", "b")))
+
+                tg.start_soon(run)
+                await started.wait()
+    got = statuses(results)
+    assert got[0] is OK
+    assert got[1] in (CallStatus.CANCELLED, CallStatus.TOOL_ERROR)
+    assert got[2] is CallStatus.CANCELLED
 
 
 # Time ------------------------------------------------------------------------------------------
