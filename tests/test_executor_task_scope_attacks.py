@@ -14,9 +14,12 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
 
-from dispatcher import CallStatus, Dispatcher, PendingCall, RetryPolicy, ToolCall
+from dispatcher import ApprovalPolicy, CallStatus, Dispatcher, PendingCall, RetryPolicy, ToolCall
 
 pytestmark = pytest.mark.anyio
 
@@ -450,3 +453,173 @@ async def test_a_tool_stopping_the_program_gives_every_call_one_result(exc: type
     stop = keys.index("stop")
     assert [got[i] for i, key in enumerate(keys[:stop]) if key != "wait"] == [OK] * (stop - limit + 1)
     assert all(status is not OK for status in got[stop:])
+
+
+# Interleavings ---------------------------------------------------------------------------------
+
+Step = tuple[str, int]  # what a call's tool does ("ok", "sleep", "hang", "stray", "stray-raise"), and a delay
+steps: st.SearchStrategy[Step] = st.tuples(
+    st.sampled_from(["ok", "sleep", "hang", "stray", "stray-raise", "server", "approved"]), st.integers(0, 3)
+)
+
+
+@pytest.mark.slow
+@pytest.mark.backends("asyncio", "trio-mockclock")
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    plan=st.lists(steps, min_size=1, max_size=10),
+    cancels=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 6)), max_size=4),
+    limit=st.integers(1, 3),
+)
+async def test_cancels_timeouts_and_stray_cancellations_in_any_order_end_each_call_alone(
+    anyio_backend: Any, plan: list[Step], cancels: list[tuple[int, int]], limit: int
+) -> None:
+    """Calls of local functions (some hostile: they cancel their own task, under asyncio), of an in-process MCP
+    server and calls that need an approval, one task carrying several in turn; the caller cancels some at
+    moments hypothesis picks and the call timeout cuts those that hang. Every call gets one result in order;
+    a call that ended before its cancel keeps its result; a call neither cancelled, hanging nor hostile ends
+    OK; and the dispatcher runs the next batch."""
+    strays = anyio_backend == "asyncio"
+
+    async def tool(key: str, delay: int = 0) -> str:
+        if key == "sleep":
+            await anyio.sleep(0.01 * delay)
+        elif key == "hang":
+            await anyio.sleep(60)
+        elif key.startswith("stray"):
+            if strays:
+                self_cancel()
+            if key == "stray-raise":
+                raise ValueError("hostile")
+        await anyio.lowlevel.checkpoint()
+        return key
+
+    async def approve(request: Any) -> bool:
+        await anyio.sleep(0.001)
+        return True
+
+    server = MCPServer("srv")
+
+    @server.tool(annotations=READ_ONLY)
+    async def read(delay: int = 0) -> str:
+        await anyio.sleep(0.01 * delay)
+        return "read"
+
+    async def approved(key: str) -> str:  # async: a function run in a thread lets the mock clock jump
+        await anyio.lowlevel.checkpoint()
+        return key
+
+    def make(i: int, step: Step) -> ToolCall:
+        kind, delay = step
+        if kind == "server":
+            return ToolCall(f"c{i}", "read", {"delay": delay}, server="srv")
+        if kind == "approved":
+            return ToolCall(f"c{i}", "approved", {"key": kind})
+        return ToolCall(f"c{i}", "tool", {"key": kind, "delay": delay})
+
+    ended_before: dict[int, CallStatus] = {}
+    cancelled: set[int] = set()
+    with anyio.fail_after(30):
+        async with Dispatcher(
+            max_concurrency=limit,
+            call_timeout=0.2,
+            approve=approve,
+            approval=ApprovalPolicy(always={"approved"}),
+        ) as dispatcher:
+            dispatcher.add_function(tool, annotations=READ_ONLY)
+            dispatcher.add_function(approved, annotations=READ_ONLY)
+            await dispatcher.connect("srv", server, trusted=True)
+            async with dispatcher.batch() as batch:
+                works = batch.submit_all([make(i, step) for i, step in enumerate(plan)])
+                for victim, wait in sorted(cancels, key=lambda c: c[1]):
+                    for _ in range(wait):
+                        await anyio.lowlevel.checkpoint()
+                    target = victim % len(works)
+                    if works[target].done:
+                        ended_before.setdefault(target, works[target].result().status)
+                    cancelled.add(target)
+                    works[target].cancel()
+            results = batch.results()
+            await dispatcher.dispatch([ToolCall("n0", "tool", {"key": "ok"}), ToolCall("n1", "read", server="srv")])
+            assert all(r.status is OK for r in await dispatcher.dispatch([ToolCall("n", "tool", {"key": "ok"})]))
+    assert [r.call_id for r in results] == [f"c{i}" for i in range(len(plan))]
+    for i, (result, (kind, _)) in enumerate(zip(results, plan, strict=True)):
+        if i in ended_before:
+            assert result.status is ended_before[i], (i, result)
+        elif kind == "stray-raise":
+            assert result.status in (CallStatus.TOOL_ERROR, CallStatus.CANCELLED), (i, result)
+        elif i in cancelled:
+            assert result.status in (OK, CallStatus.CANCELLED, CallStatus.TIMEOUT), (i, result)
+        elif kind == "hang":
+            assert result.status is CallStatus.TIMEOUT, (i, result)
+        elif kind == "stray":
+            assert result.status in (OK, CallStatus.CANCELLED), (i, result)
+        else:
+            assert result.status is OK, (i, result)
+
+
+@pytest.mark.backends("asyncio", "trio")
+async def test_closing_with_a_call_running_and_the_next_admitted_to_its_task_gives_each_one_result() -> None:
+    """The dispatcher closes as a task's call ends with the next one already admitted to that task (the caller
+    waits on the first call, then leaves the block at once): every call gets one result, the dispatcher's
+    block raises nothing."""
+    wake = anyio.Event()
+    holder: list[Any] = []
+
+    async def tool(key: str) -> str:
+        if key == "wait":
+            await wake.wait()
+        else:
+            await anyio.sleep_forever()
+        return key
+
+    with anyio.fail_after(10):
+        async with Dispatcher(max_concurrency=1, call_timeout=None) as dispatcher:
+            dispatcher.add_function(tool, annotations=READ_ONLY)
+            batch = dispatcher.batch()
+            holder.append(batch)
+            works = batch.submit_all(calls("wait", "next", "last"))
+            await anyio.wait_all_tasks_blocked()
+            wake.set()
+            await works[0].wait()
+    got = statuses(holder[0].results())
+    assert got == [OK, CallStatus.CANCELLED, CallStatus.CANCELLED]
+
+
+@pytest.mark.backends("asyncio", "trio")
+@pytest.mark.parametrize("limit", [1, 2])
+async def test_fail_fast_skips_dependents_while_one_task_carries_the_calls(limit: int) -> None:
+    """A write fails on the shared-scope path; fail-fast skips the writes after it, a cancelled call between
+    them ends CANCELLED, and the calls after them are skipped (no keys: each depends on every write); the next
+    batch runs."""
+    started = anyio.Event()
+
+    async def write(key: str) -> str:
+        if key == "fail":
+            raise ValueError("the write fails")
+        if key == "wait":
+            started.set()
+            await anyio.sleep_forever()
+        await anyio.lowlevel.checkpoint()
+        return key
+
+    async def tool(key: str) -> str:
+        await anyio.lowlevel.checkpoint()
+        return key
+
+    plan = [("tool", "a"), ("write", "wait"), ("write", "fail"), ("write", "b"), ("tool", "c")]
+    with anyio.fail_after(10):
+        async with Dispatcher(max_concurrency=limit, fail_fast=True) as dispatcher:
+            dispatcher.add_function(write, annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False))
+            dispatcher.add_function(tool, annotations=READ_ONLY)
+            async with dispatcher.batch() as batch:
+                works = batch.submit_all([ToolCall(f"c{i}", name, {"key": key}) for i, (name, key) in enumerate(plan)])
+                await started.wait()
+                works[1].cancel()
+            results = batch.results()
+            await usable(dispatcher)
+    got = statuses(results)
+    skipped = [r.error is not None and r.error.startswith("not run: it depends on") for r in results]
+    assert got[:2] == [OK, CallStatus.CANCELLED]
+    assert got[2] is CallStatus.TOOL_ERROR or skipped[2]  # the cancelled write before it may skip it
+    assert skipped[3:] == [True, True]
