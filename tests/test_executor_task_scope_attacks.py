@@ -161,16 +161,22 @@ def self_cancel() -> None:
 
 
 @pytest.mark.backends("asyncio")
-@pytest.mark.parametrize("how", ["returns", "raises", "awaits", "twice", "absorbs-then-awaits"])
+@pytest.mark.parametrize("how", ["returns", "raises", "awaits", "twice", "absorbs-then-awaits", "soon"])
 @pytest.mark.parametrize("limit", [1, 2])
 async def test_a_tool_cancelling_its_own_task_ends_its_call_at_most(how: str, limit: int) -> None:
-    """A tool cancels its own task (`Task.cancel`) and returns, raises, waits again, does it twice or absorbs
-    it and waits again; a later call of the same task is cancelled by its caller and another times out:
-    those end CANCELLED and TIMEOUT, the hostile call at most CANCELLED, every other call OK."""
+    """A tool cancels its own task (`Task.cancel`) and returns, raises, waits again, does it twice, absorbs
+    it and waits again, or has it cancelled at the loop's next turn; a later call of the same task is cancelled
+    by its caller and another times out: those end CANCELLED and TIMEOUT, the hostile call at most CANCELLED,
+    every other call OK."""
     started = anyio.Event()
 
     async def tool(key: str) -> str:
         if key == "self":
+            if how == "soon":  # at the loop's next turn, after the call ended
+                task = asyncio.current_task()
+                assert task is not None
+                asyncio.get_running_loop().call_soon(task.cancel)
+                return key
             self_cancel()
             if how == "raises":
                 raise ValueError("after cancelling itself")
