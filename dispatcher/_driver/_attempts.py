@@ -41,9 +41,12 @@ async def invoke(work: PendingCall) -> Attempt:
     except Exception as exc:
         return failed(exc)
     except BaseException as exc:
-        if not tool_failure(exc):
+        if tool_failure(exc):
+            return failed_base(exc)
+        stop = _cancellation(exc)
+        if stop is exc:
             raise
-        return failed_base(exc)
+        raise stop  # noqa: B904  # the group is its context: it is the cancellation that goes on
     if result.is_error:
         return Attempt(CallStatus.TOOL_ERROR, result, error_text(result))
     return Attempt(CallStatus.OK, result)
@@ -116,6 +119,26 @@ def tool_failure(exc: BaseException) -> bool:
     # No enclosing scope was cancelled (-inf once one is): the tool raised the exception itself, or
     # cancelled its own task.
     return anyio.current_effective_deadline() != -math.inf
+
+
+def _cancellation(exc: BaseException) -> BaseException:
+    """What a request to stop that ended an attempt propagates as: `exc` itself, or the first cancellation in a
+    group that holds nothing else that stops the program.
+
+    A tool's task group cancelled with its call (trio's nursery) may raise the cancellation together with what
+    its tasks raised as they were cancelled; propagated whole, the scope that was cancelled would catch the
+    cancellation and let the rest through, ending the dispatcher. The cancellation goes on alone (the group
+    is its context), and the call ends as that cancellation says: cancelled, timed out, closed.
+    """
+    if not isinstance(exc, BaseExceptionGroup) or exc.split((KeyboardInterrupt, SystemExit))[0] is not None:
+        return exc
+    cancelled = anyio.get_cancelled_exc_class()
+    found: BaseException = exc
+    while isinstance(found, BaseExceptionGroup):
+        group = found.split(cancelled)[0]
+        assert group is not None  # `tool_failure`: a group with no cancellation is the tool's failure
+        found = group.exceptions[0]
+    return found
 
 
 def failed_base(exc: BaseException) -> Attempt:
