@@ -140,7 +140,8 @@ def _settings(args: argparse.Namespace) -> list[int]:
         except ValueError:
             raise UsageError(f"--range takes integers separated by commas, got {args.range!r}") from None
     if args.start is not None or args.stop is not None:
-        return doubling(args.start or 1, args.stop or 64)
+        start = 1 if args.start is None else args.start
+        return doubling(start, DEFAULT_SETTINGS[-1] if args.stop is None else args.stop)
     return list(DEFAULT_SETTINGS)
 
 
