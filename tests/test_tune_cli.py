@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import pathlib
+import shlex
+import sys
+
 import pytest
 
 from dispatcher.cli import main
 from dispatcher.cli._tune_command import doubling
+
+ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
 
 
 def usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -36,3 +42,20 @@ def test_a_doubling_range_from_or_to_zero_is_a_usage_error(
 def test_doubling_includes_the_end_off_the_sequence() -> None:
     assert doubling(1, 8) == [1, 2, 4, 8]
     assert doubling(3, 20) == [3, 6, 12, 20]
+
+
+@pytest.mark.subprocess
+def test_a_server_that_prints_junk_on_stdout_gets_one_line_per_junk_line_not_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The SDK logs a stdout line that is not JSON-RPC with its traceback: the command shows one line for it."""
+    server = shlex.join([sys.executable, "-m", "dispatcher.examples.workspace"])
+    command = f"sh -c {shlex.quote('echo hello junk; exec ' + server)}"
+    argv = ["tune", "--stdio", command, "--env", f"PYTHONPATH={ROOT}", "--trusted", "--synthetic", "reads"]
+    assert main([*argv, "--range", "1,2", "--calls", "5", "--repeats", "1", "--quiet"]) == 0
+    printed = capsys.readouterr()
+    assert "<- recommended" in printed.out
+    assert "Traceback" not in printed.err
+    junk = [line for line in printed.err.splitlines() if "hello junk" in line]
+    assert len(junk) == 1
+    assert junk[0].startswith("dispatcher tune: Failed to parse JSONRPC message from server")
