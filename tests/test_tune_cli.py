@@ -59,3 +59,24 @@ def test_a_server_that_prints_junk_on_stdout_gets_one_line_per_junk_line_not_a_t
     junk = [line for line in printed.err.splitlines() if "hello junk" in line]
     assert len(junk) == 1
     assert junk[0].startswith("dispatcher tune: Failed to parse JSONRPC message from server")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--calls", "0"], "argument --calls: takes an integer >= 1, got '0'; leave it out for 100"),
+        (["--clients", "-1"], "argument --clients: takes an integer >= 1, got '-1'"),
+        (["--warmup", "-1"], "argument --warmup: takes an integer >= 0, got '-1'"),
+        (["--calls", "many"], "argument --calls: takes an integer, got 'many'"),
+    ],
+)
+def test_counts_out_of_range_are_worded_for_the_command_line(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--calls 0 said "use None for measuring for a duration only": the Python API's words, no option."""
+    with pytest.raises(SystemExit) as exited:
+        main(["tune", "--stdio", "/nonexistent/server", "--synthetic", "reads", "--quiet", *argv])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert said in err
+    assert "None" not in err
