@@ -10,6 +10,8 @@ import pytest
 
 from dispatcher.cli import main
 from dispatcher.cli._tune_command import doubling
+from dispatcher.examples import Workspace
+from dispatcher.tuning import load_workload, tune
 
 ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
 
@@ -80,3 +82,18 @@ def test_counts_out_of_range_are_worded_for_the_command_line(
     assert exited.value.code == 2
     assert said in err
     assert "None" not in err
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("asyncio", "trio")
+async def test_a_workload_of_one_call_is_described_as_one_call() -> None:
+    """A one-line workload file (fetch.jsonl in the docs) read "1 calls of fetch"."""
+    report = await tune(
+        Workspace(latency=0).server,
+        load_workload(['{"name": "search_notes", "arguments": {"query": "x"}}']),
+        (1,),
+        trusted=True,
+        calls=3,
+        repeats=1,
+    )
+    assert report.workload == "1 call of search_notes"
