@@ -11,7 +11,9 @@ import pytest
 from dispatcher.cli import main
 from dispatcher.cli._tune_command import doubling
 from dispatcher.examples import Workspace
-from dispatcher.tuning import load_workload, tune
+from dispatcher.tuning import load_workload, recommend, tune
+
+from .test_tune import setting
 
 ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
 
@@ -97,3 +99,11 @@ async def test_a_workload_of_one_call_is_described_as_one_call() -> None:
         repeats=1,
     )
     assert report.workload == "1 call of search_notes"
+
+
+def test_flat_throughput_quotes_the_range_measured_when_the_smallest_setting_is_the_fastest() -> None:
+    """When 1 got the most calls/s the sentence read "stays at 15.2 to 15.2", hiding the drop at 2."""
+    _, _, why = recommend([setting(1, 100.0, 0.01), setting(2, 92.0, 0.02), setting(4, 95.0, 0.04)])
+    assert why.startswith("no setting matters here: throughput stays at 92.0 to 100 calls/s from 1 to 4"), why
+    _, _, why = recommend([setting(1, 100.0, 0.01), setting(2, 100.0, 0.02)])
+    assert why.startswith("no setting matters here: throughput stays at 100 calls/s from 1 to 2"), why
