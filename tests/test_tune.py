@@ -574,7 +574,7 @@ def test_cli_workload_file_per_server(tmp_path: pathlib.Path, capsys: pytest.Cap
         (["--range", "1,x"], 2, "--range takes integers separated by commas"),
         (["--range", "0,2"], 2, "every setting must be an int >= 1"),
         (["--from", "8", "--to", "2"], 2, "--from must be >= 1 and --to >= --from"),
-        (["--calls", "0"], 2, "calls must be an int >= 1"),
+        (["--repeats", "0"], 2, "repeats must be an int from 1 to 20"),
         (["--timeout", "2"], 1, "could not connect to http://127.0.0.1:9/mcp"),
     ],
 )

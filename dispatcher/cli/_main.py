@@ -12,6 +12,8 @@ ends the command quietly.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -25,7 +27,7 @@ from ._targets import UsageError
 from ._tune_command import add_parser as add_tune
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
 __all__ = ["build_parser", "main"]
 
@@ -69,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dispatcher {args.command}: {INSTALL_HINT}", file=sys.stderr)
         return 1
     try:
-        status: int = args.handler(args)
+        with _sdk_log_lines(f"dispatcher {args.command}"):
+            status: int = args.handler(args)
         sys.stdout.flush()
     except (UsageError, ConfigurationError) as exc:
         print(f"dispatcher {args.command}: {clean(exc)}", file=sys.stderr)
@@ -83,6 +86,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return 1
     return status
+
+
+class _OneLine(logging.Handler):
+    """The MCP SDK's log records as one escaped line each, without the traceback, at most `limit` of them.
+
+    The SDK logs a line a server wrote to stdout that is not JSON-RPC (a server's banner, a stray print)
+    with its traceback; without a handler, Python's last resort printed that traceback over the progress.
+    """
+
+    def __init__(self, prefix: str, limit: int = 5) -> None:
+        super().__init__(logging.WARNING)
+        self.prefix = prefix
+        self.limit = limit
+        self.shown = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.shown += 1
+        if self.shown > self.limit:
+            if self.shown == self.limit + 1:
+                print(f"{self.prefix}: (more messages of the MCP client not shown)", file=sys.stderr)
+            return
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            detail = str(record.exc_info[1]).strip().splitlines()
+            text += f": {' / '.join(line.strip() for line in detail[:2])}" if detail else ""
+        print(f"{self.prefix}: {clean(text)[:300]}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _sdk_log_lines(prefix: str) -> Iterator[None]:
+    """While a command runs, the `mcp` logger's warnings and errors go to `_OneLine`, not to the last resort."""
+    logger = logging.getLogger("mcp")
+    handler = _OneLine(prefix)
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 def _silence_stdout() -> None:

@@ -43,6 +43,23 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _count(minimum: int, leave_out: str) -> Callable[[str], int]:
+    """An integer option of at least `minimum`; the error says what leaving the option out gives."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"takes an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(
+                f"takes an integer >= {minimum}, got {text!r}; leave it out for {leave_out}"
+            )
+        return value
+
+    return parse
+
+
 def doubling(start: int, stop: int) -> list[int]:
     """The settings start, 2*start, 4*start, ... up to stop (stop included even off the sequence).
 
@@ -96,7 +113,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     sweep.add_argument("--processes", type=int, default=2, metavar="N", help="processes of a --fleet sweep (default 2)")
     sweep.add_argument(
-        "--calls", type=int, default=None, metavar="N", help="measured calls per measurement (default 100)"
+        "--calls", type=_count(1, "100"), default=None, metavar="N", help="measured calls per measurement (default 100)"
     )
     sweep.add_argument(
         "--repeats",
@@ -114,8 +131,18 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "Ctrl-C, 1 when the server stops answering mid-sweep)",
     )
     sweep.add_argument("--duration", type=_seconds, metavar="S", help="measure each setting for at most S seconds")
-    sweep.add_argument("--warmup", type=int, metavar="N", help="calls before measuring (default: twice the setting)")
-    sweep.add_argument("--clients", type=int, metavar="N", help="callers offering calls (default: the largest setting)")
+    sweep.add_argument(
+        "--warmup",
+        type=_count(0, "two calls per slot"),
+        metavar="N",
+        help="calls before measuring (default: twice the setting)",
+    )
+    sweep.add_argument(
+        "--clients",
+        type=_count(1, "as many as the largest setting"),
+        metavar="N",
+        help="callers offering calls (default: the largest setting)",
+    )
     sweep.add_argument("--call-timeout", type=_seconds, default=60.0, metavar="S", help="per call (default 60)")
     sweep.add_argument("--seed", type=int, default=0, help="seed of the synthetic mixed workload")
     sweep.add_argument(
@@ -140,7 +167,8 @@ def _settings(args: argparse.Namespace) -> list[int]:
         except ValueError:
             raise UsageError(f"--range takes integers separated by commas, got {args.range!r}") from None
     if args.start is not None or args.stop is not None:
-        return doubling(args.start or 1, args.stop or 64)
+        start = 1 if args.start is None else args.start
+        return doubling(start, DEFAULT_SETTINGS[-1] if args.stop is None else args.stop)
     return list(DEFAULT_SETTINGS)
 
 

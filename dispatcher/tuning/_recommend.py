@@ -170,8 +170,8 @@ def _recommend(
         return (
             low.limit,
             best.limit,
-            f"no setting matters here: throughput stays at {format_number(low.throughput)} to "
-            f"{format_number(best.throughput)} calls/s from {low.limit} to {top.limit} (within the spread of "
+            f"no setting matters here: throughput stays at {_between(measured)} calls/s from {low.limit} to "
+            f"{top.limit} (within the spread of "
             f"the measurements) {latency}; the server (or this machine) does not run more calls at once any "
             f"faster. {low.limit}, the smallest setting, keeps calls fastest.",
         )
@@ -248,6 +248,13 @@ def _flat(low: SettingResult, best: SettingResult) -> bool:
     if low.throughput_range is None:
         return False
     return low.throughput_range[1] >= best.throughput
+
+
+def _between(measured: Sequence[SettingResult]) -> str:
+    """The range of the settings' throughputs ("96.0 to 108"), the lowest first, wherever each was measured."""
+    lowest = format_number(min(s.throughput for s in measured))
+    highest = format_number(max(s.throughput for s in measured))
+    return lowest if lowest == highest else f"{lowest} to {highest}"
 
 
 def _rate(setting: SettingResult) -> str:

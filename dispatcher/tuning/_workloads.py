@@ -403,7 +403,8 @@ async def resolve_workload(
         )
     names = {entry.tool: entry.name for entry in entries}
     calls = [ToolCall(call.id, names.get(call.name, call.name), call.arguments) for call in calls]
-    return calls, f"{len(calls)} calls of {', '.join(dict.fromkeys(call.name for call in calls))}"
+    counted = f"{len(calls)} call" if len(calls) == 1 else f"{len(calls)} calls"
+    return calls, f"{counted} of {', '.join(dict.fromkeys(call.name for call in calls))}"
 
 
 async def _probe(
