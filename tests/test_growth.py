@@ -9,6 +9,7 @@ import heapq
 import itertools
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,11 +19,16 @@ from dispatcher._core._growth import Overlap, Proof
 
 
 def _bursts(
-    controller: Controller, capacity: list[tuple[float, int]], end: float, seed: int = 0, latency: float = 0.1
+    controller: Controller,
+    capacity: list[tuple[float, int]],
+    end: float,
+    seed: int = 0,
+    latency: float = 0.1,
+    slowdowns: list[tuple[float, float]] | None = None,
 ) -> list[tuple[float, float, int, list[int]]]:
     """Bursts of 4 to 64 calls, 1 to 5 s apart, against a server that serves `capacity` at full speed and shares
     itself past it (each call's latency is fixed when it is sent). Returns each burst's (start, end, calls, the
-    limits after each of its answers)."""
+    limits after each of its answers); `slowdowns` gets each call's (send time, latency / unloaded latency)."""
     rng = random.Random(seed)
     now = 0.0
     out: list[tuple[float, float, int, list[int]]] = []
@@ -48,6 +54,8 @@ def _bursts(
             load = len(batch) + sum(1 for due, _, _ in events if due > at)
             for flight in batch:
                 heapq.heappush(events, (at + latency * max(1.0, load / cap(at)), seq, flight))
+                if slowdowns is not None:
+                    slowdowns.append((at, max(1.0, load / cap(at))))
                 seq += 1
 
         fill(now, events)
@@ -265,3 +273,17 @@ def test_a_timeout_cut_below_the_capacity_grows_back_to_it() -> None:
     held = sum((min(60.0, t1) - max(30.0, t0)) * limit for (t0, limit), (t1, _) in pairs if t1 > 30.0)
     assert held / 30.0 > 10.0, held / 30.0
     assert max(limit for _, limit in trace) <= 16
+
+
+@pytest.mark.xfail(reason="issue 26: 42 of 475 calls past 1.25x, mostly the cut after 8 -> 3, not probes", strict=True)
+def test_bursts_slow_few_calls_past_the_p95_target() -> None:
+    """Bursts against 8, then 3, then 16 (the benchmark's bursty workload): under 5% of all calls take more than
+    1.25x their unloaded time (the p95 target), and the limit is back at 16 within 3 s of the first burst after
+    the capacity went 3 -> 16."""
+    slowdowns: list[tuple[float, float]] = []
+    bursts = _bursts(Controller(AdaptiveLimit()), [(0.0, 8), (15.0, 3), (30.0, 16)], 45.0, slowdowns=slowdowns)
+    slow = [at for at, ratio in slowdowns if ratio > 1.25 + 1e-9]
+    assert len(slow) < 0.05 * len(slowdowns), (len(slow), len(slowdowns), slow)
+    first = next(burst for burst in bursts if burst[0] >= 30.0)
+    reached = [start for start, _, _, limits in bursts if start >= 30.0 and max(limits) >= 0.8 * 16]
+    assert reached and reached[0] - first[0] <= 3.0, [(start, max(limits)) for start, _, _, limits in bursts]
