@@ -9,6 +9,7 @@ import heapq
 import itertools
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,11 +19,19 @@ from dispatcher._core._growth import Overlap, Proof
 
 
 def _bursts(
-    controller: Controller, capacity: list[tuple[float, int]], end: float, seed: int = 0, latency: float = 0.1
+    controller: Controller,
+    capacity: list[tuple[float, int]],
+    end: float,
+    seed: int = 0,
+    latency: float = 0.1,
+    slowdowns: list[tuple[float, float]] | None = None,
+    arrival: bool = False,
 ) -> list[tuple[float, float, int, list[int]]]:
     """Bursts of 4 to 64 calls, 1 to 5 s apart, against a server that serves `capacity` at full speed and shares
     itself past it (each call's latency is fixed when it is sent). Returns each burst's (start, end, calls, the
-    limits after each of its answers)."""
+    limits after each of its answers); `slowdowns` gets each call's (send time, latency / unloaded latency).
+    `arrival`: a call's load is the calls in flight when it arrives (the example `Workspace`'s model): of calls
+    sent at one instant, the first ones see less load than the last."""
     rng = random.Random(seed)
     now = 0.0
     out: list[tuple[float, float, int, list[int]]] = []
@@ -46,8 +55,11 @@ def _bursts(
             # The server's load: the calls that have not ended by now (one that ends now does not count,
             # whether or not its answer has been told yet), and every call sent now (they share it).
             load = len(batch) + sum(1 for due, _, _ in events if due > at)
-            for flight in batch:
-                heapq.heappush(events, (at + latency * max(1.0, load / cap(at)), seq, flight))
+            for index, flight in enumerate(batch):
+                seen = load - len(batch) + index + 1 if arrival else load
+                heapq.heappush(events, (at + latency * max(1.0, seen / cap(at)), seq, flight))
+                if slowdowns is not None:
+                    slowdowns.append((at, max(1.0, seen / cap(at))))
                 seq += 1
 
         fill(now, events)
@@ -265,3 +277,42 @@ def test_a_timeout_cut_below_the_capacity_grows_back_to_it() -> None:
     held = sum((min(60.0, t1) - max(30.0, t0)) * limit for (t0, limit), (t1, _) in pairs if t1 > 30.0)
     assert held / 30.0 > 10.0, held / 30.0
     assert max(limit for _, limit in trace) <= 16
+
+
+def test_a_cut_by_single_answers_is_not_read_as_noise() -> None:
+    """Bursts against 8, then 3, then 16, each call's load counted as it arrives (the `Workspace`'s model): the
+    answers that cut the limit from 8 to 3 on their own, one after another (each slower than the last: calls sent
+    at one instant arrive one by one), are load, not noise; they stay out of their round, which does not judge
+    the server noisy, and the limit does not grow back a call per round past the knee (with them, 30 calls of
+    the first second at capacity 3 took more than 1.25x; without, 13). The limit still reaches 16 in the first
+    burst after the capacity went 3 -> 16."""
+    slowdowns: list[tuple[float, float]] = []
+    phases = [(0.0, 8), (15.0, 3), (30.0, 16)]
+    bursts = _bursts(Controller(AdaptiveLimit()), phases, 45.0, slowdowns=slowdowns, arrival=True)
+    change = next(burst for burst in bursts if burst[0] >= 15.0)
+    slow = [at for at, ratio in slowdowns if change[0] <= at < change[1] and ratio > 1.25 + 1e-9]
+    assert len(slow) <= 15, slow
+    limits = change[3]
+    settled = limits.index(3)
+    assert max(limits[settled:]) <= 4, limits  # at most a probe's one call more
+    first = next(burst for burst in bursts if burst[0] >= 30.0)
+    assert max(first[3]) >= 0.8 * 16, first[3]
+
+
+@pytest.mark.xfail(
+    reason="issue 26: 25 of 475 calls past 1.25x (was 42): the first burst's slow start (2), the first rounds at 8 "
+    "on 3 and the cut (12), probes at knee 3 (5, one call each) and a slow start past 16 (6)",
+    strict=True,
+)
+def test_bursts_slow_few_calls_past_the_p95_target() -> None:
+    """Bursts against 8, then 3, then 16 (the benchmark's bursty workload, loads counted as calls arrive): under 5%
+    of all calls take more than 1.25x their unloaded time (the p95 target), and the limit is back at 16 within 3 s
+    of the first burst after the capacity went 3 -> 16."""
+    slowdowns: list[tuple[float, float]] = []
+    phases = [(0.0, 8), (15.0, 3), (30.0, 16)]
+    bursts = _bursts(Controller(AdaptiveLimit()), phases, 45.0, slowdowns=slowdowns, arrival=True)
+    slow = [at for at, ratio in slowdowns if ratio > 1.25 + 1e-9]
+    assert len(slow) < 0.05 * len(slowdowns), (len(slow), len(slowdowns), slow)
+    first = next(burst for burst in bursts if burst[0] >= 30.0)
+    reached = [start for start, _, _, limits in bursts if start >= 30.0 and max(limits) >= 0.8 * 16]
+    assert reached and reached[0] - first[0] <= 3.0, [(start, max(limits)) for start, _, _, limits in bursts]

@@ -409,19 +409,19 @@ class Controller:
         base = self._baseline(tool, latency)
         ratio = (latency + _EPSILON) / (base + _EPSILON)
         current = flight.epoch == self._epoch
-        if current and not flight.probe:
-            self._sample(tool, latency, k)
         # One answer is compared with what the noise of the last rounds allows, never cut on alone.
         spread = self._spread
         loose = self.setting.tolerance + _NOISE_ANSWER * (spread or 0.0)
+        epoch = self._epoch
+        if ratio > loose and not flight.probe and spread is not None and spread <= _QUIET:
+            # No noise: one slower answer is load already; it cuts by `backoff` at most from the limit it was sent
+            # under (an outlier cannot pin the limit down). One that cut stays out of its round: load, not noise.
+            self._slower(k / ratio, flight.limit, k)
+        if current and not flight.probe and self._epoch == epoch:
+            self._sample(tool, latency, k)
         if ratio > loose:
-            if flight.probe:
-                if current:
-                    self._knee, self._too_many = self._level, k  # the probe's one call more was one too many
-            elif spread is not None and spread <= _QUIET:
-                # No noise: one slower answer is load already. It cuts by `backoff` at most from the limit
-                # it was sent under (an outlier, or calls sent before a cut, cannot pin the limit down).
-                self._slower(k / ratio, flight.limit, k)
+            if flight.probe and current:
+                self._knee, self._too_many = self._level, k  # the probe's one call more was one too many
             return
         if not current:
             return  # sent before the last cut: it says nothing about the limit now
