@@ -10,13 +10,15 @@ import itertools
 import os
 import pathlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-from mcp import StdioServerParameters
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import Tool, ToolAnnotations
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+if TYPE_CHECKING:
+    from mcp import StdioServerParameters
 
 SAFE = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
 
@@ -95,9 +97,12 @@ class LimitsServer(MCPServer[Any]):
 
 
 def stdio(*options: str) -> StdioServerParameters:
-    """This server as a stdio subprocess of this checkout."""
+    """This server as a stdio subprocess of this checkout: a fresh process each time, forked from
+    tests/forkserver.py's zygote, which imported the SDK once (a fresh interpreter costs 1.4 s or more)."""
+    from tests import forkserver
+
     pythonpath = os.pathsep.join(p for p in (str(_SOURCE_ROOT), os.environ.get("PYTHONPATH")) if p)
-    return StdioServerParameters(command=sys.executable, args=[__file__, *options], env={"PYTHONPATH": pythonpath})
+    return forkserver.params([__file__, *options], {"PYTHONPATH": pythonpath})
 
 
 if __name__ == "__main__":

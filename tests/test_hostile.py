@@ -11,7 +11,6 @@ import base64
 import os
 import re
 import struct
-import sys
 import zlib
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -23,6 +22,7 @@ from mcp.types import BlobResourceContents, EmbeddedResource, ImageContent, Text
 from dispatcher.testing import HostileServer
 from dispatcher.testing._hostile import MEDIA_FILE_NAME, MEDIA_INJECTION, POISON
 
+from . import forkserver
 from .test_connections import SOURCE_ROOT
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def target(hostile: HostileServer, transport: Transport, *extra: str) -> MCPServ
         args.append("--churn")
     if hostile.state is not None:
         args += ["--state", str(hostile.state)]
-    return StdioServerParameters(command=sys.executable, args=[*args, *extra], env={"PYTHONPATH": pythonpath})
+    return forkserver.params([*args, *extra], {"PYTHONPATH": pythonpath})
 
 
 async def tools(client: Client) -> dict[str, Tool]:

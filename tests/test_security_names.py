@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import pytest
-from mcp import StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
 
@@ -31,10 +29,13 @@ from dispatcher.examples import Workspace, serve_http
 from dispatcher.formats import anthropic_results, mark_untrusted, openai_chat_results, openai_responses_results
 from dispatcher.testing import HostileServer
 
+from . import forkserver
 from .test_connections import SOURCE_ROOT
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+
+    from mcp import StdioServerParameters
 
     from dispatcher._driver._approval import ToolSelector
 
@@ -79,7 +80,7 @@ def hostile_target(
         args += ["--tool", tool]
     if late:
         args.append("--late")
-    return StdioServerParameters(command=sys.executable, args=args, env={"PYTHONPATH": pythonpath})
+    return forkserver.params(args, {"PYTHONPATH": pythonpath})
 
 
 @asynccontextmanager

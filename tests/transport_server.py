@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import os
 import pathlib
-import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-from mcp import StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_PARAMS, METHOD_NOT_FOUND, ToolAnnotations
+
+if TYPE_CHECKING:
+    from mcp import StdioServerParameters
 
 # Read-only and idempotent, so that a trusted server's calls run together and may be retried.
 SAFE = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
@@ -70,9 +71,12 @@ def build() -> MCPServer[Any]:
 
 
 def stdio() -> StdioServerParameters:
-    """This server as a stdio subprocess of this checkout."""
+    """This server as a stdio subprocess of this checkout: a fresh process each time, forked from
+    tests/forkserver.py's zygote, which imported the SDK once (a fresh interpreter costs 1.4 s or more)."""
+    from tests import forkserver
+
     pythonpath = os.pathsep.join(p for p in (str(_SOURCE_ROOT), os.environ.get("PYTHONPATH")) if p)
-    return StdioServerParameters(command=sys.executable, args=[__file__], env={"PYTHONPATH": pythonpath})
+    return forkserver.params([__file__], {"PYTHONPATH": pythonpath})
 
 
 if __name__ == "__main__":
