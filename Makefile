@@ -53,8 +53,8 @@ pytest: $(STAMP) node-servers
 test-quick: $(STAMP)
 	$(PYTEST) -m "not subprocess and not redis and not slow"
 
-# The reference MCP servers from npm that the tests run over stdio (server-everything), pinned in .ci/node
-# and installed into .node/; nothing is fetched once they are there.
+# The reference MCP servers from npm that the tests run over stdio (server-everything, -filesystem and
+# -memory), pinned in .ci/node and installed into .node/; nothing is fetched once they are there.
 node-servers:
 	.ci/node-servers
 

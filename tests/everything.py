@@ -1,6 +1,7 @@
 """`@modelcontextprotocol/server-everything`, the reference server from npm, for the tests that run it over stdio.
 
-`.ci/node-servers` (run by `make test` and `.ci/run`) installs the version pinned in `.ci/node/package-lock.json`
+`npm_server` finds the other pinned reference servers (filesystem, memory: tests/test_npm_servers.py).
+`.ci/node-servers` (run by `make test` and `.ci/run`) installs the versions pinned in `.ci/node/package-lock.json`
 into `.node/`. Where node or the installed server is missing the tests skip with a reason, except under
 `CI=true`, where that fails them: CI must run them.
 """
@@ -25,23 +26,28 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
-ENTRY = ROOT / ".node" / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
 
 
-def everything() -> StdioServerParameters:
-    """The stdio parameters of the installed server-everything (skips, or fails under CI, when it is missing)."""
+def npm_server(package: str, *args: str, env: dict[str, str] | None = None) -> StdioServerParameters:
+    """The stdio parameters of the installed `@modelcontextprotocol/server-<package>` (skips, or fails under CI)."""
+    entry = ROOT / ".node" / "node_modules" / "@modelcontextprotocol" / f"server-{package}" / "dist" / "index.js"
     node = shutil.which("node")
     reason = None
     if node is None:
         reason = "node is not on PATH: install Node.js 18 or newer, then run .ci/node-servers"
-    elif not ENTRY.is_file():
-        reason = f"server-everything is not installed at {ENTRY}: run .ci/node-servers (or make test)"
+    elif not entry.is_file():
+        reason = f"server-{package} is not installed at {entry}: run .ci/node-servers (or make test)"
     if reason is not None:
         if os.environ.get("CI") == "true":
             pytest.fail(reason)
         pytest.skip(reason)
     assert node is not None
-    return StdioServerParameters(command=node, args=[str(ENTRY), "stdio"])
+    return StdioServerParameters(command=node, args=[str(entry), *args], env=env)
+
+
+def everything() -> StdioServerParameters:
+    """The stdio parameters of the installed server-everything (skips, or fails under CI, when it is missing)."""
+    return npm_server("everything", "stdio")
 
 
 @dataclass
