@@ -45,8 +45,12 @@ async def invoke(work: PendingCall) -> Attempt:
             return failed_base(exc)
         stop = _cancellation(exc)
         if stop is exc:
+            del stop  # a local holding the exception would tie it to this frame: a cycle only the collector frees
             raise
-        raise stop  # noqa: B904  # the group is its context: it is the cancellation that goes on
+        try:
+            raise stop  # the group is its context: it is the cancellation that goes on
+        finally:
+            del stop
     if result.is_error:
         return Attempt(CallStatus.TOOL_ERROR, result, error_text(result))
     return Attempt(CallStatus.OK, result)
