@@ -275,10 +275,8 @@ class Executor(Submission):
                             follows -= 1
                             work, ticket = following.item, following
                             continue  # no cancellation can be stray here, and this task took no slice yet
-                        await self._between(following)
-                        if not self._strays:
-                            until = self._now() + _FOLLOW
-                            follows = _FOLLOW_CALLS
+                        until = await self._between(following)
+                        follows = _FOLLOW_CALLS
                         if following is None:
                             return
                         work, ticket = following.item, following
@@ -296,10 +294,8 @@ class Executor(Submission):
                 gate.finish(ticket)
                 following = self._next()
                 del work, ticket
-            await self._between(following)
-            if not self._strays:
-                until = self._now() + _FOLLOW
-                follows = _FOLLOW_CALLS
+            until = await self._between(following)
+            follows = _FOLLOW_CALLS
             if following is None:
                 return
             work, ticket = following.item, following
@@ -314,8 +310,9 @@ class Executor(Submission):
             self._pump()
         return following
 
-    async def _between(self, following: Ticket[PendingCall] | None) -> None:
-        """Let the loop run between two calls of a task, absorbing a cancellation a tool left on the task."""
+    async def _between(self, following: Ticket[PendingCall] | None) -> float:
+        """Let the loop run between two calls of a task, absorbing a cancellation a tool left on the task;
+        the end of the task's next window of calls (under trio; asyncio carries on with none)."""
         try:
             await absorb_stray(self._checkpoint)
         except BaseException:
@@ -323,6 +320,7 @@ class Executor(Submission):
                 following.item.settle(Ending.CLOSED, self._now())
                 self.gate.finish(following)
             raise
+        return -math.inf if self._strays else self._now() + _FOLLOW
 
     def _shares_scope(self, work: PendingCall) -> bool:
         """Whether a call can run under its task's cancel scope rather than one of its own.
