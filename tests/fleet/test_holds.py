@@ -491,11 +491,15 @@ async def test_a_call_that_waited_for_its_hold_still_gets_its_whole_call_timeout
 
 
 def _start_cluster_node(binary: str, directory: pathlib.Path) -> tuple[subprocess.Popen[bytes], int] | None:
-    """A one-node Redis Cluster serving every slot, or None if it did not come up (its port was taken)."""
-    port = _free_port()
+    """A one-node Redis Cluster serving every slot, or None if it did not come up (a port was taken).
+
+    The cluster bus port is chosen too: by default it is the client port + 10000, and a free port above
+    55535 (a third of Linux's ephemeral range) makes redis-server exit at once.
+    """
+    port, bus = _free_port(), _free_port()
     node = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory), "--save", "",
-         "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"],
+        [binary, "--port", str(port), "--cluster-port", str(bus), "--bind", "127.0.0.1", "--dir", str(directory),
+         "--save", "", "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -518,7 +522,7 @@ def _start_cluster_node(binary: str, directory: pathlib.Path) -> tuple[subproces
 @pytest.fixture
 def cluster_node(redis_server: RedisServer, tmp_path: pathlib.Path) -> Iterator[str]:
     """A one-node Redis Cluster serving every slot; yields its URL."""
-    for _ in range(3):
+    for _ in range(5):
         started = _start_cluster_node(redis_server.binary, tmp_path)
         if started is not None:
             break
