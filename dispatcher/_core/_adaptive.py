@@ -33,7 +33,9 @@ evidence move it:
   while no knee is known, up to what is proven allows (`_growth.Proof`: 1.25x per round), by half a
   call below a known knee; at the knee, by a *probe* every 32 such answers (four rounds if more), or
   every second if that comes first (a due one rides a burst's first round), so that bursts too short
-  to count up to 32 still probe. Past proven, a slowdown cuts back to proven, not below.
+  to count up to 32 still probe. Past proven, a slowdown cuts back to proven, not below. An answer
+  proves the calls in flight with it less those sent no later than it and still out (they may come
+  back slower): a round is proven as far as its answers are in, not by its fastest ones.
 - Noise. On a noisy server no one answer is evidence: a clean probe adds one call, and at the knee a round
   at the limit grows it by one call (the next round, judged whole, says if that was too many). A noisy
   round past what was proven before it never raises a baseline (a load would hide in the noise).
@@ -62,7 +64,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ._backoff import is_number
-from ._growth import Overlap, Proof, grow_to
+from ._growth import Outstanding, Overlap, Proof, grow_to
 
 if TYPE_CHECKING:
     from ._limit_setting import AdaptiveLimit
@@ -142,6 +144,7 @@ class Controller:
         "_hold_until",
         "_knee",
         "_level",
+        "_out",
         "_overlap",
         "_probe",
         "_probed_at",
@@ -201,6 +204,7 @@ class Controller:
         self._probed_at = -math.inf
         self._proof = Proof()
         self._overlap = Overlap()
+        self._out = Outstanding()
 
     @property
     def knee(self) -> float | None:
@@ -225,6 +229,7 @@ class Controller:
             self.limit = self._level_limit()
         flight = Flight(now, self.in_flight, self.limit, self._epoch, probe)
         self._overlap.start(flight, now)
+        self._out.start(now)
         return flight
 
     def finish(
@@ -251,6 +256,7 @@ class Controller:
             waiting: Whether calls of the server were waiting for room under its limit when it ended.
         """
         self._overlap.finish(flight, now)
+        ahead = self._out.finish(flight.at)
         self.in_flight -= 1
         if flight.probe:
             self._probing = False
@@ -259,7 +265,7 @@ class Controller:
         if not read:
             return
         if signal is Signal.ANSWER:
-            self._answer(flight, now, tool, waiting=waiting)
+            self._answer(flight, now, tool, waiting=waiting, ahead=ahead)
         elif signal is Signal.OVERLOAD or signal is Signal.TIMEOUT:
             self._overload(flight)
         self._overlap.grown(now, self.limit, self._epoch)
@@ -310,7 +316,7 @@ class Controller:
         self._cut(level, max(level, min(self._level, float(k)) - 1), k)
         self._rated = True
 
-    def _answer(self, flight: Flight, now: float, tool: str, *, waiting: bool) -> None:
+    def _answer(self, flight: Flight, now: float, tool: str, *, waiting: bool, ahead: int) -> None:
         latency = max(0.0, now - flight.at)
         k = flight.in_flight
         base = self._baseline(tool, latency)
@@ -335,7 +341,7 @@ class Controller:
         if flight.probe:
             self._probe_answered(ratio, k, loose, waiting=waiting)
             return
-        self._proof.clean(k)
+        self._proof.clean(k - ahead)  # the calls sent with it that are still out may come back slower
         if k < flight.limit and not waiting:
             return  # the traffic, not the limit, held it back
         knee = self._knee
