@@ -4,7 +4,6 @@ Read-only calls run together; calls that may mutate run alone, in the order the 
 may do is read from its MCP annotations, and only from servers the user trusts.
 """
 
-from ._core._adaptive import AdaptiveLimit as AdaptiveLimit
 from ._core._calls import CallStatus as CallStatus
 from ._core._calls import Effect as Effect
 from ._core._calls import ToolCall as ToolCall
@@ -18,6 +17,7 @@ from ._core._errors import NotFinishedError as NotFinishedError
 from ._core._errors import ServerConnectionError as ServerConnectionError
 from ._core._idempotency import IdempotencyKeys as IdempotencyKeys
 from ._core._keys import KeyFunction as KeyFunction
+from ._core._limit_setting import AdaptiveLimit as AdaptiveLimit
 from ._dispatcher import Dispatcher as Dispatcher
 from ._driver._approval import ApprovalPolicy as ApprovalPolicy
 from ._driver._approval import ApprovalRequest as ApprovalRequest

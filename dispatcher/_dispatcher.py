@@ -36,10 +36,10 @@ if TYPE_CHECKING:
     from mcp.types import ToolAnnotations
     from opentelemetry.trace import TracerProvider
 
-    from ._core._adaptive import AdaptiveLimit
     from ._core._calls import ToolCall, ToolResult
     from ._core._idempotency import IdempotencyKeys
     from ._core._keys import KeyFunction
+    from ._core._limit_setting import AdaptiveLimit
     from ._driver._approval import ApprovalPolicy, ApprovalRequest, Approver, SessionGuard
     from ._driver._batch import Batch
     from ._driver._coordination import Coordinator

@@ -12,9 +12,9 @@ import functools
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._core import _checks as checks
-from ._core._adaptive import AdaptiveLimit, check_limit
 from ._core._errors import ConfigurationError, ServerConnectionError
 from ._core._idempotency import IdempotencyKeys
+from ._core._limit_setting import AdaptiveLimit, check_limit
 from ._mcp._connections import check_target
 from ._mcp._failures import explain as _describe
 from ._mcp._failures import innermost as _innermost

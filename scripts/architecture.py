@@ -74,6 +74,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         " by), and where each call is in its life until its one result (the lifecycle)",
         (
             "dispatcher._core._gate",
+            "dispatcher._core._limit_setting",
             "dispatcher._core._growth",
             "dispatcher._core._adaptive",
             "dispatcher._core._overload",

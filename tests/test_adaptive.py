@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dispatcher import AdaptiveLimit, ConfigurationError
-from dispatcher._core._adaptive import AUTO, Controller, Flight, Signal, check_limit
+from dispatcher._core._adaptive import Controller, Flight, Signal
+from dispatcher._core._limit_setting import AUTO, check_limit
 from dispatcher._core._overload import retry_after, says_overloaded
 
 

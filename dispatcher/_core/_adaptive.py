@@ -1,10 +1,10 @@
 """The online concurrency limit of one server: a state machine fed each call's latency and outcome.
 
-What decides an adaptive limit (`AdaptiveLimit`) lives here and in `_growth` (what a server's words say
-about its load: `_overload`). `Controller` does no I/O and reads no clock: the wiring (`_online`) tells
-it when a call is sent (`start`, with the loop's time) and how it ended (`finish`: the time and a
-`Signal`), and reads `limit` back, the most calls the server may have in flight now. Every
-interleaving can be tested without an event loop.
+What decides an adaptive limit lives here and in `_growth` (its setting, `AdaptiveLimit`, in
+`_limit_setting`; what a server's words say about its load in `_overload`). `Controller` does no I/O and
+reads no clock: the wiring (`_online`) tells it when a call is sent (`start`, with the loop's time) and
+how it ended (`finish`: the time and a `Signal`), and reads `limit` back, the most calls the server may
+have in flight now. Every interleaving can be tested without an event loop.
 
 The rule
 --------
@@ -33,7 +33,9 @@ evidence move it:
   while no knee is known, up to what is proven allows (`_growth.Proof`: 1.25x per round), by half a
   call below a known knee; at the knee, by a *probe* every 32 such answers (four rounds if more), or
   every second if that comes first (a due one rides a burst's first round), so that bursts too short
-  to count up to 32 still probe. Past proven, a slowdown cuts back to proven, not below.
+  to count up to 32 still probe. Past proven, a slowdown cuts back to proven, not below. An answer
+  proves the calls in flight with it less those sent no later than it and still out (they may come
+  back slower): a round is proven as far as its answers are in, not by its fastest ones.
 - Noise. On a noisy server no one answer is evidence: a clean probe adds one call, and at the knee a round
   at the limit grows it by one call (the next round, judged whole, says if that was too many). A noisy
   round past what was proven before it never raises a baseline (a load would hide in the noise).
@@ -59,13 +61,15 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ._backoff import is_number
-from ._errors import ConfigurationError
-from ._growth import Overlap, Proof, grow_to
+from ._growth import Outstanding, Overlap, Proof, grow_to
 
-__all__ = ["AUTO", "AdaptiveLimit", "Controller", "Flight", "Signal", "check_limit"]
+if TYPE_CHECKING:
+    from ._limit_setting import AdaptiveLimit
+
+__all__ = ["Controller", "Flight", "Signal"]
 
 # What counts as a tool's unloaded latency is at least this many seconds: a ratio of two latencies that
 # read zero on a virtual clock (or a few microseconds on a real one) says nothing.
@@ -94,101 +98,6 @@ _PROBE_SECONDS = 1.0
 # After an overload answer, probes come this many times less often, and add one call at a time: a
 # rate limit shows no slowdown, only the next overload, after its bucket has drained.
 _RATE_PACE = 4
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AdaptiveLimit:
-    """A per-server concurrency limit that follows the server online, between a floor and a ceiling.
-
-    Pass it as ``max_concurrency=`` to `Dispatcher.connect` or `Dispatcher.add_mcp_server` (the string
-    ``"auto"`` is `AdaptiveLimit()`). The limit grows while the server answers read-only calls at their
-    unloaded speed with calls waiting for room, drops to the knee the slowdown shows when answers come
-    back slower, is cut by `backoff` on a timeout or a trusted server's overload answer (a -32000
-    family error, a 429, a rate-limit message) and honours the Retry-After such an answer gives. An
-    untrusted server's words never count: its limit follows timeouts and latency alone. See
-    docs/tuning.md ("The online limit").
-
-    Args:
-        floor: The limit never goes below this (>= 1).
-        ceiling: ... nor above this (>= floor).
-        initial: Where it starts; None: ``min(ceiling, max(floor, 4))``.
-        tolerance: A latency up to this multiple of the tool's unloaded baseline still counts as
-            unloaded (> 1). Raise it for a server whose latency is noisy at any load.
-        backoff: What an overload signal multiplies the limit by (0 < backoff < 1), and the most one
-            slow answer can cut it by.
-        max_wait: The longest Retry-After, in seconds, that holds the server's calls back (a larger one
-            is cut to this); 0 ignores Retry-After.
-
-    Raises:
-        ConfigurationError: A value is out of range; the message says what is accepted.
-    """
-
-    floor: int = 1
-    ceiling: int = 64
-    initial: int | None = None
-    tolerance: float = 1.1
-    backoff: float = 0.5
-    max_wait: float = 30.0
-
-    def __post_init__(self) -> None:
-        for name in ("floor", "ceiling"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigurationError(f"AdaptiveLimit {name} must be an int >= 1, got {value!r}")
-        if self.ceiling < self.floor:
-            raise ConfigurationError(
-                f"AdaptiveLimit ceiling ({self.ceiling}) must be >= floor ({self.floor}); "
-                f"for a fixed limit pass max_concurrency={self.floor} instead"
-            )
-        initial = self.initial
-        if initial is not None and (
-            not isinstance(initial, int) or isinstance(initial, bool) or not self.floor <= initial <= self.ceiling
-        ):
-            raise ConfigurationError(
-                f"AdaptiveLimit initial must be an int from floor ({self.floor}) to ceiling ({self.ceiling}) "
-                f"or None, got {initial!r}"
-            )
-        if not is_number(self.tolerance) or not 1 < self.tolerance < math.inf:
-            raise ConfigurationError(
-                f"AdaptiveLimit tolerance must be a finite number > 1 (1.1: 10% slower than unloaded still "
-                f"counts as unloaded), got {self.tolerance!r}"
-            )
-        if not is_number(self.backoff) or not 0 < self.backoff < 1:
-            raise ConfigurationError(
-                f"AdaptiveLimit backoff must be a number between 0 and 1 (0.5 halves the limit on overload), "
-                f"got {self.backoff!r}"
-            )
-        if not is_number(self.max_wait) or not 0 <= self.max_wait < math.inf:
-            raise ConfigurationError(
-                f"AdaptiveLimit max_wait must be a finite number of seconds >= 0, got {self.max_wait!r}"
-            )
-
-    @property
-    def start(self) -> int:
-        """The limit it starts at."""
-        return self.initial if self.initial is not None else min(self.ceiling, max(self.floor, 4))
-
-
-AUTO = AdaptiveLimit()
-"""What ``max_concurrency="auto"`` means."""
-
-
-def check_limit(value: object, server: str) -> int | AdaptiveLimit | None:
-    """A per-server `max_concurrency` as given: an int >= 1, None, "auto" or an `AdaptiveLimit`.
-
-    Raises:
-        ConfigurationError: Anything else, with what is accepted.
-    """
-    if value is None or isinstance(value, AdaptiveLimit):
-        return value
-    if value == "auto":
-        return AUTO
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
-    raise ConfigurationError(
-        f"max_concurrency for server {server!r} must be an int >= 1, 'auto' or an AdaptiveLimit, got {value!r}; "
-        "use None for no limit"
-    )
 
 
 class Signal(enum.Enum):
@@ -235,6 +144,7 @@ class Controller:
         "_hold_until",
         "_knee",
         "_level",
+        "_out",
         "_overlap",
         "_probe",
         "_probed_at",
@@ -294,6 +204,7 @@ class Controller:
         self._probed_at = -math.inf
         self._proof = Proof()
         self._overlap = Overlap()
+        self._out = Outstanding()
 
     @property
     def knee(self) -> float | None:
@@ -318,6 +229,7 @@ class Controller:
             self.limit = self._level_limit()
         flight = Flight(now, self.in_flight, self.limit, self._epoch, probe)
         self._overlap.start(flight, now)
+        self._out.start(now)
         return flight
 
     def finish(
@@ -344,6 +256,7 @@ class Controller:
             waiting: Whether calls of the server were waiting for room under its limit when it ended.
         """
         self._overlap.finish(flight, now)
+        ahead = self._out.finish(flight.at)
         self.in_flight -= 1
         if flight.probe:
             self._probing = False
@@ -352,7 +265,7 @@ class Controller:
         if not read:
             return
         if signal is Signal.ANSWER:
-            self._answer(flight, now, tool, waiting=waiting)
+            self._answer(flight, now, tool, waiting=waiting, ahead=ahead)
         elif signal is Signal.OVERLOAD or signal is Signal.TIMEOUT:
             self._overload(flight)
         self._overlap.grown(now, self.limit, self._epoch)
@@ -403,7 +316,7 @@ class Controller:
         self._cut(level, max(level, min(self._level, float(k)) - 1), k)
         self._rated = True
 
-    def _answer(self, flight: Flight, now: float, tool: str, *, waiting: bool) -> None:
+    def _answer(self, flight: Flight, now: float, tool: str, *, waiting: bool, ahead: int) -> None:
         latency = max(0.0, now - flight.at)
         k = flight.in_flight
         base = self._baseline(tool, latency)
@@ -428,7 +341,7 @@ class Controller:
         if flight.probe:
             self._probe_answered(ratio, k, loose, waiting=waiting)
             return
-        self._proof.clean(k)
+        self._proof.clean(k - ahead)  # the calls sent with it that are still out may come back slower
         if k < flight.limit and not waiting:
             return  # the traffic, not the limit, held it back
         knee = self._knee

@@ -6,6 +6,10 @@ Two pieces of the adaptive controller (`_adaptive.Controller`), without I/O and 
   and the slow start it allows while no knee is known: at most ``max(proven + 1, 1.25 x proven)`` per
   round (twice proven on a server whose latency is noisy, where one round proves less). A slowdown at a
   level above proven is explained by the calls past it: the limit goes back to proven, not below.
+  An answer proves only as many calls as were in flight with it *and are in*: those sent no later than
+  it and still out (`Outstanding`) are not proven yet. A round of 20 on a server that serves 16 at full
+  speed answers its first 16 at the unloaded speed and its last 4 slower: counted whole at each of the
+  first answers, 20 was proven before the slower 4 came back, and the slow start sent 25.
 - `Overlap`: the calls in flight that each call shared the server with, counted from the starts and
   finishes the controller was told about. A call that ended at the very instant another was sent did
   not share the server with it, whatever order the event loop told the two in: the count of the later
@@ -17,15 +21,17 @@ Two pieces of the adaptive controller (`_adaptive.Controller`), without I/O and 
   run). So does the limit each was sent under: an answer of that instant that grew the limit counts for
   the calls sent at it before it was told.
 
-Cost: O(calls sent at the current instant) per start and per finish at that instant.
+Cost: O(calls sent at the current instant) per start and per finish at that instant; `Outstanding` is
+O(log n) to find a send time among the n calls in flight and O(n) (a list's move) to insert or drop it.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Protocol
 
-__all__ = ["Overlap", "Proof", "grow_to"]
+__all__ = ["Outstanding", "Overlap", "Proof", "grow_to"]
 
 # Slow start while no knee is known: per round, the limit grows to at most this multiple of proven ...
 _STEP = 1.25
@@ -118,3 +124,30 @@ class Overlap:
         for other in self.sent:
             if other.epoch == epoch and other.limit < limit:
                 other.limit = limit
+
+
+class Outstanding:
+    """The send times of the calls not yet answered, sorted: which of them went out no later than one that ends.
+
+    An answer sent with k calls in flight proves k only once the others are in: the ones sent no later than
+    it that are still out may yet come back slower (the last of a round to reach a server at its capacity).
+    """
+
+    __slots__ = ("sent",)
+
+    def __init__(self) -> None:
+        self.sent: list[float] = []
+
+    def start(self, at: float) -> None:
+        """A call was sent at `at`."""
+        bisect.insort(self.sent, at)
+
+    def finish(self, at: float) -> int:
+        """The call sent at `at` ended: returns how many others sent no later than it are still out."""
+        sent = self.sent
+        index = bisect.bisect_left(sent, at)
+        if index < len(sent) and sent[index] == at:
+            ahead = bisect.bisect_right(sent, at) - 1
+            sent.pop(index)
+            return ahead
+        return bisect.bisect_right(sent, at)

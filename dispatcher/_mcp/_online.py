@@ -63,8 +63,8 @@ if TYPE_CHECKING:
 
     from mcp.types import CallToolResult
 
-    from .._core._adaptive import AdaptiveLimit
     from .._core._catalog import ToolImpl
+    from .._core._limit_setting import AdaptiveLimit
     from .._driver._coordination import Lease
     from ..fleet._shared import SharedLimit
 

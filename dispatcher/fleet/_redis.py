@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
-    from .._core._adaptive import AdaptiveLimit
+    from .._core._limit_setting import AdaptiveLimit
 
 __all__ = ["RedisCoordinator"]
 

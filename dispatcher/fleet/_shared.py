@@ -65,7 +65,7 @@ from ._lua import MAX_PAUSE_MS
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .._core._adaptive import AdaptiveLimit
+    from .._core._limit_setting import AdaptiveLimit
     from ._links import Link
 
 __all__ = ["Follower", "SharedLimit"]

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
     from mcp.types import ToolAnnotations
 
-    from dispatcher._core._adaptive import AdaptiveLimit
     from dispatcher._core._calls import ToolCall
+    from dispatcher._core._limit_setting import AdaptiveLimit
     from dispatcher._driver._observe import CallEvent
 
 __all__ = ["OnlineResult", "measure_online"]

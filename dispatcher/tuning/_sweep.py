@@ -26,9 +26,9 @@ import anyio
 from mcp.types import ToolAnnotations
 
 from dispatcher._core import _checks as checks
-from dispatcher._core._adaptive import AdaptiveLimit
 from dispatcher._core._annotations import HINTS
 from dispatcher._core._errors import ConfigurationError, DispatcherError, ServerConnectionError
+from dispatcher._core._limit_setting import AdaptiveLimit
 from dispatcher._dispatcher import Dispatcher
 from dispatcher._mcp._failures import innermost
 
