@@ -89,6 +89,15 @@ double no longer counts in ones, so the next token would repeat the last. No clo
 it before the year 2255; a larger value, or one that is not a whole number, was written by something other
 than the fleet and counts as none."""
 
+MAX_LEASE_TTL = 3600.0
+"""The longest `lease_ttl` a process may be configured with (seconds)."""
+
+MAX_OVERRUN = 3600.0
+"""The longest `max_write_time` and `max_call_time` a server may be configured with (seconds)."""
+
+HORIZON_MS = round((MAX_LEASE_TTL + MAX_OVERRUN) * 1000)
+"""How far ahead of Redis' clock a legitimate writer may set a time (ms); see the module docstring."""
+
 MAX_PAUSE_MS = 3_600_000
 """The longest pause of the fleet's calls a Retry-After can ask for (LIMIT's ``"pause"``), and the most
 of one read back from Redis: an hour, whatever a process or the hash says."""
