@@ -73,7 +73,22 @@ reads it. When `meta` names another instance (a restart from a snapshot, a failo
 period follows but the epoch stays. A holder renews with the epoch of its grant: a hold missing from
 Redis under another epoch is lost (never re-registered), while under the same epoch (a replica that had
 the namespace but not this hold) it is re-registered. A fresh namespace therefore waits one quiet period
-before its first grant: Redis cannot tell it from one whose state vanished.
+before its first grant: Redis cannot tell it from one whose state vanished. A quiet period is never
+shortened: it lasts the noticing process's ttl plus its max write or call time, or longer while a
+quiet period already set, or a hold it drops, ends later (so a short-ttl process that notices a loss
+waits out a long-ttl process's holds, as far as Redis still has them).
+
+The horizon. No fleet process sets a time further ahead of Redis' clock than `HORIZON_MS`: the longest
+`lease_ttl` (`MAX_LEASE_TTL`) plus the longest max write or call time (`MAX_OVERRUN`), the bounds the
+configuration checks. A `quiet_until`, or an expiry in `holders_exp` or `waiting_exp`, further ahead
+(1e300, ten years from now, +inf: written by a hostile or broken process) would hold every grant back,
+or keep a dead hold in force, for as long as it stays; it is junk, and lost state like any. The bound is
+one absolute number, the same for every process, rather than one drawn from the reader's own ttl: a fleet
+whose processes run different `lease_ttl` values is valid, and a quiet period or an expiry that a long-ttl
+process set is no junk to a short-ttl one. Storing each writer's ttl beside its time would buy nothing
+against a hostile writer, which would write both; any check a writer cannot move needs a bound every
+reader knows. The price: a value within the horizon cannot be told from a legitimate one, so a hostile
+writer can still hold grants back for up to `HORIZON_MS` (two hours) per write.
 """
 
 from __future__ import annotations
@@ -127,9 +142,10 @@ end
 """.replace("MAX_TOKEN_VALUE", str(MAX_TOKEN))
 
 _PRELUDE = (
-    READ_LIMIT
-    + _TOKEN
-    + """
+    (
+        READ_LIMIT
+        + _TOKEN
+        + """
 local Q, W, WE, H, HE, SEQ, META = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local TOK, FENCE, LIM = KEYS[8], KEYS[9], KEYS[10]
 local ttl = tonumber(ARGV[1])
@@ -154,6 +170,9 @@ local prefix = ARGV[3]
 local extra = tonumber(ARGV[4])
 local callx = tonumber(ARGV[5])
 if limit == 0 then callx = 0 end  -- a call's place is kept only under a limit
+-- The furthest ahead a fleet process sets a time (module docstring: the horizon); past it, junk.
+local HORIZON = HORIZON_VALUE
+local horizon = string.format('%.0f', now + HORIZON)
 -- Microseconds since the epoch (about 1.8e15) are exact in Lua's doubles (up to 9e15).
 local micros = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- BLOCKERS[m]: the modes held on a path that a lock of mode m cannot share it with (as in _gate).
@@ -176,7 +195,11 @@ end
 -- Whether the state is whole: meta complete, each key holding as many entries as meta says, and each
 -- holder's entry a lock list (a waiter's is checked where a grant reads it).
 local function whole(seen)
-  if not finite(tonumber(seen[2] or '')) or not seen[3] then return false end
+  local quiet = tonumber(seen[2] or '')
+  if not finite(quiet) or quiet > now + HORIZON or not seen[3] then return false end
+  for _, expiries in ipairs({HE, WE}) do
+    if #redis.call('ZRANGEBYSCORE', expiries, '(' .. horizon, '+inf', 'LIMIT', 0, 1) > 0 then return false end
+  end
   local held, waiting = tonumber(seen[4] or '0'), tonumber(seen[5] or '0')
   if not (redis.call('HLEN', H) == held and redis.call('ZCARD', HE) == held and redis.call('HLEN', TOK) == held
     and redis.call('ZCARD', Q) == waiting and redis.call('HLEN', W) == waiting
@@ -195,12 +218,24 @@ local function instance()
   return string.match(info, 'run_id:(%w+)') or 'unknown'
 end
 
+-- The end of a quiet period starting now: this process's ttl plus its longer max time, or later while
+-- the one already set (`since`, from meta) ends later, within the horizon (never shortened).
+local function quiet_end(since)
+  local untl = now + ttl + math.max(extra, callx)
+  since = tonumber(since or '')
+  if finite(since) and since <= now + HORIZON then untl = math.max(untl, since) end
+  return untl
+end
+
 -- The state is lost: holds running elsewhere may be missing here. What is left is dropped, so that the
 -- state is whole again under a new epoch (its holders lose their holds at their next renewal), and
--- nothing is granted until the quiet period it returns the end of is over.
-local function lose()
+-- nothing is granted until the quiet period it returns the end of is over: at the earliest when the
+-- last hold it drops would have expired (a long-ttl process's, within the horizon).
+local function lose(since)
+  local last = redis.call('ZREVRANGEBYSCORE', HE, horizon, now, 'WITHSCORES', 'LIMIT', 0, 1)
+  local untl = quiet_end(since)
+  if last[2] then untl = math.max(untl, tonumber(last[2])) end
   redis.call('DEL', Q, W, WE, H, HE, TOK)
-  local untl = now + ttl + math.max(extra, callx)
   redis.call('HSET', META, 'run_id', instance(), 'quiet_until', untl, 'epoch', string.format('%.0f', micros),
     'held', 0, 'waiting', 0)
   return untl
@@ -220,10 +255,10 @@ local function check()
   local seen = redis.call('HMGET', META, 'run_id', 'quiet_until', 'epoch', 'held', 'waiting')
   local untl = seen[2]
   if not whole(seen) then
-    untl = lose()
+    untl = lose(untl)
   elseif seen[1] ~= run_id then
     -- Written by another instance (a snapshot, a replica): it may lack recent holds; the epoch stays.
-    untl = now + ttl + math.max(extra, callx)
+    untl = quiet_end(untl)
     redis.call('HSET', META, 'run_id', run_id, 'quiet_until', untl)
   end
   return now < tonumber(untl)
@@ -354,7 +389,7 @@ local function grant(quiet_now)
         local locks = locks_of(spec)
         -- Junk for a waiter's locks: lost state, as junk in any key (what this walk granted goes too).
         if not locks then
-          lose()
+          lose(redis.call('HGET', META, 'quiet_until'))
           return
         end
         if blocked(taken, locks) or blocked(ahead, locks) then
@@ -377,7 +412,10 @@ local function grant(quiet_now)
   end
 end
 """
-).replace("WALK", str(WALK))
+    )
+    .replace("WALK", str(WALK))
+    .replace("HORIZON_VALUE", str(HORIZON_MS))
+)
 
 ACQUIRE = (
     _PRELUDE

@@ -24,7 +24,7 @@ from dispatcher.fleet._lua import ACQUIRE, HORIZON_MS
 if TYPE_CHECKING:
     from benchmarks._redis import RedisServer
 
-pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.xfail(reason="no horizon check yet", strict=False)]
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
 TTL = 1.2  # renewed every ttl/3: a loaded machine stalls a loop for most of a second
 LONG = 4.0  # the long-ttl process of a mixed fleet
@@ -273,10 +273,11 @@ def test_the_oracle_a_horizon_of_the_readers_own_ttl_drops_a_long_ttl_hold(
     try:
         real, oracle = client.register_script(ACQUIRE), client.register_script(naive)
         deadline = time.monotonic() + 20
-        while real(keys=keys, args=[3000, 0, f"{namespace}:wake:", 0, 0, "long:1", '["",3]'])[0] != 1:
+        long: list[str | int] = [3000, 0, f"{namespace}:wake:", 0, 0, "long:1", '["",3]']
+        while real(keys=keys, args=long)[0] != 1:
             assert time.monotonic() < deadline, "the long-ttl hold was never granted"
             time.sleep(0.05)
-        short = [1200, 0, f"{namespace}:wake:", 0, 0, "short:1", '["",3]']
+        short: list[str | int] = [1200, 0, f"{namespace}:wake:", 0, 0, "short:1", '["",3]']
         assert real(keys=keys, args=short) == [0]
         assert client.hexists(key(namespace, "holders"), "long:1"), "the real horizon dropped the long hold"
         oracle(keys=keys, args=short)
