@@ -97,7 +97,8 @@ class FleetServer:
                 not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= MAX_OVERRUN
             ):
                 raise ConfigurationError(
-                    f"{name} must be a number of seconds from 0 to {MAX_OVERRUN:.0f}, got {value!r}; use None for 0"
+                    f"{name} must be a number of seconds >= 0 and at most {MAX_OVERRUN:.0f}, got {value!r};"
+                    " use None for 0"
                     " (the fleet reads a time set further ahead in Redis as junk written by another process)"
                 )
         if self.max_call_time is not None and limit is None and not self.share_limit:

@@ -163,7 +163,7 @@ class RedisCoordinator:
                 raise ConfigurationError(f"servers[{name!r}] must be a FleetServer, got {type(config).__name__}")
         if not positive(lease_ttl) or not 0.1 <= lease_ttl <= MAX_LEASE_TTL:
             raise ConfigurationError(
-                f"lease_ttl must be a number of seconds from 0.1 to {MAX_LEASE_TTL:.0f}, got {lease_ttl!r}"
+                f"lease_ttl must be a number of seconds >= 0.1 and at most {MAX_LEASE_TTL:.0f}, got {lease_ttl!r}"
                 " (the fleet reads a time set further ahead in Redis as junk written by another process)"
             )
         if not positive(recheck) or recheck > lease_ttl / 2:

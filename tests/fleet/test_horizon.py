@@ -18,8 +18,9 @@ import anyio
 import pytest
 import redis
 
+from dispatcher import ConfigurationError
 from dispatcher.fleet import FleetServer, RedisCoordinator
-from dispatcher.fleet._lua import ACQUIRE, HORIZON_MS
+from dispatcher.fleet._lua import ACQUIRE, HORIZON_MS, MAX_LEASE_TTL, MAX_OVERRUN
 
 if TYPE_CHECKING:
     from benchmarks._redis import RedisServer
@@ -284,3 +285,16 @@ def test_the_oracle_a_horizon_of_the_readers_own_ttl_drops_a_long_ttl_hold(
         assert not client.hexists(key(namespace, "holders"), "long:1"), "the oracle kept the long hold"
     finally:
         client.close()
+
+
+def test_lease_ttl_and_the_max_times_past_the_horizon_are_refused_with_the_reason() -> None:
+    """A lease_ttl over an hour, or a max write or call time over an hour, is refused: Redis would read it as junk."""
+    assert MAX_LEASE_TTL == MAX_OVERRUN == 3600.0 and HORIZON_MS == 7_200_000
+    RedisCoordinator(servers=FENCED, lease_ttl=MAX_LEASE_TTL)
+    FleetServer(shared_state=True, max_write_time=MAX_OVERRUN, limit=2, max_call_time=MAX_OVERRUN)
+    with pytest.raises(ConfigurationError, match=r"lease_ttl must be .* at most 3600, got 3601.*as junk"):
+        RedisCoordinator(servers=FENCED, lease_ttl=3601.0)
+    with pytest.raises(ConfigurationError, match=r"max_write_time must be .* at most 3600, got 86400.*as junk"):
+        FleetServer(shared_state=True, max_write_time=86_400)
+    with pytest.raises(ConfigurationError, match=r"max_call_time must be .* at most 3600, got 3600.5.*as junk"):
+        FleetServer(limit=2, max_call_time=3600.5)
