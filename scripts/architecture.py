@@ -127,6 +127,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "dispatcher._mcp._connections",
             "dispatcher._mcp._registry",
             "dispatcher._functions",
+            "dispatcher.fleet._lua_limit",
             "dispatcher.fleet._lua",
             "dispatcher.fleet._config",
             "dispatcher.fleet._links",

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from .._core import _checks as checks
 from .._core._errors import ConfigurationError
 from .._core._gate import ROOT_KEYS, lock_nodes, normalize_keys
+from ._lua import MAX_OVERRUN
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Hashable
@@ -48,7 +49,8 @@ class FleetServer:
             its lease, so the next write does not start beside it (as Chubby's lock-delay). A namespace
             whose state was lost, or is new, waits `lease_ttl` plus this long before granting. Required
             on a `shared_state` server that declares no fencing token (there the server refuses the late
-            write itself, and None means 0); only for a `shared_state` server.
+            write itself, and None means 0); only for a `shared_state` server. At most an hour
+            (`_lua.MAX_OVERRUN`): a time further ahead in Redis is read as junk (`_lua`, "The horizon").
         max_call_time: Seconds any call of this server may still run on the server after its client
             stopped or gave it up (as `max_write_time`, for a server's `limit`): a call given up after its
             request was sent (timed out, cancelled, its hold lost on the wire: effect unknown) keeps its
@@ -57,7 +59,7 @@ class FleetServer:
             beyond its lease; so the fleet never starts more than `limit` calls while the ones it gave
             up may still run. None means 0 (a given-up call still keeps its place `lease_ttl`); only
             for a server with a `limit`, or with `share_limit` (the fleet's level is then the limit, on a
-            server connected with an adaptive limit).
+            server connected with an adaptive limit). At most an hour, as `max_write_time`.
 
     Raises:
         ConfigurationError: A value is out of range.
@@ -92,9 +94,13 @@ class FleetServer:
         for name in ("max_write_time", "max_call_time"):
             value = getattr(self, name)
             if value is not None and (
-                not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < math.inf
+                not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= MAX_OVERRUN
             ):
-                raise ConfigurationError(f"{name} must be a number of seconds >= 0, got {value!r}; use None for 0")
+                raise ConfigurationError(
+                    f"{name} must be a number of seconds >= 0 and at most {MAX_OVERRUN:.0f}, got {value!r};"
+                    " use None for 0"
+                    " (the fleet reads a time set further ahead in Redis as junk written by another process)"
+                )
         if self.max_call_time is not None and limit is None and not self.share_limit:
             raise ConfigurationError(
                 "max_call_time keeps a call's place under the limit: set it with limit= or share_limit=True"

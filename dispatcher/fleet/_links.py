@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._core._errors import CoordinationError
-from . import _lua
+from . import _lua, _lua_limit
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -21,8 +21,8 @@ _SCRIPTS = {
     "acquire": _lua.ACQUIRE,
     "release": _lua.RELEASE,
     "renew": _lua.RENEW,
-    "spend": _lua.SPEND,
-    "limit": _lua.LIMIT,
+    "spend": _lua_limit.SPEND,
+    "limit": _lua_limit.LIMIT,
 }
 
 

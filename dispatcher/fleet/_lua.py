@@ -73,12 +73,44 @@ reads it. When `meta` names another instance (a restart from a snapshot, a failo
 period follows but the epoch stays. A holder renews with the epoch of its grant: a hold missing from
 Redis under another epoch is lost (never re-registered), while under the same epoch (a replica that had
 the namespace but not this hold) it is re-registered. A fresh namespace therefore waits one quiet period
-before its first grant: Redis cannot tell it from one whose state vanished.
+before its first grant: Redis cannot tell it from one whose state vanished. A quiet period is never
+shortened: it lasts the noticing process's ttl plus its max write or call time, or longer while a
+quiet period already set, or a hold it drops, ends later (so a short-ttl process that notices a loss
+waits out a long-ttl process's holds, as far as Redis still has them).
+
+The horizon. No fleet process sets a time further ahead of Redis' clock than `HORIZON_MS`: the longest
+`lease_ttl` (`MAX_LEASE_TTL`) plus the longest max write or call time (`MAX_OVERRUN`), the bounds the
+configuration checks. A `quiet_until`, or an expiry in `holders_exp` or `waiting_exp`, further ahead
+(1e300, ten years from now, +inf: written by a hostile or broken process) would hold every grant back,
+or keep a dead hold in force, for as long as it stays; it is junk, and lost state like any. The bound is
+one absolute number, the same for every process, rather than one drawn from the reader's own ttl: a fleet
+whose processes run different `lease_ttl` values is valid, and a quiet period or an expiry that a long-ttl
+process set is no junk to a short-ttl one. Storing each writer's ttl beside its time would buy nothing
+against a hostile writer, which would write both; any check a writer cannot move needs a bound every
+reader knows. The price: a value within the horizon cannot be told from a legitimate one, so a hostile
+writer can still hold grants back for up to `HORIZON_MS` (two hours) per write.
 """
 
 from __future__ import annotations
 
-__all__ = ["ACQUIRE", "LIMIT", "MAX_PAUSE_MS", "MAX_TOKEN", "RELEASE", "RENEW", "SPEND", "WALK"]
+from ._lua_limit import LIMIT as LIMIT
+from ._lua_limit import MAX_PAUSE_MS as MAX_PAUSE_MS
+from ._lua_limit import READ_LIMIT
+from ._lua_limit import SPEND as SPEND
+
+__all__ = [
+    "ACQUIRE",
+    "HORIZON_MS",
+    "LIMIT",
+    "MAX_LEASE_TTL",
+    "MAX_OVERRUN",
+    "MAX_PAUSE_MS",
+    "MAX_TOKEN",
+    "RELEASE",
+    "RENEW",
+    "SPEND",
+    "WALK",
+]
 
 WALK = 1000
 """The most waiters one grant walks past (a bound on a script's time when thousands wait)."""
@@ -89,54 +121,14 @@ double no longer counts in ones, so the next token would repeat the last. No clo
 it before the year 2255; a larger value, or one that is not a whole number, was written by something other
 than the fleet and counts as none."""
 
-MAX_PAUSE_MS = 3_600_000
-"""The longest pause of the fleet's calls a Retry-After can ask for (LIMIT's ``"pause"``), and the most
-of one read back from Redis: an hour, whatever a process or the hash says."""
+MAX_LEASE_TTL = 3600.0
+"""The longest `lease_ttl` a process may be configured with (seconds)."""
 
-_SHARED = """
--- The fleet's shared adaptive limit (a HASH: bounds, level, epoch, pause_until, pause_at, cut_at), read so
--- that nothing found there takes the level outside its bounds. Its `bounds` ("floor:ceiling:initial") are
--- the first process's (a caller still admits no more than its own ceiling: ACQUIRE): valid ones there
--- replace the caller's. A level that is not a finite number is the initial level, an epoch that is not a
--- whole number from 0 to 1e15 is 0, a pause that is not a finite time is none, and what is left of a pause
--- is at most MAX_PAUSE ms, and none when it was set (`pause_at`) later than Redis' clock now (the clock
--- went back: else it would last as long as the step). A key of another type reads as none.
--- Returns floor, ceiling, initial, whether the bounds were found, level, epoch, the pause left (ms), the
--- lowest level (the smaller of the two floors).
-local function whole_number(text, low, high)
-  local n = tonumber(text or '')
-  if n and n >= low and n <= high and n == math.floor(n) then return n end
-  return nil
-end
+MAX_OVERRUN = 3600.0
+"""The longest `max_write_time` and `max_call_time` a server may be configured with (seconds)."""
 
-local function finite(n)
-  return n ~= nil and n == n and n > -math.huge and n < math.huge
-end
-
-local function read_limit(key, floor, ceiling, initial, now)
-  local got = {}
-  if redis.call('TYPE', key)['ok'] == 'hash' then
-    got = redis.call('HMGET', key, 'bounds', 'level', 'epoch', 'pause_until', 'pause_at')
-  end
-  local f, c, i = string.match(got[1] or '', '^(%d+):(%d+):(%d+)$')
-  f, c, i = whole_number(f, 1, 1e9), whole_number(c, 1, 1e9), whole_number(i, 1, 1e9)
-  local known = f ~= nil and c ~= nil and i ~= nil and f <= i and i <= c
-  -- The lowest level: never above the caller's floor (the fleet's bounds may narrow what it admits,
-  -- never hold a cut up).
-  local low = floor
-  if known then floor, ceiling, initial, low = f, c, i, math.min(f, floor) end
-  local level = tonumber(got[2] or '')
-  if not finite(level) then level = initial end
-  level = math.min(ceiling, math.max(low, level))
-  local epoch = whole_number(got[3], 0, 1e15) or 0
-  local pause, since = tonumber(got[4] or ''), tonumber(got[5] or '')
-  local left = 0
-  if finite(pause) and pause > now then left = math.min(pause - now, MAX_PAUSE) end
-  -- Set later than Redis' clock now: the clock went back, and the pause would last as long as the step.
-  if finite(since) and since > now then left = 0 end
-  return floor, ceiling, initial, known, level, epoch, math.floor(left), low
-end
-""".replace("MAX_PAUSE", str(MAX_PAUSE_MS))
+HORIZON_MS = round((MAX_LEASE_TTL + MAX_OVERRUN) * 1000)
+"""How far ahead of Redis' clock a legitimate writer may set a time (ms); see the module docstring."""
 
 _TOKEN = """
 local MAX_TOKEN = MAX_TOKEN_VALUE
@@ -150,9 +142,10 @@ end
 """.replace("MAX_TOKEN_VALUE", str(MAX_TOKEN))
 
 _PRELUDE = (
-    _SHARED
-    + _TOKEN
-    + """
+    (
+        READ_LIMIT
+        + _TOKEN
+        + """
 local Q, W, WE, H, HE, SEQ, META = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local TOK, FENCE, LIM = KEYS[8], KEYS[9], KEYS[10]
 local ttl = tonumber(ARGV[1])
@@ -177,6 +170,9 @@ local prefix = ARGV[3]
 local extra = tonumber(ARGV[4])
 local callx = tonumber(ARGV[5])
 if limit == 0 then callx = 0 end  -- a call's place is kept only under a limit
+-- The furthest ahead a fleet process sets a time (module docstring: the horizon); past it, junk.
+local HORIZON = HORIZON_VALUE
+local horizon = string.format('%.0f', now + HORIZON)
 -- Microseconds since the epoch (about 1.8e15) are exact in Lua's doubles (up to 9e15).
 local micros = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- BLOCKERS[m]: the modes held on a path that a lock of mode m cannot share it with (as in _gate).
@@ -199,7 +195,11 @@ end
 -- Whether the state is whole: meta complete, each key holding as many entries as meta says, and each
 -- holder's entry a lock list (a waiter's is checked where a grant reads it).
 local function whole(seen)
-  if not finite(tonumber(seen[2] or '')) or not seen[3] then return false end
+  local quiet = tonumber(seen[2] or '')
+  if not finite(quiet) or quiet > now + HORIZON or not seen[3] then return false end
+  for _, expiries in ipairs({HE, WE}) do
+    if #redis.call('ZRANGEBYSCORE', expiries, '(' .. horizon, '+inf', 'LIMIT', 0, 1) > 0 then return false end
+  end
   local held, waiting = tonumber(seen[4] or '0'), tonumber(seen[5] or '0')
   if not (redis.call('HLEN', H) == held and redis.call('ZCARD', HE) == held and redis.call('HLEN', TOK) == held
     and redis.call('ZCARD', Q) == waiting and redis.call('HLEN', W) == waiting
@@ -218,12 +218,24 @@ local function instance()
   return string.match(info, 'run_id:(%w+)') or 'unknown'
 end
 
+-- The end of a quiet period starting now: this process's ttl plus its longer max time, or later while
+-- the one already set (`since`, from meta) ends later, within the horizon (never shortened).
+local function quiet_end(since)
+  local untl = now + ttl + math.max(extra, callx)
+  since = tonumber(since or '')
+  if finite(since) and since <= now + HORIZON then untl = math.max(untl, since) end
+  return untl
+end
+
 -- The state is lost: holds running elsewhere may be missing here. What is left is dropped, so that the
 -- state is whole again under a new epoch (its holders lose their holds at their next renewal), and
--- nothing is granted until the quiet period it returns the end of is over.
-local function lose()
+-- nothing is granted until the quiet period it returns the end of is over: at the earliest when the
+-- last hold it drops would have expired (a long-ttl process's, within the horizon).
+local function lose(since)
+  local last = redis.call('ZREVRANGEBYSCORE', HE, horizon, now, 'WITHSCORES', 'LIMIT', 0, 1)
+  local untl = quiet_end(since)
+  if last[2] then untl = math.max(untl, tonumber(last[2])) end
   redis.call('DEL', Q, W, WE, H, HE, TOK)
-  local untl = now + ttl + math.max(extra, callx)
   redis.call('HSET', META, 'run_id', instance(), 'quiet_until', untl, 'epoch', string.format('%.0f', micros),
     'held', 0, 'waiting', 0)
   return untl
@@ -243,10 +255,10 @@ local function check()
   local seen = redis.call('HMGET', META, 'run_id', 'quiet_until', 'epoch', 'held', 'waiting')
   local untl = seen[2]
   if not whole(seen) then
-    untl = lose()
+    untl = lose(untl)
   elseif seen[1] ~= run_id then
     -- Written by another instance (a snapshot, a replica): it may lack recent holds; the epoch stays.
-    untl = now + ttl + math.max(extra, callx)
+    untl = quiet_end(untl)
     redis.call('HSET', META, 'run_id', run_id, 'quiet_until', untl)
   end
   return now < tonumber(untl)
@@ -377,7 +389,7 @@ local function grant(quiet_now)
         local locks = locks_of(spec)
         -- Junk for a waiter's locks: lost state, as junk in any key (what this walk granted goes too).
         if not locks then
-          lose()
+          lose(redis.call('HGET', META, 'quiet_until'))
           return
         end
         if blocked(taken, locks) or blocked(ahead, locks) then
@@ -400,7 +412,10 @@ local function grant(quiet_now)
   end
 end
 """
-).replace("WALK", str(WALK))
+    )
+    .replace("WALK", str(WALK))
+    .replace("HORIZON_VALUE", str(HORIZON_MS))
+)
 
 ACQUIRE = (
     _PRELUDE
@@ -504,80 +519,3 @@ seal()
 return out
 """
 )
-
-SPEND = """
--- A shared retry budget (a token bucket). KEYS[1] the bucket; ARGV[1] capacity, ARGV[2] tokens earned
--- since the last call, ARGV[3] 1 to take one token for a retry, 0 only to add the earnings.
--- Returns 1 when a token was taken.
-local capacity = tonumber(ARGV[1])
--- A key of another type, or tokens that are not a finite number (written by something else), count as
--- gone: the bucket starts again full, as after a DEL.
-if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then redis.call('DEL', KEYS[1]) end
-local tokens = tonumber(redis.call('HGET', KEYS[1], 'tokens') or '')
-if tokens == nil or tokens ~= tokens or tokens == math.huge or tokens == -math.huge then tokens = capacity end
-tokens = math.min(capacity, math.max(0, tokens) + tonumber(ARGV[2]))
-local taken = 0
-if ARGV[3] == '1' and tokens >= 1 then
-  tokens = tokens - 1
-  taken = 1
-end
-redis.call('HSET', KEYS[1], 'tokens', string.format('%.6f', tokens))
-return taken
-"""
-
-LIMIT = (
-    _SHARED
-    + """
--- A server's shared adaptive limit (KEYS[1], a HASH: bounds, level, epoch, pause_until, pause_at, cut_at).
--- ARGV[1] floor, ARGV[2] ceiling, ARGV[3] initial (the caller's: the hash's own bounds, once set, win), ARGV[4]
--- 'read', 'cut', 'grow' or 'pause', ARGV[5] the epoch the call that reports it was sent under, ARGV[6]
--- for a cut the factor (0 < f < 1) its controller cut its own level by, for a growth the calls its
--- controller added (> 0), for a pause the seconds a trusted server's Retry-After asked for (> 0, at
--- most an hour counted); ARGV[7], for a growth, the most it may take the level to (its controller's slow
--- start allows no more than what is proven: two processes growing from the same level do not add up
--- past it; 'inf' or absent: no bound). Returns {level, epoch, 1 if applied else 0, pause left (ms), bounds}.
---
--- A cut applies only to the epoch it was sent under, and starts the next one: calls sent before it
--- report the load it answered, and cannot cut again, from whichever process (one cut per round for
--- the fleet). A growth applies under its own epoch only too (a call sent before a cut says nothing of
--- the limit since). Each growth is one answer's, sent by the one process that got it: the fleet's
--- level grows by what one controller seeing all the fleet's answers would add, not that times the
--- processes. A value that is not a finite number moves nothing.
-local key = KEYS[1]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local kind = redis.call('TYPE', key)['ok']
-if kind ~= 'hash' and kind ~= 'none' then redis.call('DEL', key) end  -- not ours to read: start again
-local floor, ceiling, initial, known, level, epoch, left, low =
-  read_limit(key, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), now)
-local op, sent, value = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
-local applied = 0
-if not finite(value) or not finite(sent) then
-  op = 'read'
-end
-if op == 'cut' and sent == epoch and value > 0 and value < 1 then
-  -- The factor is of the caller's own level, which is never above its ceiling (ARGV[2]).
-  level = math.max(low, math.floor(math.min(level, tonumber(ARGV[2])) * value + 1e-9))
-  epoch = epoch + 1
-  applied = 1
-  redis.call('HSET', key, 'cut_at', now)
-elseif op == 'grow' and sent == epoch and value > 0 then
-  local top = tonumber(ARGV[7])
-  local grown = math.min(ceiling, level + value)
-  if top ~= nil and top == top and top < grown then grown = math.max(level, top) end
-  level = grown
-  applied = 1
-elseif op == 'pause' and value > 0 then
-  local wanted = math.floor(math.min(value * 1000, MAX_PAUSE))
-  if wanted > left then
-    left = wanted
-    redis.call('HSET', key, 'pause_until', string.format('%.0f', now + wanted),
-      'pause_at', string.format('%.0f', now))
-  end
-  applied = 1
-end
-local shown, bounds = string.format('%.6f', level), string.format('%.0f:%.0f:%.0f', floor, ceiling, initial)
-redis.call('HSET', key, 'bounds', bounds, 'level', shown, 'epoch', string.format('%.0f', epoch))
-return {shown, epoch, applied, left, bounds}
-"""
-).replace("MAX_PAUSE", str(MAX_PAUSE_MS))

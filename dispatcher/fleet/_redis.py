@@ -54,6 +54,7 @@ from .._core._errors import ConfigurationError, CoordinationError
 from .._driver._coordination import Lease
 from ._config import FleetServer, hold_locks, positive
 from ._links import AsyncioLink, Link, ThreadLink, running_trio, safe_url
+from ._lua import MAX_LEASE_TTL
 from ._shared import SharedLimit
 
 if TYPE_CHECKING:
@@ -125,7 +126,9 @@ class RedisCoordinator:
             same namespace share; two fleets on one Redis use two namespaces.
         servers: What is shared, by server name.
         lease_ttl: Seconds a hold outlives its last renewal. It bounds how long a killed process's holds
-            block the others (`lease_ttl + recheck` at most); holds are renewed every third of it.
+            block the others (`lease_ttl + recheck` at most); holds are renewed every third of it. At
+            most an hour (`_lua.MAX_LEASE_TTL`): processes of one fleet may use different values, and every
+            one reads a time set in Redis further ahead than the longest allowed as junk (`_lua`).
         recheck: Seconds between a waiting call's own checks, besides the wake-up Redis sends it on
             a grant: the bound on noticing a hold that expired. At most half of `lease_ttl`.
         timeout: Seconds one Redis request may take (connecting included) before the call it is for
@@ -158,8 +161,11 @@ class RedisCoordinator:
                 raise ConfigurationError(f"servers are named by non-empty strings, got {name!r}")
             if not isinstance(config, FleetServer):
                 raise ConfigurationError(f"servers[{name!r}] must be a FleetServer, got {type(config).__name__}")
-        if not positive(lease_ttl) or lease_ttl < 0.1:
-            raise ConfigurationError(f"lease_ttl must be a number of seconds >= 0.1, got {lease_ttl!r}")
+        if not positive(lease_ttl) or not 0.1 <= lease_ttl <= MAX_LEASE_TTL:
+            raise ConfigurationError(
+                f"lease_ttl must be a number of seconds >= 0.1 and at most {MAX_LEASE_TTL:.0f}, got {lease_ttl!r}"
+                " (the fleet reads a time set further ahead in Redis as junk written by another process)"
+            )
         if not positive(recheck) or recheck > lease_ttl / 2:
             raise ConfigurationError(
                 f"recheck must be a positive number of seconds at most lease_ttl / 2 ({lease_ttl / 2}), got {recheck!r}"

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Protocol
 import anyio
 
 from .._core._errors import CoordinationError
-from ._lua import MAX_PAUSE_MS
+from ._lua_limit import MAX_PAUSE_MS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
