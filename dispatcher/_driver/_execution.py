@@ -231,6 +231,7 @@ class Executor(Submission):
         task's scope cannot carry (`_shares_scope`) runs under a scope of its own inside (`_execute`).
         """
         gate = self.gate
+        local = self._local
         cancelled = anyio.get_cancelled_exc_class()
         # Only trio carries on with the calls it takes (asyncio lets the loop run after every call).
         until = -math.inf if self._strays else self._now() + _FOLLOW
@@ -243,7 +244,12 @@ class Executor(Submission):
                         try:
                             if not self._open:
                                 work.settle(Ending.CLOSED, self._now())
-                            elif self._shares_scope(work):
+                            elif (
+                                local
+                                and (entry := work.entry) is not None
+                                and entry.server is None
+                                and ((state := work.state) is None or not state.recheck)
+                            ):  # `_shares_scope`, inline
                                 await self._carry_out(work, scope)
                             else:
                                 await self._run_admitted(work)
@@ -303,11 +309,15 @@ class Executor(Submission):
     def _next(self) -> Ticket[PendingCall] | None:
         """As a call's task is done with its call: the call it takes next, if the gate admits one now, after
         starting tasks for the others the gate admits."""
-        following = self.gate.take() if self._open else None
-        if following is not None:
+        if not self._open:
+            return None
+        gate = self.gate
+        following = gate.take()
+        if following is not None:  # (if the gate admits none now, `_pump` would start none either)
             following.item.admit()
-        if self._open:
-            self._pump()
+            limit = gate.limit
+            if limit is None or gate.running < limit:  # (at its limit, the gate admits no other)
+                self._pump()
         return following
 
     async def _between(self, following: Ticket[PendingCall] | None) -> float:
