@@ -39,6 +39,8 @@ MOVES: dict[str, dict[Phase, Phase]] = {
     "answered": {R: S},
     "tool_error": {R: S},
     "ended": {R: S},
+    # `waiting(None)` and `ended` in one step: it waits for nothing any more, and nothing is interrupted.
+    "finished": {R: S},
 }
 
 # Which status an ending gives in each phase it may happen in; anything else is a bug of the driver.
@@ -92,6 +94,8 @@ operation = st.one_of(
     st.tuples(st.just("interruptible"), st.none()),
     st.tuples(st.just("cancel_requested"), st.none()),
     st.tuples(st.just("sent"), st.none()),
+    # `waiting(interrupt)`, `start` and `attempted` in one step.
+    st.tuples(st.just("begin"), st.none()),
 )
 
 
@@ -111,6 +115,8 @@ def _act(record: CallRecord, op: str, now: float, error: str) -> Any:
         return record.answered(FAILURE, "no", now)
     if op == "ended":
         return record.ended(CallStatus.FAILED, "down", now)
+    if op == "finished":
+        return record.finished(CallStatus.FAILED, "down", now, None, False)
     return getattr(record, op)()
 
 
@@ -145,6 +151,22 @@ def run_against_model(ops: list[tuple[str, Any]], record_type: type[CallRecord] 
             if phase is not S and interrupt is not None:
                 assert interrupt.cancelled >= 1
             continue
+        if op == "begin":
+            given = Interrupted()
+            if phase is S:
+                assert record.begin(given, now) is False, "a settled call began"
+                assert given.cancelled == 1, "a settled call was left waiting"
+                continue
+            if phase is not D:
+                with pytest.raises(LifecycleError):
+                    record.begin(given, now)
+                assert record.phase is phase and given.cancelled == 0, "a refused begin changed the call"
+                continue
+            assert record.begin(given, now) is True
+            phase, started, interrupt = R, True, given
+            attempts += 1
+            assert record.phase is R and record.interrupt is given and given.cancelled == 0
+            continue
         if op == "settle":
             ending: Ending = arg
             if phase is S:
@@ -166,7 +188,7 @@ def run_against_model(ops: list[tuple[str, Any]], record_type: type[CallRecord] 
             def act(op: str = op, now: float = now) -> Any:
                 return _act(record, op, now, f"e{len(errors)}")
 
-            if phase is S and op in ("answered", "tool_error", "ended", "start", "failed_attempt"):
+            if phase is S and op in ("answered", "tool_error", "ended", "finished", "start", "failed_attempt"):
                 before = record.outcome
                 assert act() is False, "a settled call was answered, started or failed again"
                 assert record.outcome is before, "a late answer or failure changed a settled call"
@@ -176,12 +198,21 @@ def run_against_model(ops: list[tuple[str, Any]], record_type: type[CallRecord] 
                     act()
                 assert record.phase is phase, "a refused transition changed the phase"
                 continue
+            cancels = interrupt.cancelled if interrupt is not None else 0
             result = act()
             if op in ("answered", "tool_error"):
                 moment = Effect.RAN
-            if op in ("answered", "tool_error", "ended"):
+            if op == "finished":
+                assert interrupt is None or interrupt.cancelled == cancels, "a call that finished was interrupted"
+                interrupt = None  # it waits for nothing any more
+            if op in ("answered", "tool_error", "ended", "finished"):
                 assert result is True
-                expected = {"answered": CallStatus.OK, "tool_error": CallStatus.TOOL_ERROR, "ended": CallStatus.FAILED}
+                expected = {
+                    "answered": CallStatus.OK,
+                    "tool_error": CallStatus.TOOL_ERROR,
+                    "ended": CallStatus.FAILED,
+                    "finished": CallStatus.FAILED,
+                }
                 assert record.outcome is not None and record.outcome.status is expected[op]
                 # The last attempt's error is the call's; only the earlier ones are attempt errors.
                 earlier = errors[:-1] if op != "answered" and errors else errors

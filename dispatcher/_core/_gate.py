@@ -262,14 +262,25 @@ class Gate(Generic[T]):
             held: Whether the call waits for `release` before it may start.
             keys: The call's conflict keys (default: the root key, which conflicts with everything).
         """
-        normal, nodes = self._locks(keys, exclusive)
+        normal: tuple[str, ...]
+        nodes: tuple[tuple[str, int], ...]
+        if keys is _ROOT_KEYS:  # `_locks`, inline for the default
+            normal, nodes = _ROOT_KEYS, _ROOT_EXCLUSIVE if exclusive else _ROOT_READ
+        else:
+            normal, nodes = self._locks(keys, exclusive)
         seq = self._seq
         self._seq = seq + 1
         ticket = Ticket(item, exclusive, server, normal, nodes, seq, TicketState.HELD if held else TicketState.PENDING)
         self._open[seq] = ticket
         self._enter(ticket)  # type: ignore[arg-type]
         if not held and not ticket._blocked:
-            self._ready(ticket)
+            # `_ready`, inline (a new ticket is the latest: it goes to the end of the FIFO)
+            self.readied += 1
+            fifo = self._fifo
+            if not fifo or fifo[-1]._seq < seq:
+                fifo.append(ticket)
+            else:
+                heapq.heappush(self._heap, (seq, ticket))
         return ticket
 
     def _locks(self, keys: tuple[str, ...], exclusive: bool) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:

@@ -315,6 +315,22 @@ class CallRecord:
         _sending.set(self)
         return True
 
+    def begin(self, interrupt: Interrupt, now: float) -> bool:
+        """`waiting(interrupt)`, `start(now)` and `attempted()` in one step, for a call that waits for nothing
+        between them: False if the call settled before (its interrupt is cancelled at once, nothing starts)."""
+        phase = self.phase
+        if phase is Phase.SETTLED:
+            interrupt.cancel()
+            return False
+        if phase is not Phase.ADMITTED:
+            self._expect(Phase.ADMITTED, what="start")
+        self.interrupt = interrupt
+        self.phase = Phase.RUNNING
+        self.started_at = now
+        self.attempts += 1
+        _sending.set(self)  # see `start`
+        return True
+
     def attempted(self) -> None:
         """An attempt starts (the first one with `start`)."""
         if self.phase is not Phase.RUNNING:
@@ -374,6 +390,17 @@ class CallRecord:
         """The call's last attempt ended with this status (see `Ending.ANSWERED`); `untrusted`: its error
         quotes a server."""
         if untrusted and self.phase is not Phase.SETTLED:
+            self.untrusted = True
+        return self._settle(Ending.ANSWERED, status, error, result, now)
+
+    def finished(
+        self, status: CallStatus, error: str | None, now: float, result: CallToolResult | None, untrusted: bool
+    ) -> bool:
+        """`waiting(None)` and `ended` in one step: the call waits for nothing any more, its last attempt ended."""
+        if self.phase is Phase.SETTLED:
+            return False
+        self.interrupt = None
+        if untrusted:
             self.untrusted = True
         return self._settle(Ending.ANSWERED, status, error, result, now)
 

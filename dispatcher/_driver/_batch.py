@@ -281,7 +281,8 @@ class Batch:
             assert hooks is not None
             hooks.settled(state, result)
         assert isinstance(record, PendingCall)
-        record._wake()
+        if record._waiters is not None:
+            record._wake()
         self._remaining -= 1
         if self._remaining == 0:
             self._executor.live.discard(self)

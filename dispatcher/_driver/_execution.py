@@ -231,6 +231,7 @@ class Executor(Submission):
         task's scope cannot carry (`_shares_scope`) runs under a scope of its own inside (`_execute`).
         """
         gate = self.gate
+        local = self._local
         cancelled = anyio.get_cancelled_exc_class()
         # Only trio carries on with the calls it takes (asyncio lets the loop run after every call).
         until = -math.inf if self._strays else self._now() + _FOLLOW
@@ -243,7 +244,12 @@ class Executor(Submission):
                         try:
                             if not self._open:
                                 work.settle(Ending.CLOSED, self._now())
-                            elif self._shares_scope(work):
+                            elif (
+                                local
+                                and (entry := work.entry) is not None
+                                and entry.server is None
+                                and ((state := work.state) is None or not state.recheck)
+                            ):  # `_shares_scope`, inline
                                 await self._carry_out(work, scope)
                             else:
                                 await self._run_admitted(work)
@@ -303,11 +309,15 @@ class Executor(Submission):
     def _next(self) -> Ticket[PendingCall] | None:
         """As a call's task is done with its call: the call it takes next, if the gate admits one now, after
         starting tasks for the others the gate admits."""
-        following = self.gate.take() if self._open else None
-        if following is not None:
+        if not self._open:
+            return None
+        gate = self.gate
+        following = gate.take()
+        if following is not None:  # (if the gate admits none now, `_pump` would start none either)
             following.item.admit()
-        if self._open:
-            self._pump()
+            limit = gate.limit
+            if limit is None or gate.running < limit:  # (at its limit, the gate admits no other)
+                self._pump()
         return following
 
     async def _between(self, following: Ticket[PendingCall] | None) -> float:
@@ -392,6 +402,24 @@ class Executor(Submission):
         watch = None
         if once and timeout is not None and not recheck:
             watch = self._deadlines.watch(scope, started + timeout)
+        if once and state is None and not recheck:
+            # The usual call, in fewer steps: one attempt, no hooks, nothing to wait for before it starts.
+            if not work.begin(scope, started):
+                if watch is not None:
+                    watch.forget()
+                return  # settled while it was on its way (its fleet hold lost)
+            clock = start_clock(work.call, scope) if entry.server is not None else no_clock()
+            if watch is not None and clock is not None:
+                clock.bound(scope, watch)
+            try:
+                last = await invoke(work)
+            finally:
+                if watch is not None:
+                    watch.forget()
+            if last.error is not None:
+                work.failed_attempt(last.error)
+            work.finished(last.status, last.error, self._now(), last.result, last.untrusted)
+            return
         work.waiting(scope)
         if recheck:
             if await self._approve_at_start(work):
@@ -422,8 +450,7 @@ class Executor(Submission):
             work.repeat_check = still
             retrier = Retrier(retry, self._budget(retry, entry.server), self._rng, entry.server, recheck=still)
             last = await retrier.run(functools.partial(self._attempt, work, True), started)
-        work.waiting(None)
-        work.ended(last.status, last.error, self._now(), result=last.result, untrusted=last.untrusted)
+        work.finished(last.status, last.error, self._now(), last.result, last.untrusted)
 
     def _interrupted(self, work: PendingCall) -> None:
         """Settle a call whose scope was cancelled before it settled: by `cancel`, or at its only attempt's deadline."""

@@ -56,7 +56,7 @@ class Submission(Approvals):
     def submit_all(self, batch: Batch, calls: list[ToolCall]) -> list[PendingCall]:
         """Queue checked calls of `batch` in order."""
         queue = self._queue
-        names: dict[object, Resolution] = {}
+        names: dict[object, _Known] = {}
         works = []
         now = self._now()
         for position, call in enumerate(calls, start=1):
@@ -79,7 +79,7 @@ class Submission(Approvals):
         now = clock()
         until = now + _SLICE
         readings = _SLICE_READINGS
-        names: dict[object, Resolution] = {}
+        names: dict[object, _Known] = {}
         for position, call in enumerate(calls, start=1):
             queue(batch, call, names, now)
             if position % _SLICE_CHECK:
@@ -108,7 +108,7 @@ class Submission(Approvals):
         return work
 
     def _queue(
-        self, batch: Batch, call: ToolCall, names: dict[object, Resolution] | None = None, now: float | None = None
+        self, batch: Batch, call: ToolCall, names: dict[object, _Known] | None = None, now: float | None = None
     ) -> PendingCall:
         """Queue one checked call of `batch` without starting anything; see `submit`.
 
@@ -116,18 +116,21 @@ class Submission(Approvals):
         during which the catalogue cannot change; `now`, a recent reading of the loop clock (one per
         few dozen calls of a run), is taken as the time the call was queued.
         """
-        self.check_open()
+        if not self._open:
+            self.check_open()
         if now is None:
             now = self._now()
         work = PendingCall(call, batch, now)
         batch._add(work)
         name = call.name
         if names is not None and type(name) is str and call.server is None:
-            resolution = names.get(name)
-            if resolution is None:
-                resolution = names[name] = self._catalog.resolve(name)
+            known = names.get(name)
+            if known is None:
+                known = names[name] = _known(self._catalog.resolve(name))
+            resolution, fixed, exclusive = known
         else:
             resolution = self._catalog.resolve(name, call.server)
+            fixed = exclusive = None
         hooks = work.hooks
         entry = resolution.entry
         if hooks is not None:
@@ -154,11 +157,16 @@ class Submission(Approvals):
             error = f"invalid arguments: {type(exc).__name__}: {exc}"
             work.settle(Ending.REJECTED, now, error, untrusted=not entry.trusted)
             return work
-        try:
-            keys = call_keys(entry, arguments)
-        except KeyRuleError as exc:
-            work.settle(Ending.REJECTED, now, f"invalid conflict keys: {exc}")
-            return work
+        if fixed is not None:
+            keys = fixed
+        else:
+            try:
+                keys = call_keys(entry, arguments)
+            except KeyRuleError as exc:
+                work.settle(Ending.REJECTED, now, f"invalid conflict keys: {exc}")
+                return work
+        if exclusive is None:
+            exclusive = entry.exclusive
         fail_fast = batch.fail_fast
         if fail_fast:  # an earlier call of the batch failed: this one may depend on it
             dependency = fail_fast.blocker(work.position, keys)
@@ -166,16 +174,14 @@ class Submission(Approvals):
                 work.skip(keys, dependency, now)  # with its keys: a failure in turn, for what conflicts with it
                 return work
         if hooks is None:
-            work.enter(self.gate.submit(work, exclusive=entry.exclusive, server=entry.server, keys=keys), held=False)
+            work.enter(self.gate.submit(work, exclusive=exclusive, server=entry.server, keys=keys), held=False)
             return work
         state = work.state
         assert state is not None
         state.keys = keys
         request = hooks.approval(call, entry, state)
         held = request is not None
-        work.enter(
-            self.gate.submit(work, exclusive=entry.exclusive, server=entry.server, held=held, keys=keys), held=held
-        )
+        work.enter(self.gate.submit(work, exclusive=exclusive, server=entry.server, held=held, keys=keys), held=held)
         if request is not None:
             self._ask(work, request)
         return work
@@ -220,6 +226,19 @@ class Submission(Approvals):
         assert argument is not None
         work.carry_key()
         return {**arguments, argument: key}
+
+
+# A name's resolution in one synchronous run of submissions, with what every call of it shares: its
+# conflict keys when its tool has no key function (its domain, or the root key), and whether it is exclusive.
+_Known = tuple["Resolution", "tuple[str, ...] | None", "bool | None"]
+
+
+def _known(resolution: Resolution) -> _Known:
+    entry = resolution.entry
+    if entry is None:
+        return resolution, None, None
+    fixed = call_keys(entry, {}) if entry.key_function is None else None  # read no argument
+    return resolution, fixed, entry.exclusive
 
 
 def _invalid_arguments(arguments: object) -> str:
