@@ -423,7 +423,11 @@ def _check_settings(settings: Sequence[int]) -> list[int]:
     bad = [s for s in settings if not isinstance(s, int) or isinstance(s, bool) or s < 1]
     if bad:
         raise ConfigurationError(f"every setting must be an int >= 1, got {bad}")
-    return sorted(set(settings))
+    twice = sorted({s for s in settings if list(settings).count(s) > 1})
+    if twice:
+        # Dropping one would hide a typo (1, 2, 2, 4 for 1, 2, 3, 4): the sweep would not measure what was meant.
+        raise ConfigurationError(f"settings lists {twice} more than once; give each limit once, e.g. (1, 2, 4, 8)")
+    return sorted(settings)
 
 
 def _workload_notes(share: float, trusted: bool, clients: int, limits: Sequence[int]) -> list[str]:
