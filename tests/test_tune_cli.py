@@ -118,7 +118,6 @@ def test_flat_throughput_quotes_the_range_measured_when_the_smallest_setting_is_
         (",4", "--range has an empty item in ',4'"),
         ("1,2,2,4", "--range lists 2 more than once in '1,2,2,4': give each setting once"),
         ("4,1,4,1", "--range lists 1 and 4 more than once"),
-        ("1,0,2", "--range takes settings >= 1, got 0 in '1,0,2'"),
         ("1,two", "--range takes integers separated by commas, got '1,two'"),
     ],
 )
@@ -129,6 +128,11 @@ def test_a_range_with_an_empty_item_or_a_setting_twice_is_a_usage_error(
     err = usage(["--range", given], capsys)
     assert said in err, err
     assert "e.g. --range 1,2,4,8" in err
+
+
+def test_a_range_with_a_setting_below_1_names_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """Checked by tune() itself, before anything connects."""
+    assert "every setting must be an int >= 1, got [0]" in usage(["--range", "1,0,2"], capsys)
 
 
 def test_a_range_in_any_order_with_spaces_is_read_as_written() -> None:

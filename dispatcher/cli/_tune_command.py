@@ -78,7 +78,7 @@ def doubling(start: int, stop: int) -> list[int]:
 
 
 def parse_range(text: str) -> list[int]:
-    """The settings of `--range`: integers >= 1 separated by commas, each once, in any order.
+    """The settings of `--range`: integers separated by commas, each once, in any order (`tune` checks they are >= 1).
 
     An empty item (``1,,2``, a comma at either end) and a setting listed twice are usage errors rather than
     dropped: both are likelier a typo (``1,2,2,4`` for ``1,2,3,4``) than a wish, and a sweep of hours should
@@ -95,9 +95,6 @@ def parse_range(text: str) -> list[int]:
         limits = [int(part) for part in parts]
     except ValueError:
         raise UsageError(f"--range takes integers separated by commas, got {text!r}; {example}") from None
-    small = [limit for limit in limits if limit < 1]
-    if small:
-        raise UsageError(f"--range takes settings >= 1, got {small[0]} in {text!r}; {example}")
     twice = sorted({limit for limit in limits if limits.count(limit) > 1})
     if twice:
         listed = " and ".join(map(str, twice))
