@@ -41,7 +41,7 @@ def recommended_line(fig: Figure) -> tuple[float, float, float]:
     and whether the legend covers it (1.0) or not (0.0)."""
     left = fig.axes[0]
     [line] = [line for line in left.get_lines() if str(line.get_label()).startswith("recommended")]
-    x = float(line.get_xdata()[0])  # type: ignore[index]
+    x = float(line.get_xdata()[0])  # type: ignore[index, arg-type]  # matplotlib types xdata as ArrayLike
     low, high = left.get_xlim()
     fig.canvas.draw()
     pixel = left.transData.transform((x, 0))[0]
