@@ -134,8 +134,8 @@ async def tune(
         processes: The processes of a fleet sweep; the callers, warm-up and calls are split among them.
         repeats: The measurements of each setting (>= 1).
         max_time: Seconds the whole sweep may take (probing included), or None. When it runs out, the
-            measurement under way is abandoned and the report holds the settings measured so far, with
-            `cut_short` "max_time".
+            measurement under way closes its window there (kept, marked partial) and the report holds the
+            settings measured so far, with `cut_short` "max_time".
         overrides: Your own annotations for some of the server's tools, as `add_mcp_server(overrides=...)`
             takes them (trusted even for an untrusted server): measure what declaring a tool read-only
             would do before writing it into code.
