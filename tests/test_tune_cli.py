@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
+from dispatcher import ConfigurationError
 from dispatcher.cli import main
-from dispatcher.cli._tune_command import doubling
+from dispatcher.cli._tune_command import doubling, parse_range
 from dispatcher.examples import Workspace
 from dispatcher.tuning import load_workload, recommend, tune
 
@@ -107,3 +108,41 @@ def test_flat_throughput_quotes_the_range_measured_when_the_smallest_setting_is_
     assert why.startswith("no setting matters here: throughput stays at 92.0 to 100 calls/s from 1 to 4"), why
     _, _, why = recommend([setting(1, 100.0, 0.01), setting(2, 100.0, 0.02)])
     assert why.startswith("no setting matters here: throughput stays at 100 calls/s from 1 to 2"), why
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("1,,2", "--range has an empty item in '1,,2' (two commas together, or one at an end)"),
+        ("1,2,", "--range has an empty item in '1,2,'"),
+        (",4", "--range has an empty item in ',4'"),
+        ("1,2,2,4", "--range lists 2 more than once in '1,2,2,4': give each setting once"),
+        ("4,1,4,1", "--range lists 1 and 4 more than once"),
+        ("1,two", "--range takes integers separated by commas, got '1,two'"),
+    ],
+)
+def test_a_range_with_an_empty_item_or_a_setting_twice_is_a_usage_error(
+    given: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`1,,2` swept 1 and 2 and `1,2,2,4` swept 1, 2 and 4, silently: a typo measured what was not meant."""
+    err = usage(["--range", given], capsys)
+    assert said in err, err
+    assert "e.g. --range 1,2,4,8" in err
+
+
+def test_a_range_with_a_setting_below_1_names_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """Checked by tune() itself, before anything connects."""
+    assert "every setting must be an int >= 1, got [0]" in usage(["--range", "1,0,2"], capsys)
+
+
+def test_a_range_in_any_order_with_spaces_is_read_as_written() -> None:
+    """Order and spaces around the commas are no mistake: the sweep measures the settings in increasing order."""
+    assert parse_range("8, 2,4") == [8, 2, 4]
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("asyncio", "trio")
+async def test_tune_refuses_a_setting_listed_twice() -> None:
+    """The Python API dropped the repeat silently too: it names it instead."""
+    with pytest.raises(ConfigurationError, match=r"settings lists \[2\] more than once"):
+        await tune(Workspace(latency=0).server, "reads", (1, 2, 2), trusted=True, calls=3, repeats=1)

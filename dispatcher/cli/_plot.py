@@ -7,9 +7,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from matplotlib.figure import Figure
+
     from ..tuning._report import TuneReport
 
-__all__ = ["save_plot"]
+__all__ = ["draw", "save_plot"]
 
 
 def save_plot(report: TuneReport, path: Path) -> None:
@@ -19,9 +21,19 @@ def save_plot(report: TuneReport, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig = draw(report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def draw(report: TuneReport) -> Figure:
+    """The figure `save_plot` writes: the settings evenly spaced, each with half a slot of room either side."""
+    import matplotlib.pyplot as plt
+
     limits = [s.limit for s in report.settings]
     positions = list(range(len(limits)))
-    fig, left = plt.subplots(figsize=(7, 4.5))
+    fig, left = plt.subplots(figsize=(7, 5))
     throughputs = [s.throughput for s in report.settings]
     # The spread of the repeats as error bars: the lowest and highest measurement around the median.
     left.errorbar(
@@ -49,20 +61,25 @@ def save_plot(report: TuneReport, path: Path) -> None:
     )
     right.set_ylabel("run time per call (ms)", color="tab:red")
     right.set_ylim(bottom=0)
+    # Half a slot either side of the first and last settings: a recommendation at the smallest setting drew its
+    # line on the left axis, where it could not be told from the spine (or, with one setting, filled the plot).
+    left.set_xlim(-0.5, len(limits) - 0.5)
     if report.recommended is not None:
-        left.axvline(limits.index(report.recommended), color="tab:green", alpha=0.5, label="recommended")
+        at = limits.index(report.recommended)
+        left.axvspan(at - 0.25, at + 0.25, color="tab:green", alpha=0.12, zorder=0)
+        left.axvline(
+            at, color="tab:green", alpha=0.8, linewidth=2, zorder=0, label=f"recommended: {report.recommended}"
+        )
     handles = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-    # On the twin axes, drawn last, so that no line crosses the legend.
-    right.legend(handles=handles, loc="upper left")
+    # Below the plot, not over it: in the upper left it covered the recommended line at the smallest setting.
+    right.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=8)
     left.grid(True, alpha=0.3)
     title = f"{report.target}"[:80]
     if report.cut_short is not None:
         title += " (cut short)"
     left.set_title(title, fontsize=9)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def _spread(values: list[float], ranges: list[tuple[float, float] | None]) -> list[list[float]]:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from ..tuning._report import TuneReport
 
-__all__ = ["add_parser", "doubling"]
+__all__ = ["add_parser", "doubling", "parse_range"]
 
 
 def _seconds(text: str) -> float:
@@ -74,6 +74,31 @@ def doubling(start: int, stop: int) -> list[int]:
         limits.append(value)
         value *= 2
     limits.append(stop)
+    return limits
+
+
+def parse_range(text: str) -> list[int]:
+    """The settings of `--range`: integers separated by commas, each once, in any order (`tune` checks they are >= 1).
+
+    An empty item (``1,,2``, a comma at either end) and a setting listed twice are usage errors rather than
+    dropped: both are likelier a typo (``1,2,2,4`` for ``1,2,3,4``) than a wish, and a sweep of hours should
+    not run on a guess at what was meant. The order is free: settings are measured in increasing order.
+
+    Raises:
+        UsageError: The list is not that.
+    """
+    example = "e.g. --range 1,2,4,8"
+    parts = [part.strip() for part in text.split(",")]
+    if any(not part for part in parts):
+        raise UsageError(f"--range has an empty item in {text!r} (two commas together, or one at an end); {example}")
+    try:
+        limits = [int(part) for part in parts]
+    except ValueError:
+        raise UsageError(f"--range takes integers separated by commas, got {text!r}; {example}") from None
+    twice = sorted({limit for limit in limits if limits.count(limit) > 1})
+    if twice:
+        listed = " and ".join(map(str, twice))
+        raise UsageError(f"--range lists {listed} more than once in {text!r}: give each setting once; {example}")
     return limits
 
 
@@ -162,10 +187,7 @@ def _settings(args: argparse.Namespace) -> list[int]:
     if args.range is not None and (args.start is not None or args.stop is not None):
         raise UsageError("give either --range or --from/--to, not both")
     if args.range is not None:
-        try:
-            return [int(part) for part in args.range.split(",") if part.strip()]
-        except ValueError:
-            raise UsageError(f"--range takes integers separated by commas, got {args.range!r}") from None
+        return parse_range(args.range)
     if args.start is not None or args.stop is not None:
         start = 1 if args.start is None else args.start
         return doubling(start, DEFAULT_SETTINGS[-1] if args.stop is None else args.stop)

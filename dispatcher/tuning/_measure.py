@@ -67,9 +67,9 @@ class SettingResult:
             reads (see `dispatcher.tuning._recommend`).
         cut_off_failed: Those of the `cut_off` calls that then did not succeed (they timed out or failed
             after the window closed).
-        partial: The measurement was cut off by the sweep's time budget before its window would have
-            closed: its figures cover the part of the window that ran (and the calls running then count as
-            cut off, timed up to that moment).
+        partial: The measurement was cut off by the sweep's time budget, or by its stop event (Ctrl-C),
+            before its window would have closed: its figures cover the part of the window that ran (and the
+            calls running then count as cut off, timed up to that moment).
     """
 
     limit: int
@@ -142,6 +142,7 @@ async def measure(
     report: Callable[[int, int | None], None] | None,
     phase: Callable[[str], None] | None = None,
     deadline: float = math.inf,
+    stop: anyio.Event | None = None,
 ) -> SettingResult:
     """Run one setting's closed loop (`closed_loop`) and summarise its measurement window."""
     window = await closed_loop(
@@ -154,6 +155,7 @@ async def measure(
         report=report,
         phase=phase,
         deadline=deadline,
+        stop=stop,
     )
     return summarise(
         limit,
@@ -176,10 +178,11 @@ class Window:
         start: When the window opened (the end of the warm-up).
         stop: When it closed.
         inclusive: Whether a call ending exactly at `start` counts (there was no warm-up).
-        abandoned: (queued_at, started_at) of the calls still running when the deadline closed the
-            window: they were cancelled rather than left to finish, so their run time is known only to
-            be at least `stop - started_at`.
-        partial: The deadline closed the window (or ended the warm-up) before it would have closed.
+        abandoned: (queued_at, started_at) of the calls still running when the deadline (or the stop
+            event) closed the window: they were cancelled rather than left to finish, so their run time is
+            known only to be at least `stop - started_at`.
+        partial: The deadline or the stop event closed the window (or ended the warm-up) before it would
+            have closed.
         warmup: How many of the first `results` (in the order they ended) were the warm-up, when a count of
             calls opened the window (0 otherwise): the calls after them are measured even when they end at
             the very moment the window opened, as calls rejected at once all do on a virtual clock.
@@ -205,6 +208,7 @@ async def closed_loop(
     report: Callable[[int, int | None], None] | None,
     phase: Callable[[str], None] | None = None,
     deadline: float = math.inf,
+    stop: anyio.Event | None = None,
 ) -> Window:
     """Run one setting's closed loop: callers each submit a call and wait for it, until the window closes.
 
@@ -228,6 +232,9 @@ async def closed_loop(
         deadline: When the sweep's time budget runs out (loop clock). At that moment the window closes
             (the measurement is `partial`) and the calls still running are cancelled instead of left to
             finish: a budget includes the setting in progress.
+        stop: An event that, once set (Ctrl-C on the command line), ends the measurement as `deadline` does at
+            that moment: the window closes there and is kept, `partial`, with the calls that ended inside it
+            counted and those running counted as cut off, rather than the whole measurement being lost.
     """
     source = _repeat(workload)
     finished: list[ToolResult] = []  # completed before the measurement stopped
@@ -237,7 +244,7 @@ async def closed_loop(
     started = anyio.current_time()
     window_start: float | None = None
     window_stop = math.inf
-    stop = False
+    closed = False
     before = 0  # calls completed before the window opened
     opened_by_count = closed_by_count = False
     abandoned: list[tuple[float, float]] = []
@@ -250,21 +257,21 @@ async def closed_loop(
             phase("measuring")
 
     def close_window(at: float) -> None:
-        nonlocal stop, window_stop
-        stop, window_stop = True, at
+        nonlocal closed, window_stop
+        closed, window_stop = True, at
         for queued, its_batch in list(waiting.items()):
             if queued.started_at is None:
                 its_batch.cancel()
 
     async def caller() -> None:
         nonlocal opened_by_count, closed_by_count
-        while not stop:
+        while not closed:
             batch = dispatcher.batch()
             pending = batch.submit(next(source))
             waiting[pending] = batch
             result = await pending.wait()
             del waiting[pending]
-            if stop:
+            if closed:
                 if result.started_at is not None and result.finished_at > window_stop:
                     tail.append(result)
                 elif result.started_at is not None:
@@ -289,13 +296,17 @@ async def closed_loop(
                 open_window(anyio.current_time())
         assert window_start is not None
         await anyio.sleep_until(window_start + duration)
-        if not stop:
+        if not closed:
             close_window(window_start + duration)
 
     async def budget(callers: anyio.CancelScope) -> None:
         nonlocal partial
-        await anyio.sleep_until(deadline)
-        if not stop:  # the window was still open (or the warm-up running): the measurement is partial
+        if stop is None:
+            await anyio.sleep_until(deadline)
+        else:
+            with anyio.CancelScope(deadline=deadline):
+                await stop.wait()
+        if not closed:  # the window was still open (or the warm-up running): the measurement is partial
             partial = True
             now = anyio.current_time()
             if window_start is None:
@@ -312,7 +323,7 @@ async def closed_loop(
         if duration is not None:
             outer.start_soon(timer)
         async with anyio.create_task_group() as tg:
-            if math.isfinite(deadline):
+            if math.isfinite(deadline) or stop is not None:
                 outer.start_soon(budget, tg.cancel_scope)
             for _ in range(clients):
                 tg.start_soon(caller)

@@ -14,8 +14,10 @@ differently:
 - throughput flat across the range (the smallest setting already gets within 10% of the best, or one
   of its repeats reached the best's median) while run time grows: no setting matters here; the smallest
   is kept, and no wider range is suggested;
-- power still growing at the largest setting, throughput too: the knee lies beyond the range, so try a
-  wider one.
+- power still growing at the largest setting, throughput too, by more than the noise of the measurements
+  (the range of the repeats, and at least the 1/sqrt(n) of counting n calls, `_bounds`): the knee lies
+  beyond the range, so try a wider one. A gain inside that noise (one measurement of a few calls) asks for
+  more calls or repeats instead: it is no evidence of a knee beyond.
 
 Choosing from power rather than from throughput alone is what keeps the advice stable: throughput keeps
 creeping up past the knee (each round trip leaves a slot idle, and calls beyond the knee hide it), so
@@ -183,11 +185,20 @@ def _recommend(
             return top.limit, best.limit, f"{head}; the sweep stopped before the larger settings were measured."
         if fails_above:
             return top.limit, best.limit, f"{head}; it is the largest setting at which calls do not fail."
-        if gain > _FLAT:
+        if gain > _FLAT and _bounds(top)[0] > _bounds(before)[1]:
             return (
                 top.limit,
                 best.limit,
                 f"{head}; it is the largest setting tried and throughput was still growing, so try a wider range.",
+            )
+        if gain > _FLAT:
+            # A gain inside the noise is no evidence the knee lies beyond the range: say how to tell instead.
+            return (
+                top.limit,
+                best.limit,
+                f"{head}; it is the largest setting tried, but that gain is within the noise of these measurements "
+                f"({_sample(before, top)}), so it is no evidence that the knee lies beyond {top.limit}: measure "
+                "again with more --calls or --repeats to tell.",
             )
         return top.limit, best.limit, f"{head}; it is the largest setting tried."
     if chosen.throughput < (1 - tolerance) * best.throughput:
@@ -235,6 +246,28 @@ def _reaches(setting: SettingResult, level: float) -> bool:
     if power(setting) >= level:
         return True
     return setting.power_range is not None and setting.power_range[1] >= level
+
+
+def _bounds(setting: SettingResult) -> tuple[float, float]:
+    """The throughputs a setting's measurements leave room for: its repeats' range, widened to counting noise.
+
+    A window of n calls resolves throughput to about 1/sqrt(n) of it (calls end at random moments), so one
+    measurement of 3 calls is no narrower than +-58% whatever its range says: with a single measurement the
+    range is one point, and the noise is not zero but unknown. The count is a measurement's (the median of
+    repeats is read as one).
+    """
+    low, high = setting.throughput_range or (setting.throughput, setting.throughput)
+    per_measurement = setting.calls / max(1, setting.repeats)
+    noise = setting.throughput / math.sqrt(per_measurement) if per_measurement >= 1 else math.inf
+    return min(low, setting.throughput - noise), max(high, setting.throughput + noise)
+
+
+def _sample(*settings: SettingResult) -> str:
+    """How much the figures of these settings rest on: calls per measurement, and measurements."""
+    fewest = min(setting.calls / max(1, setting.repeats) for setting in settings)
+    repeats = min(setting.repeats for setting in settings)
+    calls = f"{fewest:.0f} call{'s' if round(fewest) != 1 else ''} a measurement"
+    return f"{calls}, {'one measurement' if repeats == 1 else f'{repeats} measurements'} a setting"
 
 
 def _flat(low: SettingResult, best: SettingResult) -> bool:

@@ -197,6 +197,9 @@ def conclude(
             f"(the settings measured {format_number(low.throughput)} to {format_number(high.throughput)} calls/s, "
             "which is noise); see the notes"
         )
+    elif cut_short == "server_lost" and _every_call_failed(results):
+        # Not the lost connection's doing alone: no setting is left out for it, and none is blamed.
+        explanation = _failed_then_lost(results, lost)
     elif cut_short == "server_lost" and len(eligible) < 2:
         explanation = _lost_before_two(eligible, lost_during)
     else:
@@ -211,6 +214,23 @@ def conclude(
             notes.append(drift)
             explanation += " It may not repeat: the server got slower during the sweep (see the notes)."
     return Conclusion(tuple(results), recommended, best, explanation, tuple(notes))
+
+
+def _every_call_failed(results: Sequence[SettingResult]) -> bool:
+    """Whether every setting measured got errors and not one call that succeeded, in its window or after."""
+    return bool(results) and all(s.calls == 0 and s.errors > 0 and s.cut_off_failed >= s.cut_off for s in results)
+
+
+def _failed_then_lost(results: Sequence[SettingResult], lost: str) -> str:
+    """Why a sweep whose every call failed, and whose server then stopped answering, recommends nothing."""
+    first = results[0]
+    tool = f"{first.error_tool}: " if first.error_tool else ""
+    where = " and ".join(str(s.limit) for s in results)
+    return (
+        f"every measured call failed, at {where} ({tool}{first.error}), so there is nothing to recommend; then "
+        f"the server stopped answering ({lost}). No setting is to blame for the failures: fix the workload's "
+        "calls (or the server) and run again"
+    )
 
 
 def _lost_before_two(eligible: Sequence[SettingResult], lost_during: int | None) -> str:

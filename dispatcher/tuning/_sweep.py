@@ -134,13 +134,15 @@ async def tune(
         processes: The processes of a fleet sweep; the callers, warm-up and calls are split among them.
         repeats: The measurements of each setting (>= 1).
         max_time: Seconds the whole sweep may take (probing included), or None. When it runs out, the
-            measurement under way is abandoned and the report holds the settings measured so far, with
-            `cut_short` "max_time".
+            measurement under way closes its window there (kept, marked partial) and the report holds the
+            settings measured so far, with `cut_short` "max_time".
         overrides: Your own annotations for some of the server's tools, as `add_mcp_server(overrides=...)`
             takes them (trusted even for an untrusted server): measure what declaring a tool read-only
             would do before writing it into code.
         stop: An event that ends the sweep early when set (the command line sets it on Ctrl-C): as with
-            `max_time`, with `cut_short` "interrupted".
+            `max_time`, with `cut_short` "interrupted". The measurement under way closes its window there and
+            is kept, marked partial (its calls so far counted, those running counted as cut off), unless the
+            setting was measured whole in an earlier round; in a fleet sweep it is abandoned.
         online: After the sweep, run the same closed loop once more with the per-server limit left to
             an `AdaptiveLimit` (True: ``AdaptiveLimit(ceiling=<the largest setting>)``), for `ROUNDS`
             times the calls (or duration) of one measurement, and report where it settles
@@ -194,6 +196,9 @@ async def tune(
     settled: OnlineResult | None = None
     gave_up: str | None = None  # why the sweep stopped early on its own: the first settings failed every call
     last: int | None = None  # the setting measured last: when the server was lost, the one it was lost during
+    # While a setting is measured in this process, the stop event closes its window (kept as partial) instead
+    # of cancelling the sweep: Ctrl-C during the first setting left an empty table.
+    measuring = False
 
     def report_to(limit: int, index: int, repeat: int) -> tuple[Callable[[int, int | None], None] | None, Any]:
         if progress is None:
@@ -217,9 +222,12 @@ async def tune(
         return on_call, on_phase
 
     async def sweep(client: Any, deadline: float) -> None:
-        nonlocal pattern, description, share, failure, settled, cut_short, gave_up, lost, listed, last
+        nonlocal pattern, description, share, failure, settled, cut_short, gave_up, lost, listed, last, measuring
         for repeat in range(repeats):
             for index, limit in enumerate(limits):
+                if stop is not None and stop.is_set():
+                    cut_short = "interrupted"
+                    return
                 if anyio.current_time() >= deadline:
                     cut_short = "max_time"
                     return
@@ -275,22 +283,28 @@ async def tune(
                             if on_call is not None:
                                 on_call(calls or 1, calls)
                         else:
-                            result = await measure(
-                                dispatcher,
-                                pattern,
-                                limit=limit,
-                                clients=callers,
-                                warmup=2 * limit if warmup is None else warmup,
-                                calls=calls,
-                                duration=duration,
-                                report=on_call,
-                                phase=on_phase,
-                                deadline=deadline,
-                            )
+                            measuring = True
+                            try:
+                                result = await measure(
+                                    dispatcher,
+                                    pattern,
+                                    limit=limit,
+                                    clients=callers,
+                                    warmup=2 * limit if warmup is None else warmup,
+                                    calls=calls,
+                                    duration=duration,
+                                    report=on_call,
+                                    phase=on_phase,
+                                    deadline=deadline,
+                                    stop=stop,
+                                )
+                            finally:
+                                measuring = False
                         if result.partial:
-                            cut_short = "max_time"
-                            # A part of a window counts only for a setting measured in no other round.
-                            if not measured[limit] and result.elapsed > 0:
+                            cut_short = "interrupted" if stop is not None and stop.is_set() else "max_time"
+                            # A part of a window counts only for a setting measured in no other round, and
+                            # only when a call ended in it (one stopped as it opened measured nothing).
+                            if not measured[limit] and result.elapsed > 0 and result.calls + result.errors > 0:
                                 measured[limit].append(result)
                             return
                         measured[limit].append(result)
@@ -306,7 +320,8 @@ async def tune(
                         return
                 if failure is not None:
                     return
-        if online is not False and pattern and share > 0 and anyio.current_time() < deadline:
+        stopped = stop is not None and stop.is_set()
+        if online is not False and pattern and share > 0 and anyio.current_time() < deadline and not stopped:
             settled = await measure_online(
                 client,
                 pattern,
@@ -334,7 +349,8 @@ async def tune(
                         assert stop is not None
                         await stop.wait()
                         interrupted = True
-                        tg.cancel_scope.cancel()
+                        if not measuring:  # a measurement closes its own window on the event, and is kept
+                            tg.cancel_scope.cancel()
 
                     if stop is not None:
                         tg.start_soon(watch)
@@ -423,7 +439,11 @@ def _check_settings(settings: Sequence[int]) -> list[int]:
     bad = [s for s in settings if not isinstance(s, int) or isinstance(s, bool) or s < 1]
     if bad:
         raise ConfigurationError(f"every setting must be an int >= 1, got {bad}")
-    return sorted(set(settings))
+    twice = sorted({s for s in settings if list(settings).count(s) > 1})
+    if twice:
+        # Dropping one would hide a typo (1, 2, 2, 4 for 1, 2, 3, 4): the sweep would not measure what was meant.
+        raise ConfigurationError(f"settings lists {twice} more than once; give each limit once, e.g. (1, 2, 4, 8)")
+    return sorted(settings)
 
 
 def _workload_notes(share: float, trusted: bool, clients: int, limits: Sequence[int]) -> list[str]:
