@@ -11,23 +11,26 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from subprocess import PIPE, TimeoutExpired
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
 
 from dispatcher.fleet import CoordinationError, FleetServer, RedisCoordinator
-from tests.fleet.conftest import FENCE, _workspace
+from tests import forkserver
+from tests.fleet.conftest import FENCE
 from tests.ledger import Entry, Ledger
 
 if TYPE_CHECKING:
     import pathlib
+    from collections.abc import Iterator
 
     from benchmarks._redis import RedisServer
+    from tests.forkserver import Forked
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIMIT = 3
@@ -56,12 +59,53 @@ def read_ledger(path: pathlib.Path) -> Overlaps:
     return Overlaps(ledger.peak(effective=True), len(ledger.overlaps(_write_beside, effective=True)), calls)
 
 
-def spawn(config: dict[str, Any]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.fleet.agent", json.dumps(config)],
+def spawn(config: dict[str, Any]) -> Forked:
+    """A fleet process, forked from tests/forkserver.py's zygote: its pid is its own, so signals reach it."""
+    return forkserver.spawn([sys.executable, "-m", "tests.fleet.agent", json.dumps(config)], cwd=ROOT, stdout=PIPE)
+
+
+def _workspace(tmp_path: pathlib.Path, *options: str) -> Iterator[tuple[str, pathlib.Path]]:
+    """tests/fleet/conftest.py's workspace, forked from the zygote (which imported the SDK and uvicorn once)."""
+    ledger = tmp_path / "ledger.jsonl"
+    process = forkserver.spawn(
+        [sys.executable, "-m", "dispatcher.examples.workspace", "--http", "--port", "0", "--latency", "0.03",
+         "--ledger", str(ledger), *options],
+        stdout=PIPE,
         cwd=ROOT,
-        stdout=subprocess.PIPE,
-    )
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline().decode()
+        assert line.startswith("MCP_URL="), f"the workspace did not start: {line!r}"
+        yield line.strip().split("=", 1)[1], ledger
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except TimeoutExpired:
+            process.kill()
+            process.wait()
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+# The fleet's workspace fixtures (tests/fleet/conftest.py), overridden here by forked ones.
+@pytest.fixture
+def workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
+    """The example workspace over HTTP with a ledger; yields its URL and the ledger's path."""
+    yield from _workspace(tmp_path)
+
+
+@pytest.fixture
+def fenced_workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
+    """The same workspace in its fenced mode: writes with a stale token in _meta[FENCE] are refused."""
+    yield from _workspace(tmp_path, "--fence", FENCE, "--latency", "0.06")
+
+
+@pytest.fixture
+def slow_workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
+    """The workspace with 0.2 s calls: a flush or a freeze finds writes in flight."""
+    yield from _workspace(tmp_path, "--latency", "0.2")
 
 
 def fleet_configs(
@@ -85,7 +129,7 @@ def fleet_configs(
     ]
 
 
-def wait_all(processes: list[subprocess.Popen[bytes]], timeout: float = 120.0) -> None:
+def wait_all(processes: list[Forked], timeout: float = 120.0) -> None:
     for process in processes:
         try:
             assert process.wait(timeout) == 0, f"a fleet process exited with {process.returncode}"
@@ -234,7 +278,7 @@ def test_a_sigkilled_process_loses_its_hold_within_the_lease_bound(
 
 def frozen_fleet(
     tmp_path: pathlib.Path, mcp: str, redis: str, namespace: str, backend: str, **options: Any
-) -> tuple[list[dict[str, Any]], list[subprocess.Popen[bytes]]]:
+) -> tuple[list[dict[str, Any]], list[Forked]]:
     """Two processes on `backend`; the first stops itself (SIGSTOP) right after its second write's grant.
 
     The other has more to do, so it is still writing when the first resumes.
@@ -253,7 +297,7 @@ def frozen_fleet(
     return configs, processes
 
 
-def thaw_after(process: subprocess.Popen[bytes], seconds: float) -> None:
+def thaw_after(process: Forked, seconds: float) -> None:
     """Wait until `process` froze itself, let the fleet run `seconds` without it, then resume it."""
     assert process.stdout is not None
     assert process.stdout.readline().strip() == b"FROZEN"
