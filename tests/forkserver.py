@@ -23,9 +23,10 @@ Two ways to ask for one:
   ``pid`` is the server's own, and signals go to it through a pidfd the zygote opened before the child
   could be reaped, so SIGKILL, SIGSTOP and SIGCONT reach the process itself and never a reused pid.
 
-`start()` starts the zygote without waiting for it (tests/conftest.py calls it once collection found a
-test that starts processes); the first request waits until it is ready. The zygote exits when the pytest
-process that started it does (its stdin is a pipe from that process).
+`start()` starts the zygote without waiting for it, `ready()` waits until it serves: tests/conftest.py
+starts it once collection found a test marked ``subprocess``, and waits for it in such a test's setup, so
+its start never falls inside a test's own timeout. Otherwise the first request starts it and waits. The
+zygote exits when the pytest process that started it does (its stdin is a pipe from that process).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ import tempfile
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import pathlib
+    from collections.abc import Iterator
+
     from mcp import StdioServerParameters
 
 _LAUNCH = "launch"
@@ -319,6 +323,11 @@ def start() -> None:
     _started, _ready = (process, path), False
 
 
+def ready() -> None:
+    """Start this process's zygote if it is not running, and wait until it is ready."""
+    _socket_path()
+
+
 def _socket_path() -> str:
     """The zygote's socket, once it is ready (one zygote per pytest process, so one per xdist worker)."""
     global _ready
@@ -456,6 +465,38 @@ def spawn(
     finally:
         for fd in opened:
             os.close(fd)
+
+
+def http_workspace(
+    tmp_path: pathlib.Path, *options: str, latency: str | None = "0.03"
+) -> Iterator[tuple[str, pathlib.Path]]:
+    """The example workspace over HTTP with a ledger, forked: yields its URL and the ledger's path.
+
+    tests/fleet/conftest.py's `workspace` fixtures, for about a tenth of their CPU (the zygote imported the
+    SDK and uvicorn once); the fleet tests' modules override those fixtures with this.
+    """
+    ledger = tmp_path / "ledger.jsonl"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    process = spawn(
+        [sys.executable, "-m", "dispatcher.examples.workspace", "--http", "--port", "0",
+         *(["--latency", latency] if latency is not None else []), "--ledger", str(ledger), *options],
+        stdout=subprocess.PIPE,
+        cwd=root,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline().decode()
+        assert line.startswith("MCP_URL="), f"the workspace did not start: {line!r}"
+        yield line.strip().split("=", 1)[1], ledger
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        assert process.stdout is not None
+        process.stdout.close()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from subprocess import PIPE, TimeoutExpired
+from subprocess import PIPE
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -64,48 +64,23 @@ def spawn(config: dict[str, Any]) -> Forked:
     return forkserver.spawn([sys.executable, "-m", "tests.fleet.agent", json.dumps(config)], cwd=ROOT, stdout=PIPE)
 
 
-def _workspace(tmp_path: pathlib.Path, *options: str) -> Iterator[tuple[str, pathlib.Path]]:
-    """tests/fleet/conftest.py's workspace, forked from the zygote (which imported the SDK and uvicorn once)."""
-    ledger = tmp_path / "ledger.jsonl"
-    process = forkserver.spawn(
-        [sys.executable, "-m", "dispatcher.examples.workspace", "--http", "--port", "0", "--latency", "0.03",
-         "--ledger", str(ledger), *options],
-        stdout=PIPE,
-        cwd=ROOT,
-    )  # fmt: skip
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline().decode()
-        assert line.startswith("MCP_URL="), f"the workspace did not start: {line!r}"
-        yield line.strip().split("=", 1)[1], ledger
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except TimeoutExpired:
-            process.kill()
-            process.wait()
-        assert process.stdout is not None
-        process.stdout.close()
-
-
 # The fleet's workspace fixtures (tests/fleet/conftest.py), overridden here by forked ones.
 @pytest.fixture
 def workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
     """The example workspace over HTTP with a ledger; yields its URL and the ledger's path."""
-    yield from _workspace(tmp_path)
+    yield from forkserver.http_workspace(tmp_path)
 
 
 @pytest.fixture
 def fenced_workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
     """The same workspace in its fenced mode: writes with a stale token in _meta[FENCE] are refused."""
-    yield from _workspace(tmp_path, "--fence", FENCE, "--latency", "0.06")
+    yield from forkserver.http_workspace(tmp_path, "--fence", FENCE, "--latency", "0.06")
 
 
 @pytest.fixture
 def slow_workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
     """The workspace with 0.2 s calls: a flush or a freeze finds writes in flight."""
-    yield from _workspace(tmp_path, "--latency", "0.2")
+    yield from forkserver.http_workspace(tmp_path, "--latency", "0.2")
 
 
 def fleet_configs(
@@ -442,7 +417,7 @@ def cut_off_write(
     the results of the processes that lived.
     """
     options = ["--latency", str(WRITE), "--uncancellable", *(["--fence", FENCE] if fenced else [])]
-    with contextlib.contextmanager(_workspace)(tmp_path, *options) as (mcp, ledger):
+    with contextlib.contextmanager(forkserver.http_workspace)(tmp_path, *options) as (mcp, ledger):
         configs = fleet_configs(tmp_path, mcp, redis.url, namespace, processes=2, rounds=1)
         for index, config in enumerate(configs):
             config.update(
