@@ -9,11 +9,12 @@ test's, and it runs the script or module as ``__main__``. The zygote reaps it an
 
 Two ways to ask for one:
 
-- ``params(["tests/limits_server.py", "--many"], env)`` or ``params(["-m", "dispatcher.testing", ...])``
-  gives StdioServerParameters. The command is a small launcher (``python -S -I``, stdlib only, ~20 ms)
-  that hands its stdin, stdout and stderr to the zygote over a Unix socket; the zygote forks the server on
-  them. It answers on the pipes the client opened, exits when its stdin closes, and the launcher exits as
-  it did (with its exit code, or killed by the same signal). The launcher forwards SIGTERM, SIGINT and
+- ``params(["tests/limits_server.py", "--many"], env)``, ``params(["-m", "dispatcher.testing", ...])`` or
+  ``params(["-c", code])`` gives StdioServerParameters (`command` gives the same as a command line). The
+  command is a small launcher (``python -S -I``, stdlib only, ~20 ms) that hands its stdin, stdout and
+  stderr to the zygote over a Unix socket; the zygote forks the server on them. It answers on the pipes
+  the client opened, exits when its stdin closes, and the launcher exits as it did (with its exit code,
+  or killed by the same signal). The launcher forwards SIGTERM, SIGINT and
   SIGHUP to the child. The client's SIGKILL of its process group reaches the launcher alone; by then the
   client has closed the child's stdin, so the child ends. A test that kills such a server by the pid its
   client knows starts it the ordinary way.
@@ -201,6 +202,10 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
             sys.argv = [args[1], *args[2:]]
             sys.path[0] = request["cwd"]  # as `python -m` puts it first
             runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        elif args[0] == "-c":
+            sys.argv = ["-c", *args[2:]]
+            sys.path[0] = ""  # as `python -c` puts it first
+            exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
         else:
             sys.argv = list(args)
             sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
@@ -362,15 +367,34 @@ def params(args: list[str], env: dict[str, str] | None = None) -> StdioServerPar
     return StdioServerParameters(command=sys.executable, args=["-S", "-I", *launch], env=env)
 
 
-class Forked:
-    """A child forked from the zygote, used as a `subprocess.Popen` of it (`spawn`)."""
+def command(args: list[str]) -> str:
+    """`params`' server as one shell-quoted command line (what ``dispatcher tune --stdio`` takes)."""
+    import shlex
+
+    launch = [sys.executable, "-S", "-I", os.path.abspath(__file__), _LAUNCH, _socket_path(), *args]
+    return shlex.join(launch)
+
+
+class Forked(subprocess.Popen[bytes]):
+    """A child forked from the zygote, used as a `subprocess.Popen` of it (`spawn`).
+
+    A Popen to the tests that take one (tests/fleet's), with what they use of it: ``pid``, ``stdout``,
+    ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill`` and ``with``. Popen's own ``__init__``
+    never runs (the zygote forked the child), and ``communicate`` is refused.
+    """
 
     def __init__(self, args: list[str], conn: socket.socket, stdout: IO[bytes] | None) -> None:
         self.args = args
+        self.stdin = None
         self.stdout = stdout
-        self.returncode: int | None = None
+        self.stderr = None
+        self.returncode = None
+        self.text_mode = False
         self._conn = conn
         self.pid, self._pidfd, self._buffer = _started_child(conn)
+
+    def communicate(self, input: Any = None, timeout: float | None = None) -> tuple[Any, Any]:
+        raise NotImplementedError("a forked child has a stdout pipe at most: read it, then wait()")
 
     def poll(self) -> int | None:
         """The return code if the child has ended, else None."""

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from benchmarks._redis import RedisServer
-    from tests.forkserver import Forked
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIMIT = 3
@@ -59,7 +59,7 @@ def read_ledger(path: pathlib.Path) -> Overlaps:
     return Overlaps(ledger.peak(effective=True), len(ledger.overlaps(_write_beside, effective=True)), calls)
 
 
-def spawn(config: dict[str, Any]) -> Forked:
+def spawn(config: dict[str, Any]) -> subprocess.Popen[bytes]:
     """A fleet process, forked from tests/forkserver.py's zygote: its pid is its own, so signals reach it."""
     return forkserver.spawn([sys.executable, "-m", "tests.fleet.agent", json.dumps(config)], cwd=ROOT, stdout=PIPE)
 
@@ -104,7 +104,7 @@ def fleet_configs(
     ]
 
 
-def wait_all(processes: list[Forked], timeout: float = 120.0) -> None:
+def wait_all(processes: list[subprocess.Popen[bytes]], timeout: float = 120.0) -> None:
     for process in processes:
         try:
             assert process.wait(timeout) == 0, f"a fleet process exited with {process.returncode}"
@@ -253,7 +253,7 @@ def test_a_sigkilled_process_loses_its_hold_within_the_lease_bound(
 
 def frozen_fleet(
     tmp_path: pathlib.Path, mcp: str, redis: str, namespace: str, backend: str, **options: Any
-) -> tuple[list[dict[str, Any]], list[Forked]]:
+) -> tuple[list[dict[str, Any]], list[subprocess.Popen[bytes]]]:
     """Two processes on `backend`; the first stops itself (SIGSTOP) right after its second write's grant.
 
     The other has more to do, so it is still writing when the first resumes.
@@ -272,7 +272,7 @@ def frozen_fleet(
     return configs, processes
 
 
-def thaw_after(process: Forked, seconds: float) -> None:
+def thaw_after(process: subprocess.Popen[bytes], seconds: float) -> None:
     """Wait until `process` froze itself, let the fleet run `seconds` without it, then resume it."""
     assert process.stdout is not None
     assert process.stdout.readline().strip() == b"FROZEN"
@@ -427,6 +427,9 @@ def cut_off_write(
                 backend=(backend, "trio" if backend == "asyncio" else "asyncio")[index],
                 ttl=0.5,
                 recheck=0.1,
+                # A Redis request may take 5 s, not the agent's 1 s: on a loaded machine a slower one fails the
+                # queued call with a Redis error, which the checks below rightly refuse but which is no overlap.
+                timeout=5.0,
                 max_write_time=max_write_time,
                 fence=FENCE if fenced else None,
             )
