@@ -249,7 +249,10 @@ def _zygote(path: str) -> None:
 
     sys.path.insert(0, os.getcwd())
     for name in _PRELOAD:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an extra this venv lacks (redis in make adk's): a child imports what it needs
+            pass
     wake_read, wake_write = socket.socketpair()
     wake_read.setblocking(False)
     wake_write.setblocking(False)
