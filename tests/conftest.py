@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import trio.testing
 
+from tests import forkserver
+
 pytest_plugins = ["tests.markers", "tests.chaos.session"]
 
 
@@ -85,3 +87,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     import hypothesis  # noqa: F401
 
     gc.freeze()
+    if any(item.get_closest_marker("subprocess") for item in session.items):
+        forkserver.start()  # its imports overlap the first tests; `pytest_runtest_setup` waits for it
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before a test that starts processes, wait until the fork server is ready (tests/forkserver.py).
+
+    Its start (the SDK's imports: seconds of wall time on a loaded machine) then falls in the test's setup,
+    never inside a timeout of the test's own.
+    """
+    if item.get_closest_marker("subprocess"):
+        forkserver.ready()

@@ -10,21 +10,24 @@ server without keys no write is repeated, and every write whose answer was lost 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import pathlib
-import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
-from mcp import StdioServerParameters
 
 from dispatcher import CallStatus, Dispatcher, Effect, IdempotencyKeys, RetryPolicy, ToolCall, ToolResult
 from dispatcher.examples import Workspace
 from dispatcher.examples._http import serve_http
 
-from .chaos.harness import DroppingProxy, HttpWorkspace, scale
+from . import forkserver
+from .chaos.harness import DroppingProxy, scale
+
+if TYPE_CHECKING:
+    from mcp import StdioServerParameters
 
 pytestmark = pytest.mark.anyio
 
@@ -43,10 +46,13 @@ def options(rate: float, keyed: bool, seed: int) -> list[str]:
 
 
 def stdio(*args: str) -> StdioServerParameters:
+    """The workspace over stdio, forked from tests/forkserver.py's zygote: a fresh process for each test."""
     pythonpath = os.pathsep.join(p for p in (_SOURCE_ROOT, os.environ.get("PYTHONPATH")) if p)
-    return StdioServerParameters(
-        command=sys.executable, args=["-m", "dispatcher.examples.workspace", *args], env={"PYTHONPATH": pythonpath}
-    )
+    return forkserver.params(["-m", "dispatcher.examples.workspace", *args], {"PYTHONPATH": pythonpath})
+
+
+served = contextlib.contextmanager(forkserver.http_workspace)
+"""The workspace over HTTP, forked from the zygote, for a `with` block."""
 
 
 async def run(d: Dispatcher, target: Any, keyed: bool, calls: int = CALLS) -> tuple[list[ToolResult], list[str]]:
@@ -109,10 +115,10 @@ async def test_lost_answers_over_stdio(rate: float, keyed: bool) -> None:
 @pytest.mark.subprocess
 async def test_lost_answers_over_http(tmp_path: pathlib.Path, keyed: bool) -> None:
     """Over streamable HTTP, at 30% lost answers: the same guarantees."""
-    async with HttpWorkspace(tmp_path / "ledger.jsonl", *options(0.3, keyed, seed=5)) as server:
+    with served(tmp_path, *options(0.3, keyed, seed=5), latency=None) as (url, _):
         async with Dispatcher(retry=RETRY, call_timeout=30) as d:
             with anyio.fail_after(120):
-                results, lines = await run(d, server.url, keyed)
+                results, lines = await run(d, url, keyed)
     check(results, lines, keyed, 0.3)
 
 

@@ -9,7 +9,6 @@ import json
 import os
 import pathlib
 import re
-import shlex
 import subprocess
 import sys
 import threading
@@ -41,6 +40,7 @@ from dispatcher.tuning import (
     tune,
 )
 from dispatcher.tuning._measure import combine
+from tests import forkserver
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -48,7 +48,11 @@ if TYPE_CHECKING:
 # The folder holding the `dispatcher` package, so subprocesses import this checkout.
 SOURCE_ROOT = str(pathlib.Path(dispatcher.__file__).resolve().parents[1])
 PYTHONPATH = os.pathsep.join(p for p in (SOURCE_ROOT, os.environ.get("PYTHONPATH")) if p)
-WORKSPACE = f"{shlex.quote(sys.executable)} -m dispatcher.examples.workspace"
+
+
+def workspace_command() -> str:
+    """The example workspace over stdio as a command line, forked from tests/forkserver.py's zygote."""
+    return forkserver.command(["-m", "dispatcher.examples.workspace"])
 
 
 def setting(limit: int, throughput: float, p95: float = 0.05, *, calls: int = 100) -> SettingResult:
@@ -493,7 +497,7 @@ def test_cli_over_stdio_reports_the_sweep(tmp_path: pathlib.Path) -> None:
     wins depends on how busy the machine is (stdio round trips and a busy CPU move the knee, and a stall
     during one setting can make it lose to a smaller one). The virtual clock tests pin the knee exactly.
     """
-    server = f"{WORKSPACE} --latency 0.05 --saturation 8"
+    server = f"{workspace_command()} --latency 0.05 --saturation 8"
     out, plot = tmp_path / "tune.json", tmp_path / "tune.png"
     argv = ["--stdio", server, "--trusted", "--synthetic", "reads", "--range", "2,4,8,16,32", "--calls", "24"]
     argv += ["--repeats", "1"]
@@ -538,7 +542,7 @@ def test_cli_workload_file_per_server(tmp_path: pathlib.Path, capsys: pytest.Cap
         [
             "tune",
             "--stdio",
-            WORKSPACE,
+            workspace_command(),
             "--env",
             f"PYTHONPATH={PYTHONPATH}",
             "--trusted",
@@ -708,7 +712,7 @@ def test_cli_synthetic_against_a_server_whose_calls_fail(tmp_path: pathlib.Path)
         "from tests.test_tune import time_server\ntime_server().run('stdio')\n",
         encoding="utf-8",
     )
-    argv = ["tune", "--stdio", f"{shlex.quote(sys.executable)} {script}", "--env", f"PYTHONPATH={PYTHONPATH}"]
+    argv = ["tune", "--stdio", forkserver.command([str(script)]), "--env", f"PYTHONPATH={PYTHONPATH}"]
     done = subprocess.run(
         [sys.executable, "-m", "dispatcher", *argv, "--trusted", "--synthetic", "reads", "--range", "1,2", "--quiet"],
         capture_output=True,
@@ -769,7 +773,7 @@ NOISY = "; ".join(
 def test_a_servers_stderr_stays_out_of_the_terminal(to_file: bool, tmp_path: pathlib.Path) -> None:
     """A stdio server's stderr is kept off the terminal by default, or appended to --server-log PATH."""
     log = tmp_path / "server.log"
-    argv = ["tune", "--stdio", f"{shlex.quote(sys.executable)} -c {shlex.quote(NOISY)}", "--trusted"]
+    argv = ["tune", "--stdio", forkserver.command(["-c", NOISY]), "--trusted"]
     argv += ["--synthetic", "reads", "--range", "1", "--calls", "2", "--quiet"]
     argv += ["--server-log", str(log)] if to_file else []
     done = subprocess.run(
@@ -789,7 +793,7 @@ def test_a_servers_stderr_stays_out_of_the_terminal(to_file: bool, tmp_path: pat
 def test_a_server_that_fails_to_start_shows_its_last_words(capsys: pytest.CaptureFixture[str]) -> None:
     """When the server dies, the command exits 1 and shows the last lines of its stderr."""
     script = "import sys; print('fatal: no config file', file=sys.stderr); sys.exit(3)"
-    argv = ["--stdio", f"{shlex.quote(sys.executable)} -c {shlex.quote(script)}", "--timeout", "20"]
+    argv = ["--stdio", forkserver.command(["-c", script]), "--timeout", "20"]
     assert main(["inspect", *argv]) == 1
     err = capsys.readouterr().err
     assert err.startswith("dispatcher inspect: could not connect to server 'server'")
@@ -821,7 +825,7 @@ def test_a_closed_pipe_ends_quietly(tmp_path: pathlib.Path) -> None:
     os.close(read)  # the reader is gone before anything is written
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "dispatcher", "inspect", "--stdio", WORKSPACE],
+            [sys.executable, "-m", "dispatcher", "inspect", "--stdio", workspace_command()],
             stdout=write,
             stderr=subprocess.PIPE,
             text=True,
@@ -1003,7 +1007,8 @@ def test_cli_max_time_writes_what_it_measured_and_exits_124(
 ) -> None:
     """--max-time: the table and the JSON of the settings done, and an exit status that says cut short."""
     out = tmp_path / "tune.json"
-    argv = ["tune", "--stdio", f"{WORKSPACE} --latency 0.05", "--env", f"PYTHONPATH={PYTHONPATH}", "--trusted"]
+    server = f"{workspace_command()} --latency 0.05"
+    argv = ["tune", "--stdio", server, "--env", f"PYTHONPATH={PYTHONPATH}", "--trusted"]
     argv += ["--synthetic", "reads", "--range", "1,2,4", "--calls", "40", "--max-time", "2.5", "--quiet"]
     assert main([*argv, "--json", str(out)]) == 124
     report = json.loads(out.read_text())
@@ -1040,7 +1045,8 @@ def test_cli_ctrl_c_reports_the_settings_measured_so_far(
         return await real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(dispatcher.cli._tune_command, "tune", interrupted_after_the_first_setting)
-    argv = ["tune", "--stdio", f"{WORKSPACE} --latency 0.01", "--env", f"PYTHONPATH={PYTHONPATH}", "--trusted"]
+    server = f"{workspace_command()} --latency 0.01"
+    argv = ["tune", "--stdio", server, "--env", f"PYTHONPATH={PYTHONPATH}", "--trusted"]
     assert main([*argv, "--synthetic", "reads", "--range", "1,2", "--calls", "5", "--repeats", "1", "--quiet"]) == 130
     captured = capsys.readouterr()
     assert "interrupted; reporting the settings measured so far" in captured.err

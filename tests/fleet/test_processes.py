@@ -15,17 +15,20 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from subprocess import PIPE
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
 
 from dispatcher.fleet import CoordinationError, FleetServer, RedisCoordinator
-from tests.fleet.conftest import FENCE, _workspace
+from tests import forkserver
+from tests.fleet.conftest import FENCE
 from tests.ledger import Entry, Ledger
 
 if TYPE_CHECKING:
     import pathlib
+    from collections.abc import Iterator
 
     from benchmarks._redis import RedisServer
 
@@ -57,11 +60,27 @@ def read_ledger(path: pathlib.Path) -> Overlaps:
 
 
 def spawn(config: dict[str, Any]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.fleet.agent", json.dumps(config)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-    )
+    """A fleet process, forked from tests/forkserver.py's zygote: its pid is its own, so signals reach it."""
+    return forkserver.spawn([sys.executable, "-m", "tests.fleet.agent", json.dumps(config)], cwd=ROOT, stdout=PIPE)
+
+
+# The fleet's workspace fixtures (tests/fleet/conftest.py), overridden here by forked ones.
+@pytest.fixture
+def workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
+    """The example workspace over HTTP with a ledger; yields its URL and the ledger's path."""
+    yield from forkserver.http_workspace(tmp_path)
+
+
+@pytest.fixture
+def fenced_workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
+    """The same workspace in its fenced mode: writes with a stale token in _meta[FENCE] are refused."""
+    yield from forkserver.http_workspace(tmp_path, "--fence", FENCE, "--latency", "0.06")
+
+
+@pytest.fixture
+def slow_workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
+    """The workspace with 0.2 s calls: a flush or a freeze finds writes in flight."""
+    yield from forkserver.http_workspace(tmp_path, "--latency", "0.2")
 
 
 def fleet_configs(
@@ -398,7 +417,7 @@ def cut_off_write(
     the results of the processes that lived.
     """
     options = ["--latency", str(WRITE), "--uncancellable", *(["--fence", FENCE] if fenced else [])]
-    with contextlib.contextmanager(_workspace)(tmp_path, *options) as (mcp, ledger):
+    with contextlib.contextmanager(forkserver.http_workspace)(tmp_path, *options) as (mcp, ledger):
         configs = fleet_configs(tmp_path, mcp, redis.url, namespace, processes=2, rounds=1)
         for index, config in enumerate(configs):
             config.update(
@@ -408,6 +427,9 @@ def cut_off_write(
                 backend=(backend, "trio" if backend == "asyncio" else "asyncio")[index],
                 ttl=0.5,
                 recheck=0.1,
+                # A Redis request may take 5 s, not the agent's 1 s: on a loaded machine a slower one fails the
+                # queued call with a Redis error, which the checks below rightly refuse but which is no overlap.
+                timeout=5.0,
                 max_write_time=max_write_time,
                 fence=FENCE if fenced else None,
             )

@@ -20,10 +20,19 @@ from dispatcher._core._errors import FleetTuneError
 from dispatcher.cli import main
 from dispatcher.tuning import tune
 from dispatcher.tuning._fleet import shares
+from tests import forkserver
 from tests.ledger import Ledger
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from benchmarks._redis import RedisServer
+
+
+@pytest.fixture
+def workspace(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
+    """tests/fleet/conftest.py's workspace (HTTP, with a ledger), forked from tests/forkserver.py's zygote."""
+    yield from forkserver.http_workspace(tmp_path)
 
 
 def children() -> dict[int, str]:
