@@ -120,9 +120,10 @@ async def test_an_overload_seen_by_one_process_lowers_the_level_the_other_admits
     service = Service(delay=0.1)
     setting = AdaptiveLimit(initial=8, ceiling=16, tolerance=3.0)
     async with AsyncExitStack() as stack:
-        # Leases renewed every third of 1.5 s: a loaded machine stalls a loop for most of a second, and at
-        # 0.5 s such a stall lost a hold (a call FAILED), which this test is not about.
-        a, b = await fleet_of(stack, redis_server, namespace, service, setting, lease_ttl=1.5)
+        # Leases of 3 s, renewed every third: at 0.5 s a loaded machine's stalled loop lost a hold (a call
+        # FAILED), which this test is not about; at 1.5 s, at load average 24, a grant's reply took 1.42 s to
+        # be read, too late to trust the lease.
+        a, b = await fleet_of(stack, redis_server, namespace, service, setting, lease_ttl=3.0)
         service.overloaded = True
         [result] = await a.dispatch(calls(1, "a"))
         assert result.status is CallStatus.TOOL_ERROR
