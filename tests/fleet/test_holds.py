@@ -149,9 +149,9 @@ async def test_a_coordinator_that_was_not_entered_fails_its_calls(redis_server: 
 async def test_dispatchers_of_a_fleet_run_calls_under_their_holds(redis_server: RedisServer, namespace: str) -> None:
     """Two dispatchers, one shared-state server: every call OK, writes alone, at most two at once on the server."""
     workspace = Workspace(latency=0.01)
-    # A lease renewed every third of 1.5 s: a loaded machine stalls a loop for most of a second, and at 0.5 s
-    # such a stall lost a hold (the call FAILED), which this test is not about.
-    first, second = fleet(redis_server, namespace, lease_ttl=1.5), fleet(redis_server, namespace, lease_ttl=1.5)
+    # Leases of 3 s, renewed every third: at 0.5 s a loaded machine's stalled loop lost a hold (the call FAILED),
+    # which this test is not about; at load average 24 a grant's reply took 1.5 s to be read.
+    first, second = fleet(redis_server, namespace, lease_ttl=3.0), fleet(redis_server, namespace, lease_ttl=3.0)
 
     async def agent(coordinator: RedisCoordinator, name: str, out: list[CallStatus]) -> None:
         async with Dispatcher(coordinator=coordinator) as dispatcher:
