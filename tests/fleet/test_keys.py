@@ -111,10 +111,10 @@ async def test_dispatchers_overlap_writes_on_different_keys_only(redis_server: R
     namespace = f"keys-{uuid.uuid4().hex[:8]}"
 
     def fleet() -> RedisCoordinator:
-        # Renewed every third of 1.5 s: a loaded machine stalls a loop for most of a second, and at 0.5 s
-        # such a stall lost a hold (the call FAILED), which this test is not about.
+        # Leases of 3 s, renewed every third: at 0.5 s a loaded machine's stalled loop lost a hold (the call
+        # FAILED), which this test is not about; at load average 24 a grant's reply took 1.5 s to be read.
         return RedisCoordinator(
-            redis_server.url, namespace=namespace, servers={"ws": SHARED}, lease_ttl=1.5, recheck=0.1
+            redis_server.url, namespace=namespace, servers={"ws": SHARED}, lease_ttl=3.0, recheck=0.1
         )
 
     first, second = fleet(), fleet()
