@@ -136,11 +136,13 @@ class _Timed(RedisCoordinator):
     """A coordinator that notes when it starts giving back a hold whose request was sent."""
 
     given_up = math.nan
+    released = False  # that hold's release has reached Redis
 
     async def _release(self, lease: Any) -> None:
         if lease.sent and math.isnan(self.given_up):
             self.given_up = time.monotonic()
         await super()._release(lease)
+        self.released = not math.isnan(self.given_up)
 
 
 class _FreesAtOnce(_Timed):
@@ -187,6 +189,11 @@ async def test_a_call_given_up_on_the_wire_keeps_its_place_under_the_limit(
                     await anyio.sleep(0.01)
                 if how == "timed out":
                     await pending.wait()
+                    # A release still on its way when its coordinator closes may be dropped (the place is then
+                    # kept lease_ttl + max_call_time, the safe side): on a loaded machine it was, and the oracle
+                    # waited 2.6 s. Closing is not what this case is about.
+                    while not first.released:  # noqa: ASYNC110  # set by the coordinator's own task
+                        await anyio.sleep(0.01)
         abandoned = await pending.wait()
         async with second:
             with anyio.fail_after(20):
