@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 import os
 import pathlib
+import socket
 import subprocess
 import sys
-import time
 import types
 from typing import TYPE_CHECKING
 
@@ -426,23 +426,47 @@ async def test_serve_http_twice_in_a_row() -> None:
     assert workspace.notes == {"a": "second"}
 
 
-async def test_serve_http_answers_without_delayed_ack_stalls() -> None:
-    """A zero-latency call over HTTP takes a few milliseconds, not the ~40 ms of Nagle plus delayed ACK.
+def _accepted_nodelay(port: int) -> list[bool]:
+    """Whether TCP_NODELAY is on, for each connection this process accepted on `port`.
 
-    Without TCP_NODELAY on the accepted connection, each response body (written after its headers)
-    waited for the client's delayed ACK, and every call took at least 40 ms; with it, about 2 ms. The
-    fastest of 50 calls is compared: a loaded machine slows some calls down, but Nagle slows every one
-    (with six busy processes on two cores, the fastest of 20 took 7 to 16 ms).
+    `serve_http` serves from a thread of this process, so its accepted sockets are among this process's
+    open files: each is read through a duplicate of its descriptor (closing that leaves the socket open).
+    """
+    found = []
+    for name in os.listdir("/dev/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue  # not a socket, or closed meanwhile
+        with sock:
+            if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+                continue
+            try:
+                sock.getpeername()
+            except OSError:
+                continue  # the listening socket
+            if sock.getsockname()[1] == port:
+                found.append(bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)))
+    return found
+
+
+async def test_serve_http_answers_without_delayed_ack_stalls() -> None:
+    """Every accepted connection has TCP_NODELAY: a call does not wait ~40 ms for Nagle plus delayed ACK.
+
+    Without it, each response body (written after its headers) waited for the client's delayed ACK, and
+    every call took at least 40 ms; with it, about 2 ms on a quiet machine. The calls' times are no proof
+    on a loaded one: at load average 24 on two cores the fastest of 400 took 90 ms. So the cause is read
+    exactly, on the server's sockets, and the calls show the connections it reads are the ones in use.
     """
     workspace = Workspace()
     async with serve_http(workspace.server) as url, Client(url) as client:
         await _ok(client, "search_notes", query="warm up")
-        durations = []
-        for _ in range(50):
-            start = time.perf_counter()
+        for _ in range(5):
             await _ok(client, "search_notes", query="q")
-            durations.append(time.perf_counter() - start)
-    assert min(durations) < 0.035, sorted(durations)
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        nodelay = _accepted_nodelay(port)
+    assert nodelay, "found no connection the server accepted"
+    assert all(nodelay), nodelay
 
 
 @pytest.mark.subprocess
@@ -454,7 +478,9 @@ async def test_http_subprocess_prints_its_url() -> None:
     async with process:
         try:
             assert process.stdout is not None
-            with anyio.fail_after(20):
+            # Bounds a hang only: at load average 15 on two cores the interpreter took about 50 s to
+            # import the SDK and print its URL.
+            with anyio.fail_after(120):
                 line = await BufferedByteReceiveStream(process.stdout).receive_until(b"\n", 1000)
             key, _, url = line.decode().partition("=")
             assert key == "MCP_URL"

@@ -447,7 +447,9 @@ class HttpWorkspace:
         self.process = process
         self.starts += 1
         assert process.stdout is not None
-        with anyio.fail_after(30):
+        # Bounds a hang only: at load average 15 on two cores the interpreter took about 50 s to import
+        # the SDK and print its URL.
+        with anyio.fail_after(120):
             buffer = b""
             while b"\n" not in buffer:
                 buffer += await process.stdout.receive()

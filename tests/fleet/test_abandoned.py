@@ -80,7 +80,7 @@ async def test_a_write_whose_hold_is_lost_on_the_wire_ends_timeout_with_an_unkno
     assert "after its request was sent: it may have run, or still be running on the server" in result.error
 
 
-@pytest.mark.parametrize("bound", [1.5, 0.0])
+@pytest.mark.parametrize("bound", [3.0, 0.0])
 @pytest.mark.parametrize("how", ["closed", "timed out"])
 async def test_a_write_given_up_on_the_wire_keeps_its_turn_for_max_write_time(
     redis_server: RedisServer, namespace: str, how: str, bound: float
@@ -89,9 +89,11 @@ async def test_a_write_given_up_on_the_wire_keeps_its_turn_for_max_write_time(
 
     The write's coordinator closes under it (its hold given up after the send), or the write reaches its
     call_timeout (there the in-process server stops it, and only the handover is checked). With
-    max_write_time=0 (the oracle) the next write starts beside the abandoned one, which the ledger shows.
+    max_write_time=0 (the oracle) the next write starts beside the abandoned one, which the ledger shows,
+    and the turn is handed on sooner than the check of max_write_time allows.
     """
-    workspace = Workspace(latency=1.0, uncancellable=how == "closed")
+    # The oracle's write runs long enough to be overlapped however late a busy machine grants the next.
+    workspace = Workspace(latency=1.0 if bound else 3.0, uncancellable=how == "closed")
     first, second = (fleet(redis_server, namespace, max_write_time=bound) for _ in range(2))
     call_timeout = 0.3 if how == "timed out" else None
     async with Dispatcher(coordinator=first, call_timeout=call_timeout) as dispatcher:
@@ -123,18 +125,24 @@ async def test_a_write_given_up_on_the_wire_keeps_its_turn_for_max_write_time(
     elif how == "closed":
         assert first_run.overlaps(second_run), "the oracle: without max_write_time the writes overlap"
     else:
-        assert granted - given_up < 1.0, "the oracle: without max_write_time the turn is handed on at once"
+        # A band a loaded machine stays in (it stalled a grant past 1 s): below what the check above allows.
+        waited = granted - given_up
+        assert waited < 3.0 * 0.8, (
+            f"the oracle: without max_write_time the turn is handed on at once, not {waited:.2f}s"
+        )
 
 
 class _Timed(RedisCoordinator):
     """A coordinator that notes when it starts giving back a hold whose request was sent."""
 
     given_up = math.nan
+    released = False  # that hold's release has reached Redis
 
     async def _release(self, lease: Any) -> None:
         if lease.sent and math.isnan(self.given_up):
             self.given_up = time.monotonic()
         await super()._release(lease)
+        self.released = not math.isnan(self.given_up)
 
 
 class _FreesAtOnce(_Timed):
@@ -148,7 +156,7 @@ class _FreesAtOnce(_Timed):
         await super()._release(lease)
 
 
-@pytest.mark.parametrize("bound", [None, 1.0, "oracle"])
+@pytest.mark.parametrize("bound", [None, 2.0, "oracle"])
 @pytest.mark.parametrize("how", ["closed", "timed out"])
 async def test_a_call_given_up_on_the_wire_keeps_its_place_under_the_limit(
     redis_server: RedisServer, namespace: str, how: str, bound: float | str | None
@@ -162,9 +170,9 @@ async def test_a_call_given_up_on_the_wire_keeps_its_place_under_the_limit(
     """
     oracle = bound == "oracle"
     # The oracle's call runs long enough to be overlapped however late a busy machine grants the next.
-    workspace = Workspace(latency=2.0 if oracle else 1.0, uncancellable=how == "closed")
+    workspace = Workspace(latency=3.0 if oracle else 1.0, uncancellable=how == "closed")
     cls = _FreesAtOnce if oracle else _Timed
-    config = FleetServer(limit=1, max_call_time=1.0 if oracle else bound if isinstance(bound, float) else None)
+    config = FleetServer(limit=1, max_call_time=2.0 if oracle else bound if isinstance(bound, float) else None)
     first, second = (
         cls(redis_server.url, namespace=namespace, servers={"ws": config}, lease_ttl=TTL, recheck=0.1) for _ in range(2)
     )
@@ -181,6 +189,11 @@ async def test_a_call_given_up_on_the_wire_keeps_its_place_under_the_limit(
                     await anyio.sleep(0.01)
                 if how == "timed out":
                     await pending.wait()
+                    # A release still on its way when its coordinator closes may be dropped (the place is then
+                    # kept lease_ttl + max_call_time, the safe side): on a loaded machine it was, and the oracle
+                    # waited 2.6 s. Closing is not what this case is about.
+                    while not first.released:  # noqa: ASYNC110  # set by the coordinator's own task
+                        await anyio.sleep(0.01)
         abandoned = await pending.wait()
         async with second:
             with anyio.fail_after(20):
@@ -191,7 +204,11 @@ async def test_a_call_given_up_on_the_wire_keeps_its_place_under_the_limit(
     assert (abandoned.status, abandoned.effect) == (CallStatus.TIMEOUT, Effect.UNKNOWN), abandoned
     waited = granted - first.given_up
     if oracle:
-        assert waited < 1.0, f"the oracle: the place is handed on at once, not after {waited:.2f}s (1.6 s kept)"
+        # A band a loaded machine stays in (it stalled a grant past 1 s): below what the check below allows.
+        kept = TTL + 2.0
+        assert waited < kept * 0.8, (
+            f"the oracle: the place is handed on at once, not after {waited:.2f}s ({kept} s kept)"
+        )
         if how == "closed":
             first_run, second_run = workspace.ledger
             assert first_run.overlaps(second_run), "the oracle: the next call runs beside the given-up one"
@@ -212,7 +229,9 @@ async def test_a_write_on_the_server_when_redis_loses_its_state_never_runs_besid
     The quiet period is lease_ttl + max_write_time. With max_write_time=0 (the oracle) the next write starts
     beside the one still running, which the ledger shows.
     """
-    workspace = Workspace(latency=1.2, uncancellable=True)
+    # The oracle's write runs long enough to be overlapped however late a busy machine restarts Redis and
+    # grants the next (at 1.2 s a loaded one did neither in time); the others' within the quiet period.
+    workspace = Workspace(latency=1.2 if bound else 4.0, uncancellable=True)
     holder, other = (fleet(redis_server, namespace, max_write_time=bound) for _ in range(2))
     async with holder, other, Dispatcher(coordinator=holder, call_timeout=None) as dispatcher:
         await dispatcher.connect("ws", workspace.server, trusted=True)

@@ -38,7 +38,8 @@ SERVERS = {"ws": FleetServer(limit=2, shared_state=True, max_write_time=0)}
 def fleet(server: RedisServer | str, namespace: str, **options: Any) -> RedisCoordinator:
     url = server if isinstance(server, str) else server.url
     options.setdefault("servers", SERVERS)
-    return RedisCoordinator(url, namespace=namespace, lease_ttl=TTL, recheck=0.1, **options)
+    options.setdefault("lease_ttl", TTL)
+    return RedisCoordinator(url, namespace=namespace, recheck=0.1, **options)
 
 
 async def queued(server: RedisServer, namespace: str) -> int:
@@ -148,7 +149,9 @@ async def test_a_coordinator_that_was_not_entered_fails_its_calls(redis_server: 
 async def test_dispatchers_of_a_fleet_run_calls_under_their_holds(redis_server: RedisServer, namespace: str) -> None:
     """Two dispatchers, one shared-state server: every call OK, writes alone, at most two at once on the server."""
     workspace = Workspace(latency=0.01)
-    first, second = fleet(redis_server, namespace), fleet(redis_server, namespace)
+    # Leases of 3 s, renewed every third: at 0.5 s a loaded machine's stalled loop lost a hold (the call FAILED),
+    # which this test is not about; at load average 24 a grant's reply took 1.5 s to be read.
+    first, second = fleet(redis_server, namespace, lease_ttl=3.0), fleet(redis_server, namespace, lease_ttl=3.0)
 
     async def agent(coordinator: RedisCoordinator, name: str, out: list[CallStatus]) -> None:
         async with Dispatcher(coordinator=coordinator) as dispatcher:

@@ -105,12 +105,16 @@ def test_the_model_check_can_tell_a_whole_server_hold_from_a_keyed_one(redis_ser
 @pytest.mark.anyio
 async def test_dispatchers_overlap_writes_on_different_keys_only(redis_server: RedisServer) -> None:
     """Two coordinated dispatchers, a keyed shared-state server: writes on one note never overlap; on two, they do."""
-    workspace = Workspace(latency=0.05)
+    # Writes long beside the gaps between them (a release, Redis, the next grant): on a loaded machine those
+    # took longer than 0.05 s writes, and one run's writes of the two notes happened never to overlap.
+    workspace = Workspace(latency=0.25)
     namespace = f"keys-{uuid.uuid4().hex[:8]}"
 
     def fleet() -> RedisCoordinator:
+        # Leases of 3 s, renewed every third: at 0.5 s a loaded machine's stalled loop lost a hold (the call
+        # FAILED), which this test is not about; at load average 24 a grant's reply took 1.5 s to be read.
         return RedisCoordinator(
-            redis_server.url, namespace=namespace, servers={"ws": SHARED}, lease_ttl=0.5, recheck=0.1
+            redis_server.url, namespace=namespace, servers={"ws": SHARED}, lease_ttl=3.0, recheck=0.1
         )
 
     first, second = fleet(), fleet()
