@@ -67,6 +67,10 @@ DEFAULT_REPEATS = 3
 """Measurements per setting: three give a median and a spread, and the median shrugs off one bad run."""
 # More would only make a sweep longer than anyone waits.
 _MAX_REPEATS = 20
+# The largest setting (and count of callers) swept: the closed loop runs as many callers as the largest
+# setting and warms each setting up with two calls a slot, so a setting of 1e20 never ends (and its
+# callers fill the memory).
+_MAX_SETTING = 10_000
 
 
 async def tune(
@@ -164,7 +168,7 @@ async def tune(
     checks.whole("calls", calls, none="measuring for a duration only")
     checks.seconds("duration", duration, none="measuring a count of calls only")
     checks.whole("warmup", warmup, minimum=0, none="two calls per slot")
-    checks.whole("clients", clients, none="as many as the largest setting")
+    checks.whole("clients", clients, maximum=_MAX_SETTING, none="as many as the largest setting")
     if not 0 <= tolerance < 1:
         raise ConfigurationError(f"tolerance must be in [0, 1), got {tolerance!r}")
     checks.whole("repeats", repeats, maximum=_MAX_REPEATS)
@@ -439,6 +443,11 @@ def _check_settings(settings: Sequence[int]) -> list[int]:
     bad = [s for s in settings if not isinstance(s, int) or isinstance(s, bool) or s < 1]
     if bad:
         raise ConfigurationError(f"every setting must be an int >= 1, got {bad}")
+    huge = [s for s in settings if s > _MAX_SETTING]
+    if huge:
+        raise ConfigurationError(
+            f"every setting must be at most {_MAX_SETTING} (as many callers run as the largest), got {huge}"
+        )
     twice = sorted({s for s in settings if list(settings).count(s) > 1})
     if twice:
         # Dropping one would hide a typo (1, 2, 2, 4 for 1, 2, 3, 4): the sweep would not measure what was meant.
