@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+from typing import Any
 
-from dispatcher import ConfigurationError
+import anyio
+import pytest
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+
+from dispatcher import AdaptiveLimit, ConfigurationError, Dispatcher, ToolCall
 from dispatcher.cli import main
 from dispatcher.examples import Workspace
 from dispatcher.tuning import tune
@@ -29,3 +35,51 @@ def test_a_huge_range_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
         assert code == 2, err
         assert "at most 10000" in err
         assert "Traceback" not in err
+
+
+def _hostile(words: list[str], *, latency: float = 0.1) -> MCPServer[Any]:
+    """A read-only tool whose first answer is an error result with `words[0]`, the rest ordinary answers."""
+    server = MCPServer("hostile")
+    said: list[str] = list(words)
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def look(n: int) -> str:
+        await anyio.sleep(latency)
+        if said:
+            raise ToolError(said.pop(0))
+        return f"rate limit exceeded, retry after 1000 (just text) {n}"
+
+    return server
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("trio-mockclock")
+@pytest.mark.parametrize(
+    ("words", "trusted", "paused"),
+    [
+        ("rate limit exceeded, retry after 0", True, 0.0),
+        ("rate limit exceeded, retry after -1", True, 0.0),
+        ("rate limit exceeded, retry after nan", True, 0.0),
+        ("rate limit exceeded, retry after 1e9", True, 0.0),
+        ("rate limit exceeded, retry after 1000000000", True, 5.0),  # capped at max_wait
+        ("rate limit exceeded, retry after " + "9" * 400, True, 0.0),  # not a finite number: named none
+        ("rate limit exceeded, retry after 1000000000", False, 0.0),  # an untrusted server's words: no pause
+    ],
+)
+async def test_a_retry_after_pauses_only_within_bounds(words: str, trusted: bool, paused: float) -> None:
+    """Odd Retry-Afters hold a trusted server's next calls at most `max_wait`; an untrusted one's hold nothing.
+
+    Ordinary results that say "rate limit" never count; every call gets one result, in request order."""
+    setting = AdaptiveLimit(floor=1, ceiling=8, initial=2, max_wait=5.0)
+    async with Dispatcher(max_concurrency=None, retry=None) as dispatcher:
+        await dispatcher.connect("h", _hostile([words]), trusted=trusted, max_concurrency=setting)
+        first = await dispatcher.dispatch([ToolCall("a", "look", {"n": 0})])
+        assert [r.call_id for r in first] == ["a"] and not first[0].ok
+        began = anyio.current_time()
+        calls = [ToolCall(f"c{i}", "look", {"n": i}) for i in range(6)]
+        results = await dispatcher.dispatch(calls)
+        took = anyio.current_time() - began
+        assert [r.call_id for r in results] == [c.id for c in calls] and all(r.ok for r in results)
+        limit = dispatcher.server_limit("h")
+        assert limit is not None and 1 <= limit <= 8
+    assert paused <= took < paused + 0.1 * 6 + 1e-6, took
