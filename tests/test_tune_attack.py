@@ -10,7 +10,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
-from dispatcher import AdaptiveLimit, ConfigurationError, Dispatcher, ToolCall
+from dispatcher import AdaptiveLimit, CallEvent, ConfigurationError, Dispatcher, ToolCall
 from dispatcher.cli import main
 from dispatcher.examples import Workspace
 from dispatcher.tuning import tune
@@ -83,3 +83,90 @@ async def test_a_retry_after_pauses_only_within_bounds(words: str, trusted: bool
         limit = dispatcher.server_limit("h")
         assert limit is not None and 1 <= limit <= 8
     assert paused <= took < paused + 0.1 * 6 + 1e-6, took
+
+
+def _pumping(pattern: str) -> MCPServer[Any]:
+    """A read-only tool whose latency is set to pump the limit.
+
+    "oscillate": alternate bursts of 1 ms and 500 ms answers; "first-fast": the first call in flight of each
+    burst answers in 1 ms, every other in 300 ms."""
+    server = MCPServer("pump")
+    state = {"n": 0, "in_flight": 0}
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def look(n: int) -> str:
+        state["n"] += 1
+        state["in_flight"] += 1
+        try:
+            if pattern == "oscillate":
+                await anyio.sleep(0.001 if (state["n"] // 7) % 2 else 0.5)
+            else:
+                await anyio.sleep(0.001 if state["in_flight"] == 1 else 0.3)
+        finally:
+            state["in_flight"] -= 1
+        return str(n)
+
+    return server
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("trio-mockclock")
+@pytest.mark.parametrize("pattern", ["oscillate", "first-fast"])
+async def test_a_pumping_server_keeps_its_limit_within_bounds(pattern: str) -> None:
+    """Latency shaped to pump the limit up and down: it stays in floor..ceiling, every call gets one result
+    in request order, and the finished events carry a limit in those bounds."""
+    events: list[CallEvent] = []
+    setting = AdaptiveLimit(floor=2, ceiling=12, initial=4)
+    async with Dispatcher(max_concurrency=None, retry=None, on_event=events.append) as dispatcher:
+        await dispatcher.connect("p", _pumping(pattern), trusted=True, max_concurrency=setting)
+        for burst in range(12):
+            calls = [ToolCall(f"b{burst}c{i}", "look", {"n": i}) for i in range(40)]
+            results = await dispatcher.dispatch(calls)
+            assert [r.call_id for r in results] == [c.id for c in calls] and all(r.ok for r in results)
+            limit = dispatcher.server_limit("p")
+            assert limit is not None and 2 <= limit <= 12
+    limits = [e.limit for e in events if e.kind == "finished"]
+    assert len(limits) == 12 * 40 and all(x is not None and 2 <= x <= 12 for x in limits)
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("trio-mockclock")
+async def test_writes_run_alone_and_a_silent_server_times_out_to_the_floor() -> None:
+    """Under an adaptive limit a write still runs alone; a server that stops answering is cut to the floor by
+    its timeouts (once per round), and every call still gets its one result, in request order."""
+    state = {"in_flight": 0, "beside_write": 0, "silent": False}
+    server = MCPServer("mixed")
+
+    async def run(write: bool) -> str:
+        state["in_flight"] += 1
+        try:
+            if write and state["in_flight"] > 1:
+                state["beside_write"] += 1
+            await anyio.sleep(3600 if state["silent"] else 0.05)
+            if write and state["in_flight"] > 1:
+                state["beside_write"] += 1
+        finally:
+            state["in_flight"] -= 1
+        return "ok"
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def look(n: int) -> str:
+        return await run(False)
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False))
+    async def put(n: int) -> str:
+        return await run(True)
+
+    setting = AdaptiveLimit(floor=2, ceiling=16, initial=8)
+    async with Dispatcher(max_concurrency=None, retry=None, call_timeout=1.0) as dispatcher:
+        await dispatcher.connect("m", server, trusted=True, max_concurrency=setting)
+        calls = [ToolCall(f"c{i}", "put" if i % 5 == 0 else "look", {"n": i}) for i in range(30)]
+        results = await dispatcher.dispatch(calls)
+        assert [r.call_id for r in results] == [c.id for c in calls] and all(r.ok for r in results)
+        assert state["beside_write"] == 0
+        state["silent"] = True
+        for burst in range(4):
+            calls = [ToolCall(f"s{burst}c{i}", "look", {"n": i}) for i in range(8)]
+            results = await dispatcher.dispatch(calls)
+            assert [r.call_id for r in results] == [c.id for c in calls] and not any(r.ok for r in results)
+        assert dispatcher.server_limit("m") == 2
