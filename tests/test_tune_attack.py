@@ -170,3 +170,27 @@ async def test_writes_run_alone_and_a_silent_server_times_out_to_the_floor() -> 
             results = await dispatcher.dispatch(calls)
             assert [r.call_id for r in results] == [c.id for c in calls] and not any(r.ok for r in results)
         assert dispatcher.server_limit("m") == 2
+
+
+@pytest.mark.anyio
+@pytest.mark.backends("trio-mockclock")
+async def test_a_stop_during_the_online_run_is_reported_as_interrupted() -> None:
+    """Ctrl-C (the stop event) while `--online` runs after the sweep once ended the run with no online
+    result and no word of the interruption (exit status 0): every setting was measured, so the cut was
+    forgotten. The report says it was interrupted, and the online result is missing for that reason."""
+    stop = anyio.Event()
+    server = MCPServer("counted")
+    answered = {"n": 0}
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def look(query: str) -> str:
+        await anyio.sleep(0.01)
+        answered["n"] += 1
+        if answered["n"] == 80:  # the sweep's ~50 calls are in: the online run is under way
+            stop.set()
+        return query
+
+    report = await tune(server, "reads", (1, 2), calls=20, repeats=1, trusted=True, online=True, stop=stop)
+    assert answered["n"] >= 80
+    assert report.online is None
+    assert report.cut_short == "interrupted"

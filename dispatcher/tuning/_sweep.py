@@ -198,6 +198,7 @@ async def tune(
     description = ""
     share = 0.0
     settled: OnlineResult | None = None
+    online_cut = False  # the online run was under way when the sweep was stopped or ran out of time
     gave_up: str | None = None  # why the sweep stopped early on its own: the first settings failed every call
     last: int | None = None  # the setting measured last: when the server was lost, the one it was lost during
     # While a setting is measured in this process, the stop event closes its window (kept as partial) instead
@@ -227,6 +228,7 @@ async def tune(
 
     async def sweep(client: Any, deadline: float) -> None:
         nonlocal pattern, description, share, failure, settled, cut_short, gave_up, lost, listed, last, measuring
+        nonlocal online_cut
         for repeat in range(repeats):
             for index, limit in enumerate(limits):
                 if stop is not None and stop.is_set():
@@ -325,7 +327,9 @@ async def tune(
                 if failure is not None:
                     return
         stopped = stop is not None and stop.is_set()
-        if online is not False and pattern and share > 0 and anyio.current_time() < deadline and not stopped:
+        # The online run was asked for: stopped before it or during it, its result is missing (not "nothing is").
+        online_cut = online is not False and bool(pattern) and share > 0
+        if online_cut and anyio.current_time() < deadline and not stopped:
             settled = await measure_online(
                 client,
                 pattern,
@@ -338,6 +342,9 @@ async def tune(
                 duration=duration,
                 call_timeout=call_timeout,
             )
+            online_cut = False
+        elif online_cut and not stopped:
+            cut_short = "max_time"  # the budget ran out before the online run could start
 
     # The budget counts from here: connecting and probing are part of it. The measurement under way when
     # it runs out is cut off there (and kept, marked partial); closing up gets `_GRACE` seconds more.
@@ -369,8 +376,10 @@ async def tune(
         cut_short = "max_time"
     if interrupted and cut_short is None:
         cut_short = "interrupted"
-    if all(len(measured[limit]) == repeats and not measured[limit][-1].partial for limit in limits):
-        cut_short = None  # stopped while closing up after the last measurement: nothing is missing
+    if not online_cut and all(len(measured[limit]) == repeats and not measured[limit][-1].partial for limit in limits):
+        # Stopped while closing up after the last measurement: nothing is missing (unless the online run was
+        # cut off: its result is).
+        cut_short = None
     if lost and not any(measured.values()):
         failure = ServerConnectionError(f"the server stopped answering before any setting was measured: {lost}")
     if failure is not None:
