@@ -67,6 +67,10 @@ DEFAULT_REPEATS = 3
 """Measurements per setting: three give a median and a spread, and the median shrugs off one bad run."""
 # More would only make a sweep longer than anyone waits.
 _MAX_REPEATS = 20
+# The largest setting (and count of callers) swept: the closed loop runs as many callers as the largest
+# setting and warms each setting up with two calls a slot, so a setting of 1e20 never ends (and its
+# callers fill the memory).
+_MAX_SETTING = 10_000
 
 
 async def tune(
@@ -164,7 +168,7 @@ async def tune(
     checks.whole("calls", calls, none="measuring for a duration only")
     checks.seconds("duration", duration, none="measuring a count of calls only")
     checks.whole("warmup", warmup, minimum=0, none="two calls per slot")
-    checks.whole("clients", clients, none="as many as the largest setting")
+    checks.whole("clients", clients, maximum=_MAX_SETTING, none="as many as the largest setting")
     if not 0 <= tolerance < 1:
         raise ConfigurationError(f"tolerance must be in [0, 1), got {tolerance!r}")
     checks.whole("repeats", repeats, maximum=_MAX_REPEATS)
@@ -194,6 +198,7 @@ async def tune(
     description = ""
     share = 0.0
     settled: OnlineResult | None = None
+    online_cut = False  # the online run was under way when the sweep was stopped or ran out of time
     gave_up: str | None = None  # why the sweep stopped early on its own: the first settings failed every call
     last: int | None = None  # the setting measured last: when the server was lost, the one it was lost during
     # While a setting is measured in this process, the stop event closes its window (kept as partial) instead
@@ -223,6 +228,7 @@ async def tune(
 
     async def sweep(client: Any, deadline: float) -> None:
         nonlocal pattern, description, share, failure, settled, cut_short, gave_up, lost, listed, last, measuring
+        nonlocal online_cut
         for repeat in range(repeats):
             for index, limit in enumerate(limits):
                 if stop is not None and stop.is_set():
@@ -321,7 +327,9 @@ async def tune(
                 if failure is not None:
                     return
         stopped = stop is not None and stop.is_set()
-        if online is not False and pattern and share > 0 and anyio.current_time() < deadline and not stopped:
+        # The online run was asked for: stopped before it or during it, its result is missing (not "nothing is").
+        online_cut = online is not False and bool(pattern) and share > 0
+        if online_cut and anyio.current_time() < deadline and not stopped:
             settled = await measure_online(
                 client,
                 pattern,
@@ -334,6 +342,9 @@ async def tune(
                 duration=duration,
                 call_timeout=call_timeout,
             )
+            online_cut = False
+        elif online_cut and not stopped:
+            cut_short = "max_time"  # the budget ran out before the online run could start
 
     # The budget counts from here: connecting and probing are part of it. The measurement under way when
     # it runs out is cut off there (and kept, marked partial); closing up gets `_GRACE` seconds more.
@@ -365,8 +376,10 @@ async def tune(
         cut_short = "max_time"
     if interrupted and cut_short is None:
         cut_short = "interrupted"
-    if all(len(measured[limit]) == repeats and not measured[limit][-1].partial for limit in limits):
-        cut_short = None  # stopped while closing up after the last measurement: nothing is missing
+    if not online_cut and all(len(measured[limit]) == repeats and not measured[limit][-1].partial for limit in limits):
+        # Stopped while closing up after the last measurement: nothing is missing (unless the online run was
+        # cut off: its result is).
+        cut_short = None
     if lost and not any(measured.values()):
         failure = ServerConnectionError(f"the server stopped answering before any setting was measured: {lost}")
     if failure is not None:
@@ -439,6 +452,11 @@ def _check_settings(settings: Sequence[int]) -> list[int]:
     bad = [s for s in settings if not isinstance(s, int) or isinstance(s, bool) or s < 1]
     if bad:
         raise ConfigurationError(f"every setting must be an int >= 1, got {bad}")
+    huge = [s for s in settings if s > _MAX_SETTING]
+    if huge:
+        raise ConfigurationError(
+            f"every setting must be at most {_MAX_SETTING} (as many callers run as the largest), got {huge}"
+        )
     twice = sorted({s for s in settings if list(settings).count(s) > 1})
     if twice:
         # Dropping one would hide a typo (1, 2, 2, 4 for 1, 2, 3, 4): the sweep would not measure what was meant.
