@@ -270,7 +270,8 @@ async def closed_loop(
             pending = batch.submit(next(source))
             waiting[pending] = batch
             result = await pending.wait()
-            del waiting[pending]
+            if waiting.pop(pending, None) is None:
+                return  # the budget closed the window and counted this call, done before its caller woke
             if closed:
                 if result.started_at is not None and result.finished_at > window_stop:
                     tail.append(result)
@@ -312,7 +313,14 @@ async def closed_loop(
             if window_start is None:
                 open_window(now)
             close_window(now)
-        abandoned.extend((queued.queued_at, queued.started_at) for queued in waiting if queued.started_at is not None)
+        for queued in list(waiting):
+            if queued.done:  # it ended before its caller woke: a completed call, not a cut-off one
+                del waiting[queued]
+                result = queued.result()
+                if result.started_at is not None:
+                    (tail if result.finished_at > window_stop else finished).append(result)
+            elif queued.started_at is not None:
+                abandoned.append((queued.queued_at, queued.started_at))
         callers.cancel()
 
     if phase is not None and warmup:
