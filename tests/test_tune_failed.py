@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from mcp.server.mcpserver import MCPServer
@@ -13,9 +13,12 @@ from mcp.types import Tool as MCPTool
 from mcp.types import ToolAnnotations
 
 from dispatcher.tuning import load_workload, tune
-from dispatcher.tuning._report import conclude
+from dispatcher.tuning._report import Conclusion, conclude
 
 from .test_tune import setting
+
+if TYPE_CHECKING:
+    from dispatcher.tuning._measure import SettingResult
 
 
 class FailingThenGone(MCPServer[Any]):
@@ -57,14 +60,10 @@ async def test_every_call_failed_then_the_server_was_lost_blames_no_setting() ->
     assert "while 1 was measured" not in report.explanation and "left out" not in report.explanation
 
 
-def test_every_setting_failed_is_said_so_whichever_setting_was_measured_last() -> None:
-    """Pure: 1, 2 and 4 all failed every call, the server lost after 4: no "4 is left out", no "only 2 was"."""
-    failed = [
-        replace(setting(limit, 0.0, calls=0), errors=10, error="tool_error: nope", error_tool="lookup")
-        for limit in (1, 2, 4)
-    ]
-    verdict = conclude(
-        {1: [failed[0]], 2: [failed[1]], 4: [failed[2]], 8: []},
+def lost_during_4(measured: dict[int, list[SettingResult]]) -> Conclusion:
+    """`conclude` on a sweep of 1 to 8 whose server stopped answering while 4 was measured."""
+    return conclude(
+        measured,
         share=1.0,
         tolerance=0.05,
         planned_top=8,
@@ -75,6 +74,15 @@ def test_every_setting_failed_is_said_so_whichever_setting_was_measured_last() -
         lost="Connection closed, before measuring 8",
         lost_during=4,
     )
+
+
+def test_every_setting_failed_is_said_so_whichever_setting_was_measured_last() -> None:
+    """Pure: 1, 2 and 4 all failed every call, the server lost after 4: no "4 is left out", no "only 2 was"."""
+    failed = [
+        replace(setting(limit, 0.0, calls=0), errors=10, error="tool_error: nope", error_tool="lookup")
+        for limit in (1, 2, 4)
+    ]
+    verdict = lost_during_4({1: [failed[0]], 2: [failed[1]], 4: [failed[2]], 8: []})
     assert verdict.recommended is None and verdict.best is None
     assert verdict.explanation.startswith(
         "every measured call failed, at 1 and 2 and 4 (lookup: tool_error: nope), so there is nothing to recommend; "
@@ -83,16 +91,5 @@ def test_every_setting_failed_is_said_so_whichever_setting_was_measured_last() -
     assert "4 is left out" not in verdict.explanation
     # One setting that succeeded keeps the old reading: the last one's failures are the connection's.
     mixed = {1: [setting(1, 10.0)], 2: [setting(2, 20.0)], 4: [failed[2]], 8: []}
-    kept = conclude(
-        mixed,
-        share=1.0,
-        tolerance=0.05,
-        planned_top=8,
-        synthetic=False,
-        repeats=1,
-        cut_short="server_lost",
-        max_time=None,
-        lost="Connection closed, before measuring 8",
-        lost_during=4,
-    )
+    kept = lost_during_4(mixed)
     assert kept.recommended == 2 and "4 is left out: the server stopped answering" in kept.explanation
