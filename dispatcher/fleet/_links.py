@@ -117,7 +117,7 @@ class AsyncioLink(Link):
             finally:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
                     try:
-                        await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+                        await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # annotated from redis-py 8.2 on
                     except Exception:  # a broken connection is being dropped anyway
                         pass
 
@@ -157,7 +157,7 @@ class ThreadLink(Link):
 
     async def listen(self, channel: str, deliver: Callable[[str], None]) -> None:
         while True:
-            pubsub = self._client.pubsub()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+            pubsub = self._client.pubsub()  # type: ignore[no-untyped-call,unused-ignore]  # annotated from redis-py 8.2 on
             try:
                 await anyio.to_thread.run_sync(pubsub.subscribe, channel, limiter=self._listener)
                 while True:
