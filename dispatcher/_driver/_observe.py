@@ -255,26 +255,19 @@ class Observer:
             )
             state.attempt_span = span
             state.token = context.attach(trace.set_span_in_context(span))
-        if attempt == 1:
-            self._emit(
-                CallEvent(
-                    "started", call, time, tool=state.entry, attempt=1, keys=state.keys, limit=limit, limit_scope=scope
-                )
+        self._emit(
+            CallEvent(
+                "started" if attempt == 1 else "retried",
+                call,
+                time,
+                tool=state.entry,
+                attempt=attempt,
+                error=state.previous_error if attempt > 1 else None,
+                keys=state.keys,
+                limit=limit,
+                limit_scope=scope,
             )
-        else:
-            self._emit(
-                CallEvent(
-                    "retried",
-                    call,
-                    time,
-                    tool=state.entry,
-                    attempt=attempt,
-                    error=state.previous_error,
-                    keys=state.keys,
-                    limit=limit,
-                    limit_scope=scope,
-                )
-            )
+        )
 
     def attempt_finished(self, state: CallState, status: CallStatus, error: str | None) -> None:
         """An attempt ended (in the task that ran it)."""
