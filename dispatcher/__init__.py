@@ -28,6 +28,7 @@ from ._driver._batch import Batch as Batch
 from ._driver._batch import PendingCall as PendingCall
 from ._driver._observe import CallEvent as CallEvent
 from ._driver._retry import RetryPolicy as RetryPolicy
+from ._exports import rehome as _rehome
 from ._mcp._pins import DefinitionChange as DefinitionChange
 from ._mcp._questions import Answer as Answer
 from ._mcp._questions import Question as Question
@@ -71,8 +72,4 @@ __all__ = [
 
 
 # The classes exported here report this module as their home (`dispatcher.ToolResult`, not its private one).
-for _name in __all__:
-    _value = globals()[_name]
-    if isinstance(_value, type) and _value.__module__.startswith("dispatcher."):
-        _value.__module__ = __name__
-del _name, _value
+_rehome(globals())

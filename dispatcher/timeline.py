@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._core._calls import ToolResult
+from ._exports import rehome as _rehome
 from ._timeline._picture import draw_picture
 from ._timeline._rows import TimelineRow as TimelineRow
 from ._timeline._rows import Wait as Wait
@@ -159,8 +160,4 @@ class Timeline:
 
 
 # The classes exported here report this module as their home (`dispatcher.timeline.Wait`, not its private one).
-for _name in __all__:
-    _value = globals()[_name]
-    if isinstance(_value, type) and _value.__module__.startswith("dispatcher."):
-        _value.__module__ = __name__
-del _name, _value
+_rehome(globals())

@@ -56,6 +56,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "dispatcher._mcp._failures",
             "dispatcher._core._backoff",
             "dispatcher._version",
+            "dispatcher._exports",
         ),
     ),
     (

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dispatcher
-from dispatcher import examples, fleet, testing
+from dispatcher import examples, fleet, testing, tuning
+from dispatcher._exports import rehome
 
 
 def test_all_is_sorted_and_complete() -> None:
@@ -22,11 +23,32 @@ def test_public_names_come_from_the_package() -> None:
     classes = [getattr(dispatcher, name) for name in dispatcher.__all__ if isinstance(getattr(dispatcher, name), type)]
     assert len(classes) > 20
     assert {cls.__name__: cls.__module__ for cls in classes} == {cls.__name__: "dispatcher" for cls in classes}
-    for package in (examples, fleet, testing):
+    for package in (examples, fleet, testing, tuning):
         for name in package.__all__:
             value = getattr(package, name)
             if isinstance(value, type):
                 assert value.__module__ == package.__name__, name
+
+
+def test_rehome_moves_only_the_package_classes_named_in_all() -> None:
+    """`rehome` gives the module's name to the package's classes in `__all__`, and leaves the rest alone."""
+    exported = type("Exported", (), {"__module__": "dispatcher._private"})
+    unlisted = type("Unlisted", (), {"__module__": "dispatcher._private"})
+    foreign = type("Foreign", (), {"__module__": "elsewhere"})
+    namespace = {
+        "__name__": "dispatcher.public",
+        "__all__": ["Exported", "Foreign", "constant"],
+        "Exported": exported,
+        "Unlisted": unlisted,
+        "Foreign": foreign,
+        "constant": 3,
+    }
+    rehome(namespace)
+    assert (exported.__module__, unlisted.__module__, foreign.__module__) == (
+        "dispatcher.public",
+        "dispatcher._private",
+        "elsewhere",
+    )
 
 
 def test_the_types_of_public_signatures_are_exported() -> None:

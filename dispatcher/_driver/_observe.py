@@ -215,19 +215,10 @@ class Observer:
 
     def approval_asked(self, request: ApprovalRequest, state: CallState) -> None:
         """The approver is being asked about a call (its answer comes as `approval`)."""
-        self._emit(CallEvent("approval_asked", request.call, anyio.current_time(), tool=state.entry, keys=state.keys))
+        self._emit_now("approval_asked", request.call, state)
 
     def approval(self, state: CallState, request: ApprovalRequest, denial: str | None) -> None:
-        self._emit(
-            CallEvent(
-                "approval_answered",
-                request.call,
-                anyio.current_time(),
-                tool=state.entry,
-                keys=state.keys,
-                error=denial,
-            )
-        )
+        self._emit_now("approval_answered", request.call, state, error=denial)
         span = state.span
         if span is not None:
             if denial is None:
@@ -264,26 +255,19 @@ class Observer:
             )
             state.attempt_span = span
             state.token = context.attach(trace.set_span_in_context(span))
-        if attempt == 1:
-            self._emit(
-                CallEvent(
-                    "started", call, time, tool=state.entry, attempt=1, keys=state.keys, limit=limit, limit_scope=scope
-                )
+        self._emit(
+            CallEvent(
+                "started" if attempt == 1 else "retried",
+                call,
+                time,
+                tool=state.entry,
+                attempt=attempt,
+                error=state.previous_error if attempt > 1 else None,
+                keys=state.keys,
+                limit=limit,
+                limit_scope=scope,
             )
-        else:
-            self._emit(
-                CallEvent(
-                    "retried",
-                    call,
-                    time,
-                    tool=state.entry,
-                    attempt=attempt,
-                    error=state.previous_error,
-                    keys=state.keys,
-                    limit=limit,
-                    limit_scope=scope,
-                )
-            )
+        )
 
     def attempt_finished(self, state: CallState, status: CallStatus, error: str | None) -> None:
         """An attempt ended (in the task that ran it)."""
@@ -319,53 +303,21 @@ class Observer:
             if message is not None:
                 attributes["dispatcher.progress.message"] = message
             span.add_event("dispatcher.progress", attributes)
-        self._emit(
-            CallEvent(
-                "progress",
-                call,
-                anyio.current_time(),
-                tool=state.entry,
-                attempt=state.attempt,
-                keys=state.keys,
-                progress=progress,
-                total=total,
-                message=message,
-            )
-        )
+        self._emit_now("progress", call, state, progress=progress, total=total, message=message)
 
     def question_asked(self, call: ToolCall, state: CallState, message: str) -> None:
         """A server's question asked during the call is shown to the person (the call's clock is paused)."""
         message = message[:_PROGRESS_TEXT]
         if state.attempt_span is not None:
             state.attempt_span.add_event("dispatcher.question.asked", {"dispatcher.question.message": message})
-        self._emit(
-            CallEvent(
-                "question_asked",
-                call,
-                anyio.current_time(),
-                tool=state.entry,
-                attempt=state.attempt,
-                keys=state.keys,
-                message=message,
-            )
-        )
+        self._emit_now("question_asked", call, state, message=message)
 
     def question_answered(self, call: ToolCall, state: CallState, error: str | None) -> None:
         """The question ended: None when the person accepted, else what the server got instead, and why."""
         if state.attempt_span is not None:
             attributes = {} if error is None else {"dispatcher.question.error": error}
             state.attempt_span.add_event("dispatcher.question.answered", attributes)
-        self._emit(
-            CallEvent(
-                "question_answered",
-                call,
-                anyio.current_time(),
-                tool=state.entry,
-                attempt=state.attempt,
-                keys=state.keys,
-                error=error,
-            )
-        )
+        self._emit_now("question_answered", call, state, error=error)
 
     def finished(self, state: CallState, result: ToolResult) -> None:
         if state.attempt_span is not None:
@@ -408,6 +360,33 @@ class Observer:
                 effect=result.effect,
                 limit=limit,
                 limit_scope=scope,
+            )
+        )
+
+    def _emit_now(
+        self,
+        kind: EventKind,
+        call: ToolCall,
+        state: CallState,
+        *,
+        error: str | None = None,
+        progress: float | None = None,
+        total: float | None = None,
+        message: str | None = None,
+    ) -> None:
+        """Emit an event that happens now, with the attempts the call has begun so far (0 before its first)."""
+        self._emit(
+            CallEvent(
+                kind,
+                call,
+                anyio.current_time(),
+                tool=state.entry,
+                attempt=state.attempt,
+                keys=state.keys,
+                error=error,
+                progress=progress,
+                total=total,
+                message=message,
             )
         )
 

@@ -146,24 +146,9 @@ class TimelineRow:
 
 @dataclass(frozen=True, slots=True)
 class _Record:
-    """One call as the record holds it, before its wait is worked out."""
+    """One call as the record holds it: its row before its wait is worked out (`wait` None), and its approval."""
 
-    call: ToolCall
-    batch: int
-    status: CallStatus | None
-    tool: str | None
-    server: str | None
-    queued_at: float
-    started_at: float | None
-    finished_at: float | None
-    attempt_starts: tuple[float, ...]
-    attempts: int
-    exclusive: bool | None
-    keys: tuple[str, ...]
-    error: str | None
-    untrusted_content: bool
-    effect: Effect | None = None
-    depends_on: str | None = None
+    row: TimelineRow
     # When its approval was first asked and last answered (None: not answered), from events.
     approval: tuple[float, float | None] | None = None
 
@@ -175,7 +160,7 @@ def printable(text: str, limit: int = 60) -> str:
 
 
 def record_of_result(result: ToolResult, batch: int) -> _Record:
-    return _Record(
+    row = TimelineRow(
         call=result.call,
         batch=batch,
         status=result.status,
@@ -190,9 +175,11 @@ def record_of_result(result: ToolResult, batch: int) -> _Record:
         keys=(),
         error=result.error,
         untrusted_content=result.untrusted_content,
+        wait=None,
         effect=result.effect,
         depends_on=result.depends_on,
     )
+    return _Record(row)
 
 
 def records_of_events(events: Iterable[CallEvent], batch: int) -> list[_Record]:
@@ -222,7 +209,7 @@ def _from_call_events(history: list[CallEvent], batch: int) -> _Record:
     keys = next((event.keys for event in reversed(history) if event.keys), ())
     asked = next((event.time for event in history if event.kind == "approval_asked"), None)
     answered = next((event.time for event in reversed(history) if event.kind == "approval_answered"), None)
-    return _Record(
+    row = TimelineRow(
         call=queued.call,
         batch=batch,
         status=result.status if result is not None else None,
@@ -237,44 +224,25 @@ def _from_call_events(history: list[CallEvent], batch: int) -> _Record:
         keys=keys,
         error=result.error if result is not None else None,
         untrusted_content=result.untrusted_content if result is not None else False,
+        wait=None,
         effect=result.effect if result is not None else None,
         depends_on=result.depends_on if result is not None else None,
-        approval=(asked, answered) if asked is not None else None,
     )
+    return _Record(row, approval=(asked, answered) if asked is not None else None)
 
 
 def rows_of(records: Sequence[_Record]) -> list[TimelineRow]:
     # Submission order: the time each call was queued; ties keep the order the record holds them in.
-    ordered = sorted(records, key=lambda record: record.queued_at)
-    ends = sorted(
-        (record.finished_at, position) for position, record in enumerate(ordered) if record.finished_at is not None
-    )
-    return [_row(record, position, ordered, ends) for position, record in enumerate(ordered)]
+    ordered_records = sorted(records, key=lambda record: record.row.queued_at)
+    ordered = [record.row for record in ordered_records]
+    ends = sorted((row.finished_at, position) for position, row in enumerate(ordered) if row.finished_at is not None)
+    return [
+        dataclasses.replace(record.row, wait=_wait(record.row, record.approval, position, ordered, ends))
+        for position, record in enumerate(ordered_records)
+    ]
 
 
-def _row(record: _Record, position: int, ordered: Sequence[_Record], ends: Sequence[tuple[float, int]]) -> TimelineRow:
-    return TimelineRow(
-        call=record.call,
-        batch=record.batch,
-        status=record.status,
-        tool=record.tool,
-        server=record.server,
-        queued_at=record.queued_at,
-        started_at=record.started_at,
-        finished_at=record.finished_at,
-        attempt_starts=record.attempt_starts,
-        attempts=record.attempts,
-        exclusive=record.exclusive,
-        keys=record.keys,
-        error=record.error,
-        untrusted_content=record.untrusted_content,
-        wait=_wait(record, position, ordered, ends),
-        effect=record.effect,
-        depends_on=record.depends_on,
-    )
-
-
-def _conflict(first: _Record, second: _Record) -> bool | None:
+def _conflict(first: TimelineRow, second: TimelineRow) -> bool | None:
     """Whether the gate orders the two calls, or None when the record does not say."""
     if first.exclusive is None or second.exclusive is None:
         return None
@@ -283,24 +251,30 @@ def _conflict(first: _Record, second: _Record) -> bool | None:
     return conflicts(first.keys, second.keys)
 
 
-def _wait(record: _Record, position: int, ordered: Sequence[_Record], ends: Sequence[tuple[float, int]]) -> Wait | None:
+def _wait(
+    row: TimelineRow,
+    approval: tuple[float, float | None] | None,
+    position: int,
+    ordered: Sequence[TimelineRow],
+    ends: Sequence[tuple[float, int]],
+) -> Wait | None:
     """What the record says the call waited for; None if it did not wait.
 
-    `ordered` is every call in submission order, `ends` their (end, position) pairs sorted by end.
+    `ordered` is every call's row in submission order, `ends` their (end, position) pairs sorted by end.
     """
-    started, approval = record.started_at, record.approval
+    started = row.started_at
     if started is None:
-        if record.status is CallStatus.DENIED and record.finished_at is not None:
+        if row.status is CallStatus.DENIED and row.finished_at is not None:
             took = 0.0
             if approval is not None:
-                took = (approval[1] if approval[1] is not None else record.finished_at) - approval[0]
-            return Wait(kind="approval", seconds=record.finished_at - record.queued_at, approval=took)
+                took = (approval[1] if approval[1] is not None else row.finished_at) - approval[0]
+            return Wait(kind="approval", seconds=row.finished_at - row.queued_at, approval=took)
         return None
-    wait = _rule_wait(record, position, ordered, ends)
+    wait = _rule_wait(row, position, ordered, ends)
     if approval is None or approval[1] is None or approval[1] > started:
         return wait
     asked, answered = approval[0], approval[1]
-    if wait is None and started - record.queued_at <= _WAITED_SECONDS:
+    if wait is None and started - row.queued_at <= _WAITED_SECONDS:
         return None  # approved at once (an approver that needs no person): the event loop's ordinary delay
     # The approval came before the start: if nothing that ended as it came or after explains the start,
     # the call started because it was approved; else the rule's wait stands (an end at the very time of
@@ -309,7 +283,7 @@ def _wait(record: _Record, position: int, ordered: Sequence[_Record], ends: Sequ
     if wait is None or wait.kind == "unrecorded" or not any(ends[i][1] != position for i in ended_since):
         return Wait(
             kind="approved",
-            seconds=started - record.queued_at,
+            seconds=started - row.queued_at,
             unexplained=started - answered,
             approval=answered - asked,
         )
@@ -317,7 +291,7 @@ def _wait(record: _Record, position: int, ordered: Sequence[_Record], ends: Sequ
 
 
 def _rule_wait(
-    record: _Record, position: int, ordered: Sequence[_Record], ends: Sequence[tuple[float, int]]
+    record: TimelineRow, position: int, ordered: Sequence[TimelineRow], ends: Sequence[tuple[float, int]]
 ) -> Wait | None:
     """What the conflict rule and the limits made the call wait for (a call that started)."""
     if record.started_at is None:

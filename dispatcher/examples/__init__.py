@@ -6,6 +6,7 @@ serves any `MCPServer` over streamable HTTP on a free port. Run `python -m dispa
 --help` to start the workspace as a process.
 """
 
+from .._exports import rehome as _rehome
 from ._http import serve_http as serve_http
 from ._ledger import ToolRun as ToolRun
 from ._models import FaultConfig as FaultConfig
@@ -22,8 +23,4 @@ __all__ = [
 
 
 # The classes exported here report this module as their home (`dispatcher.examples.Workspace`, not its private one).
-for _name in __all__:
-    _value = globals()[_name]
-    if isinstance(_value, type) and _value.__module__.startswith("dispatcher."):
-        _value.__module__ = __name__
-del _name, _value
+_rehome(globals())

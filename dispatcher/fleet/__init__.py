@@ -7,6 +7,7 @@ module does not.
 from .._core._errors import CoordinationError as CoordinationError
 from .._driver._coordination import Coordinator as Coordinator
 from .._driver._coordination import LocalCoordinator as LocalCoordinator
+from .._exports import rehome as _rehome
 from ._config import FleetServer as FleetServer
 from ._redis import RedisCoordinator as RedisCoordinator
 
@@ -14,8 +15,4 @@ __all__ = ["CoordinationError", "Coordinator", "FleetServer", "LocalCoordinator"
 
 
 # The classes exported here report this module as their home (`dispatcher.ToolResult`, not its private one).
-for _name in __all__:
-    _value = globals()[_name]
-    if isinstance(_value, type) and _value.__module__.startswith("dispatcher."):
-        _value.__module__ = __name__
-del _name, _value
+_rehome(globals())

@@ -54,6 +54,7 @@ import anyio
 from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, INTERNAL_ERROR, CallToolResult, ErrorData, TextContent
 
+from .._exports import rehome as _rehome
 from ._hostile import HostileServer
 
 if TYPE_CHECKING:
@@ -445,8 +446,4 @@ class FencedResource:
 
 
 # The classes exported here report this module as their home (`dispatcher.ToolResult`, not its private one).
-for _name in __all__:
-    _value = globals()[_name]
-    if isinstance(_value, type) and _value.__module__.startswith("dispatcher."):
-        _value.__module__ = __name__
-del _name, _value
+_rehome(globals())

@@ -9,6 +9,7 @@ run time, or the smallest setting when no setting matters (throughput flat while
 `render_table` needs `rich` (``pip install 'mcp-dispatcher[cli]'``).
 """
 
+from .._exports import rehome as _rehome
 from ..cli._present import render_tune as render_table
 from ._measure import SettingResult as SettingResult
 from ._online import OnlineResult as OnlineResult
@@ -37,8 +38,4 @@ __all__ = [
 
 
 # The classes exported here report this module as their home (`dispatcher.ToolResult`, not its private one).
-for _name in __all__:
-    _value = globals()[_name]
-    if isinstance(_value, type) and _value.__module__.startswith("dispatcher."):
-        _value.__module__ = __name__
-del _name, _value
+_rehome(globals())

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from dispatcher._dispatcher import Dispatcher
     from dispatcher._driver._batch import Batch, PendingCall
 
-__all__ = ["SettingResult", "Window", "closed_loop", "combine", "measure", "summarise"]
+__all__ = ["SettingResult", "Window", "closed_loop", "combine", "summarise"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,45 +130,6 @@ def _finite(value: float) -> float | None:
     return None if math.isnan(value) or math.isinf(value) else round(value, 6)
 
 
-async def measure(
-    dispatcher: Dispatcher,
-    workload: Sequence[ToolCall],
-    *,
-    limit: int,
-    clients: int,
-    warmup: int,
-    calls: int | None,
-    duration: float | None,
-    report: Callable[[int, int | None], None] | None,
-    phase: Callable[[str], None] | None = None,
-    deadline: float = math.inf,
-    stop: anyio.Event | None = None,
-) -> SettingResult:
-    """Run one setting's closed loop (`closed_loop`) and summarise its measurement window."""
-    window = await closed_loop(
-        dispatcher,
-        workload,
-        clients=clients,
-        warmup=warmup,
-        calls=calls,
-        duration=duration,
-        report=report,
-        phase=phase,
-        deadline=deadline,
-        stop=stop,
-    )
-    return summarise(
-        limit,
-        window.results,
-        window.start,
-        window.stop,
-        inclusive=window.inclusive,
-        abandoned=window.abandoned,
-        partial=window.partial,
-        warmup=window.warmup,
-    )
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Window:
     """What a closed loop ran: every call's result and the measurement window (loop clock).
@@ -195,6 +156,19 @@ class Window:
     abandoned: tuple[tuple[float, float], ...] = ()
     partial: bool = False
     warmup: int = 0
+
+    def summarise(self, limit: int) -> SettingResult:
+        """The figures of the window, measured under the setting `limit` (see `summarise`)."""
+        return summarise(
+            limit,
+            self.results,
+            self.start,
+            self.stop,
+            inclusive=self.inclusive,
+            abandoned=self.abandoned,
+            partial=self.partial,
+            warmup=self.warmup,
+        )
 
 
 async def closed_loop(

@@ -34,7 +34,7 @@ from dispatcher._mcp._failures import innermost
 
 from ._connection import LOST, connected, describe_target, lost_connection
 from ._fleet import check_redis, fleet_measure
-from ._measure import measure
+from ._measure import closed_loop
 from ._online import measure_online
 from ._recommend import TOLERANCE, CutShort
 from ._report import Phase, TuneProgress, TuneReport, conclude, failed_entirely, failed_note
@@ -267,6 +267,7 @@ async def tune(
                         if change is not None:
                             notes.append(change)
                         on_call, on_phase = report_to(limit, index, repeat)
+                        warm = 2 * limit if warmup is None else warmup
                         if fleet is not None:
                             assert isinstance(target, str)
                             result = await fleet_measure(
@@ -276,7 +277,7 @@ async def tune(
                                 processes=processes,
                                 limit=limit,
                                 clients=callers,
-                                warmup=2 * limit if warmup is None else warmup,
+                                warmup=warm,
                                 calls=calls,
                                 duration=duration,
                                 trusted=trusted,
@@ -291,12 +292,11 @@ async def tune(
                         else:
                             measuring = True
                             try:
-                                result = await measure(
+                                window = await closed_loop(
                                     dispatcher,
                                     pattern,
-                                    limit=limit,
                                     clients=callers,
-                                    warmup=2 * limit if warmup is None else warmup,
+                                    warmup=warm,
                                     calls=calls,
                                     duration=duration,
                                     report=on_call,
@@ -306,6 +306,7 @@ async def tune(
                                 )
                             finally:
                                 measuring = False
+                            result = window.summarise(limit)
                         if result.partial:
                             cut_short = "interrupted" if stop is not None and stop.is_set() else "max_time"
                             # A part of a window counts only for a setting measured in no other round, and
