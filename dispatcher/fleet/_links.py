@@ -78,11 +78,17 @@ def _cluster_reply(exc: BaseException) -> bool:
     return isinstance(exc, AskError | ClusterCrossSlotError | ClusterDownError | MovedError)
 
 
-def _no_retries() -> Any:
+def _no_retries(*, for_asyncio: bool) -> Any:
     from redis.backoff import NoBackoff
-    from redis.retry import Retry
 
     # The coordinator decides what a failure means; a hidden retry would only stretch `timeout`.
+    # An asyncio client gets the asyncio class: redis-py 8.2 warns when it has to convert a sync one.
+    if for_asyncio:
+        from redis.asyncio.retry import Retry as AsyncRetry
+
+        return AsyncRetry(NoBackoff(), 0)
+    from redis.retry import Retry
+
     return Retry(NoBackoff(), 0)
 
 
@@ -91,7 +97,7 @@ class AsyncioLink(Link):
         super().__init__(coordinator)
         import redis.asyncio
 
-        self._client = redis.asyncio.Redis.from_url(self._url, retry=_no_retries(), **self._options)
+        self._client = redis.asyncio.Redis.from_url(self._url, retry=_no_retries(for_asyncio=True), **self._options)
         self._scripts = {name: self._client.register_script(text) for name, text in _SCRIPTS.items()}
 
     async def run(self, script: str, keys: list[str], args: list[Any]) -> Any:
@@ -139,7 +145,7 @@ class ThreadLink(Link):
         super().__init__(coordinator)
         import redis
 
-        self._client = redis.Redis.from_url(self._url, retry=_no_retries(), **self._options)
+        self._client = redis.Redis.from_url(self._url, retry=_no_retries(for_asyncio=False), **self._options)
         self._scripts = {name: self._client.register_script(text) for name, text in _SCRIPTS.items()}
         # Its own threads: waiting calls must not take the default limiter's tokens from sync tools.
         self._limiter = anyio.CapacityLimiter(16)
