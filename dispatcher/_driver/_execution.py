@@ -243,6 +243,7 @@ class Executor(Submission):
             cut = False  # whether the task's scope was cancelled while the call ran (it is settled below)
             try:
                 with self._cancel_scope() as scope:
+                    shared = _Shared(scope)
                     while True:
                         try:
                             if not self._open:
@@ -253,7 +254,7 @@ class Executor(Submission):
                                 and entry.server is None
                                 and ((state := work.state) is None or not state.recheck)
                             ):  # `_shares_scope`, inline
-                                await self._carry_out(work, scope)
+                                await self._carry_out(work, scope, shared)
                             else:
                                 await self._run_admitted(work)
                         except cancelled:
@@ -278,7 +279,7 @@ class Executor(Submission):
                                 gate.finish(ticket)
                         following = self._next()
                         del work, ticket  # hold no finished call while the loop runs
-                        if scope.cancel_called or scope.deadline != math.inf:
+                        if shared.spent or scope.deadline != math.inf:
                             break  # cancelled as its call ended, or given a deadline: not for the next call
                         if following is not None and not self._strays and follows and self._now() < until:
                             follows -= 1
@@ -392,11 +393,13 @@ class Executor(Submission):
         # The scope was cancelled before the call settled: by `cancel`, or at its only attempt's deadline.
         self._interrupted(work)
 
-    async def _carry_out(self, work: PendingCall, scope: anyio.CancelScope) -> None:
+    async def _carry_out(self, work: PendingCall, scope: anyio.CancelScope, shared: _Shared | None = None) -> None:
         """Run an admitted call's attempts under `scope`, its interrupt, and settle it (see `_execute`).
 
-        A cancellation of `scope` propagates: whoever entered it settles the call (`_interrupted`).
+        A cancellation of `scope` propagates: whoever entered it settles the call (`_interrupted`). `shared`: the
+        scope is its task's, which the call's lifecycle and deadline cancel through `shared` (see `_Shared`).
         """
+        cut: anyio.CancelScope | _Shared = scope if shared is None else shared
         if work.cancel_requested:
             work.settle(Ending.CANCELLED, self._now(), "before it started")
             return
@@ -413,10 +416,10 @@ class Executor(Submission):
         once, keyed = (True, False) if retry is None else self._once(entry, work)
         watch = None
         if once and timeout is not None and not recheck:
-            watch = self._deadlines.watch(scope, started + timeout)
+            watch = self._deadlines.watch(cut, started + timeout)
         if once and state is None and not recheck:
             # The usual call, in fewer steps: one attempt, no hooks, nothing to wait for before it starts.
-            if not work.begin(scope, started):
+            if not work.begin(cut, started):
                 if watch is not None:
                     watch.forget()
                 return  # settled while it was on its way (its fleet hold lost)
@@ -445,7 +448,7 @@ class Executor(Submission):
             else:
                 work.finished(CallStatus.OK, None, self._now(), result, False)
             return
-        work.waiting(scope)
+        work.waiting(cut)
         if recheck:
             if await self._approve_at_start(work):
                 return
@@ -542,6 +545,31 @@ class Executor(Submission):
     def _attempt_scoped(self, work: PendingCall, start: float, limit: float) -> Awaitable[Attempt]:
         retry_timeout = self._retry.timeout if self._retry is not None else None
         return attempt_scoped(work, start, limit, self._call_timeout, retry_timeout, self._cancel_scope)
+
+
+class _Shared:
+    """A task's cancel scope as the calls it carries see it: their lifecycle and deadline cancel it (or set its
+    deadline) through this, which notes it, so that the task knows whether the scope may carry its next call
+    without asking the scope (trio's `cancel_called` reads the clock to see whether a deadline passed)."""
+
+    __slots__ = ("_scope", "spent")
+
+    def __init__(self, scope: anyio.CancelScope) -> None:
+        self._scope = scope
+        self.spent = False
+
+    def cancel(self) -> None:
+        self.spent = True
+        self._scope.cancel()
+
+    @property
+    def deadline(self) -> float:
+        return self._scope.deadline
+
+    @deadline.setter
+    def deadline(self, value: float) -> None:
+        self.spent = True
+        self._scope.deadline = value
 
 
 def _loop_clock(native: object, asyncio: bool) -> Callable[[], float] | None:
