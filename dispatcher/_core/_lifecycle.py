@@ -397,8 +397,11 @@ class CallRecord:
         self, status: CallStatus, error: str | None, now: float, result: CallToolResult | None, untrusted: bool
     ) -> bool:
         """`waiting(None)` and `ended` in one step: the call waits for nothing any more, its last attempt ended."""
-        if self.phase is Phase.SETTLED:
+        phase = self.phase
+        if phase is Phase.SETTLED:
             return False
+        if phase is not Phase.RUNNING:  # refused before anything changes: the interrupt is still cancelled later
+            raise LifecycleError(f"call {self.call.id!r} cannot be answered while {phase.name}")
         self.interrupt = None
         if untrusted:
             self.untrusted = True

@@ -19,10 +19,16 @@ if TYPE_CHECKING:
 
     from ._calls import ToolCall
 
-__all__ = ["EFFECTS", "MAX_ERROR", "OUTCOMES", "Ending", "Moment", "Phase", "build_result"]
+__all__ = ["EFFECTS", "MAX_ERROR", "OUTCOMES", "SELF_CANCEL", "Ending", "Moment", "Phase", "build_result"]
 
 MAX_ERROR = 1000
 """The longest `ToolResult.error` kept; a longer explanation is cut, saying how long it was."""
+
+SELF_CANCEL = (
+    "the tool raised it or cancelled its own task, or a tool of an earlier call run by the same task"
+    " scheduled that task's cancellation (Task.cancel)"
+)
+"""Who can have cancelled a call that no cancellation of the dispatcher's ended (`Ending.SELF_CANCELLED`)."""
 
 
 class Phase(enum.IntEnum):
@@ -102,9 +108,10 @@ def _table() -> dict[tuple[Ending, Phase], tuple[CallStatus, str]]:
     for phase in _ANY:
         table[Ending.CLOSED, phase] = (cancelled, "the dispatcher closed")
     table[Ending.TIMED_OUT, Phase.RUNNING] = (CallStatus.TIMEOUT, "no result within call_timeout={}s")
-    # A task is cancelled by itself only by code running in it: the tool, or an approver asked at the start.
+    # A task is cancelled by itself only by code running in it: the tool, an approver asked at the start, or
+    # (asyncio) a tool of an earlier call the same task ran, which scheduled the cancellation to land later.
     for phase in (Phase.ADMITTED, Phase.RUNNING):
-        table[Ending.SELF_CANCELLED, phase] = (cancelled, "the tool's task was cancelled by itself")
+        table[Ending.SELF_CANCELLED, phase] = (cancelled, f"the call's task was cancelled: {SELF_CANCEL}")
         table[Ending.HOLD_LOST, phase] = (CallStatus.FAILED, "{}; the call was not sent")
     # Like a timeout, not a failure: the lease ran out while the request was on its way or on the server.
     table[Ending.HOLD_LOST_IN_FLIGHT, Phase.RUNNING] = (

@@ -18,6 +18,7 @@ import anyio.lowlevel
 
 from .._core._calls import CallStatus
 from .._core._errors import ToolUnavailableError
+from .._core._outcomes import SELF_CANCEL
 from .._mcp._failures import describe as describe_failure
 from ._clock import current_clock
 from ._retry import Attempt, is_transient
@@ -29,7 +30,17 @@ if TYPE_CHECKING:
 
     from ._batch import PendingCall
 
-__all__ = ["absorb_stray", "attempt_scoped", "error_text", "failed", "failed_base", "invoke", "tool_failure"]
+__all__ = [
+    "absorb_stray",
+    "attempt_scoped",
+    "caught",
+    "error_text",
+    "failed",
+    "failed_base",
+    "invoke",
+    "stray",
+    "tool_failure",
+]
 
 
 async def invoke(work: PendingCall) -> Attempt:
@@ -38,22 +49,29 @@ async def invoke(work: PendingCall) -> Attempt:
     assert impl is not None
     try:
         result = await impl.invoke(work.prepared, work.lease)
-    except Exception as exc:
-        return failed(exc)
     except BaseException as exc:
-        if tool_failure(exc):
-            return failed_base(exc)
-        stop = _cancellation(exc)
-        if stop is exc:
-            del stop  # a local holding the exception would tie it to this frame: a cycle only the collector frees
-            raise
-        try:
-            raise stop  # the group is its context: it is the cancellation that goes on
-        finally:
-            del stop
+        return caught(exc)
     if result.is_error:
         return Attempt(CallStatus.TOOL_ERROR, result, error_text(result))
     return Attempt(CallStatus.OK, result)
+
+
+def caught(exc: BaseException) -> Attempt:
+    """How an attempt whose tool raised `exc` ended; a request to stop is raised instead (see `invoke`).
+
+    Called in the block that caught `exc`, by `invoke` and by the executor's one-attempt path, which awaits the
+    tool itself (a coroutine and an `Attempt` fewer per call).
+    """
+    if isinstance(exc, Exception):
+        return failed(exc)
+    if tool_failure(exc):
+        return failed_base(exc)
+    stop = _cancellation(exc)
+    try:
+        raise stop  # `exc` itself, or the cancellation in its group (the group is its context)
+    finally:
+        # A local holding the exception would tie it to this frame: a cycle only the collector frees.
+        del stop, exc
 
 
 async def attempt_scoped(
@@ -97,9 +115,16 @@ async def absorb_stray(checkpoint: Callable[[], Awaitable[None]] = anyio.lowleve
     """
     try:
         await checkpoint()
-    except anyio.get_cancelled_exc_class():
-        if anyio.current_effective_deadline() == -math.inf:  # a scope around this task is cancelled
+    except BaseException as exc:
+        if not stray(exc):
             raise
+
+
+def stray(exc: BaseException) -> bool:
+    """Whether `exc`, raised at a checkpoint after a call or an attempt, is a cancellation a tool left on its own
+    task, to absorb there (see `absorb_stray`): a cancellation no cancelled scope around the task asked for."""
+    # -inf once a scope around this task is cancelled: that cancellation is not the tool's, and goes on.
+    return isinstance(exc, anyio.get_cancelled_exc_class()) and anyio.current_effective_deadline() != -math.inf
 
 
 def tool_failure(exc: BaseException) -> bool:
@@ -148,7 +173,8 @@ def _cancellation(exc: BaseException) -> BaseException:
 def failed_base(exc: BaseException) -> Attempt:
     """How an attempt whose tool raised `exc`, which is no `Exception`, ended."""
     if isinstance(exc, anyio.get_cancelled_exc_class()):
-        return Attempt(CallStatus.CANCELLED, error=f"the tool raised {type(exc).__name__} without being cancelled")
+        name = type(exc).__name__
+        return Attempt(CallStatus.CANCELLED, error=f"{name} without a cancellation of the dispatcher's: {SELF_CANCEL}")
     return Attempt(CallStatus.FAILED, error=f"the tool raised {type(exc).__name__}")
 
 

@@ -43,7 +43,7 @@ class PendingCall(CallRecord):
     __slots__ = ("_waiters", "lease")
 
     def __init__(self, call: ToolCall, batch: Batch, queued_at: float) -> None:
-        super().__init__(call, batch, batch._hooks, queued_at)
+        CallRecord.__init__(self, call, batch, batch._hooks, queued_at)  # (no `super()` object per call)
         # One event per task waiting for this call alone (`wait`), set when it settles.
         self._waiters: list[anyio.Event] | None = None
         # The fleet hold the call runs in (set by `_coordination.admitted_runner` for the hold's length):

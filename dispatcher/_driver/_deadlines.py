@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
@@ -31,7 +31,16 @@ if TYPE_CHECKING:
 
     Spawn = Callable[..., object]
 
-__all__ = ["Deadlines", "Watch"]
+__all__ = ["Deadlines", "Scope", "Watch"]
+
+
+class Scope(Protocol):
+    """What a watch cancels at its deadline, or hands the deadline to (a cancel scope, or a view of one)."""
+
+    deadline: float
+
+    def cancel(self) -> None:
+        """Cancel it."""
 
 
 class Watch:
@@ -39,9 +48,9 @@ class Watch:
 
     __slots__ = ("deadline", "scope")
 
-    def __init__(self, deadline: float, scope: anyio.CancelScope) -> None:
+    def __init__(self, deadline: float, scope: Scope) -> None:
         self.deadline = deadline
-        self.scope: anyio.CancelScope | None = scope
+        self.scope: Scope | None = scope
 
     def forget(self) -> None:
         """The call ended: its scope is not to be cancelled."""
@@ -74,7 +83,7 @@ class Deadlines:
         # was dropped (its call ended), so an earlier one must not join the FIFO behind it.
         self._last = -math.inf
 
-    def watch(self, scope: anyio.CancelScope, deadline: float) -> Watch:
+    def watch(self, scope: Scope, deadline: float) -> Watch:
         """Cancel `scope` at `deadline` unless forgotten first.
 
         A deadline earlier than the latest one watched (which the executor's one call timeout never gives)

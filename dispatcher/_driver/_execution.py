@@ -17,9 +17,11 @@ may run, nothing clever around it.
   twice what running a call that does not wait costs (docs/benchmarks.md, "Choosing the executor").
 
 Failures are results, never exceptions that could cancel siblings. A tool that cancels its own task
-(asyncio's `Task.cancel`, which no cancel scope catches) is absorbed in one place, `_attempts.absorb_stray`,
-after every call and between attempts, so that the cancellation lands on neither the next call or
-attempt nor the task group.
+(asyncio's `Task.cancel`, which no cancel scope catches) is absorbed at a checkpoint after every call
+(`_between`) and between attempts (`_attempts.absorb_stray`), both reading it by one rule (`_attempts.stray`),
+so that the cancellation lands on neither the next call or attempt nor the task group. One scheduled to land
+later (`call_later`) lands on whatever its task runs then: under asyncio a call that may mutate therefore
+never runs in a task that ran another call before it (`_next`), and a read it lands on ends CANCELLED.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.lowlevel
 
+from .._core._calls import CallStatus
 from .._core._gate import Gate
 from .._core._lifecycle import Ending, Phase, done_sending
 from ._asking import WAITING
-from ._attempts import absorb_stray, attempt_scoped, invoke
+from ._attempts import absorb_stray, attempt_scoped, caught, error_text, invoke, stray
 from ._clock import no_clock, start_clock
 from ._coordination import admitted_runner, budget_factory
 from ._deadlines import Deadlines
@@ -240,6 +243,7 @@ class Executor(Submission):
             cut = False  # whether the task's scope was cancelled while the call ran (it is settled below)
             try:
                 with self._cancel_scope() as scope:
+                    shared = _Shared(scope)
                     while True:
                         try:
                             if not self._open:
@@ -250,7 +254,7 @@ class Executor(Submission):
                                 and entry.server is None
                                 and ((state := work.state) is None or not state.recheck)
                             ):  # `_shares_scope`, inline
-                                await self._carry_out(work, scope)
+                                await self._carry_out(work, scope, shared)
                             else:
                                 await self._run_admitted(work)
                         except cancelled:
@@ -275,7 +279,7 @@ class Executor(Submission):
                                 gate.finish(ticket)
                         following = self._next()
                         del work, ticket  # hold no finished call while the loop runs
-                        if scope.cancel_called or scope.deadline != math.inf:
+                        if shared.spent or scope.deadline != math.inf:
                             break  # cancelled as its call ended, or given a deadline: not for the next call
                         if following is not None and not self._strays and follows and self._now() < until:
                             follows -= 1
@@ -308,13 +312,21 @@ class Executor(Submission):
 
     def _next(self) -> Ticket[PendingCall] | None:
         """As a call's task is done with its call: the call it takes next, if the gate admits one now, after
-        starting tasks for the others the gate admits."""
+        starting tasks for the others the gate admits (and, under asyncio, for a call that may mutate)."""
         if not self._open:
             return None
         gate = self.gate
         following = gate.take()
         if following is not None:  # (if the gate admits none now, `_pump` would start none either)
             following.item.admit()
+            if following.exclusive and self._strays:
+                # A tool can leave a cancellation on its task to land later (asyncio: `call_later(delay,
+                # task.cancel)`), past any turn of the loop this task lets run: on a call this task carried on it
+                # would cut that call short. A call that may mutate gets a task of its own, which no tool ran in.
+                tg = self._tg
+                assert tg is not None
+                tg.start_soon(self._run, following.item, following)
+                following = None
             limit = gate.limit
             if limit is None or gate.running < limit:  # (at its limit, the gate admits no other)
                 self._pump()
@@ -324,12 +336,13 @@ class Executor(Submission):
         """Let the loop run between two calls of a task, absorbing a cancellation a tool left on the task;
         the end of the task's next window of calls (under trio; asyncio carries on with none)."""
         try:
-            await absorb_stray(self._checkpoint)
-        except BaseException:
-            if following is not None:  # the dispatcher is closing: the call taken ends with it
-                following.item.settle(Ending.CLOSED, self._now())
-                self.gate.finish(following)
-            raise
+            await self._checkpoint()  # `absorb_stray`, inline: one coroutine fewer per call under asyncio
+        except BaseException as exc:
+            if not stray(exc):
+                if following is not None:  # the dispatcher is closing: the call taken ends with it
+                    following.item.settle(Ending.CLOSED, self._now())
+                    self.gate.finish(following)
+                raise
         return -math.inf if self._strays else self._now() + _FOLLOW
 
     def _shares_scope(self, work: PendingCall) -> bool:
@@ -380,11 +393,13 @@ class Executor(Submission):
         # The scope was cancelled before the call settled: by `cancel`, or at its only attempt's deadline.
         self._interrupted(work)
 
-    async def _carry_out(self, work: PendingCall, scope: anyio.CancelScope) -> None:
+    async def _carry_out(self, work: PendingCall, scope: anyio.CancelScope, shared: _Shared | None = None) -> None:
         """Run an admitted call's attempts under `scope`, its interrupt, and settle it (see `_execute`).
 
-        A cancellation of `scope` propagates: whoever entered it settles the call (`_interrupted`).
+        A cancellation of `scope` propagates: whoever entered it settles the call (`_interrupted`). `shared`: the
+        scope is its task's, which the call's lifecycle and deadline cancel through `shared` (see `_Shared`).
         """
+        cut: anyio.CancelScope | _Shared = scope if shared is None else shared
         if work.cancel_requested:
             work.settle(Ending.CANCELLED, self._now(), "before it started")
             return
@@ -401,26 +416,39 @@ class Executor(Submission):
         once, keyed = (True, False) if retry is None else self._once(entry, work)
         watch = None
         if once and timeout is not None and not recheck:
-            watch = self._deadlines.watch(scope, started + timeout)
+            watch = self._deadlines.watch(cut, started + timeout)
         if once and state is None and not recheck:
             # The usual call, in fewer steps: one attempt, no hooks, nothing to wait for before it starts.
-            if not work.begin(scope, started):
+            if not work.begin(cut, started):
                 if watch is not None:
                     watch.forget()
                 return  # settled while it was on its way (its fleet hold lost)
             clock = start_clock(work.call, scope) if entry.server is not None else no_clock()
             if watch is not None and clock is not None:
                 clock.bound(scope, watch)
+            # `invoke`, inline: the tool's answer needs no `Attempt` on its way to the call's settling.
+            impl = work.impl
+            assert impl is not None
             try:
-                last = await invoke(work)
-            finally:
+                result = await impl.invoke(work.prepared, work.lease)
+            except BaseException as exc:
                 if watch is not None:
                     watch.forget()
-            if last.error is not None:
-                work.failed_attempt(last.error)
-            work.finished(last.status, last.error, self._now(), last.result, last.untrusted)
+                last = caught(exc)  # or the request to stop that `exc` is, raised
+                if last.error is not None:
+                    work.failed_attempt(last.error)
+                work.finished(last.status, last.error, self._now(), last.result, last.untrusted)
+                return
+            if watch is not None:
+                watch.forget()
+            if result.is_error:
+                error = error_text(result)
+                work.failed_attempt(error)
+                work.finished(CallStatus.TOOL_ERROR, error, self._now(), result, False)
+            else:
+                work.finished(CallStatus.OK, None, self._now(), result, False)
             return
-        work.waiting(scope)
+        work.waiting(cut)
         if recheck:
             if await self._approve_at_start(work):
                 return
@@ -517,6 +545,31 @@ class Executor(Submission):
     def _attempt_scoped(self, work: PendingCall, start: float, limit: float) -> Awaitable[Attempt]:
         retry_timeout = self._retry.timeout if self._retry is not None else None
         return attempt_scoped(work, start, limit, self._call_timeout, retry_timeout, self._cancel_scope)
+
+
+class _Shared:
+    """A task's cancel scope as the calls it carries see it: their lifecycle and deadline cancel it (or set its
+    deadline) through this, which notes it, so that the task knows whether the scope may carry its next call
+    without asking the scope (trio's `cancel_called` reads the clock to see whether a deadline passed)."""
+
+    __slots__ = ("_scope", "spent")
+
+    def __init__(self, scope: anyio.CancelScope) -> None:
+        self._scope = scope
+        self.spent = False
+
+    def cancel(self) -> None:
+        self.spent = True
+        self._scope.cancel()
+
+    @property
+    def deadline(self) -> float:
+        return self._scope.deadline
+
+    @deadline.setter
+    def deadline(self, value: float) -> None:
+        self.spent = True
+        self._scope.deadline = value
 
 
 def _loop_clock(native: object, asyncio: bool) -> Callable[[], float] | None:
