@@ -16,13 +16,19 @@ Two ways to ask for one:
   the client opened, exits when its stdin closes, and the launcher exits as it did (with its exit code,
   or killed by the same signal). The launcher forwards SIGTERM, SIGINT and
   SIGHUP to the child. The client's SIGKILL of its process group reaches the launcher alone; by then the
-  client has closed the child's stdin, so the child ends. A test that kills such a server by the pid its
-  client knows starts it the ordinary way.
+  client has closed the child's stdin, so the child ends. The pid the client knows is the launcher's: a
+  test that kills a server by it starts it the ordinary way. The pid the server reports of itself
+  (``os.getpid()``, as in a ledger) is the child's own, and a signal sent to it reaches the server (a
+  SIGKILL ends it, and its launcher dies of the same signal; SIGSTOP and SIGCONT stall and resume it).
 - ``spawn([sys.executable, "-m", "tests.fleet.agent", config], stdout=subprocess.PIPE, cwd=root)`` gives a
   `Forked`: the part of ``subprocess.Popen`` the tests use (``pid``, ``stdout``, ``poll``, ``wait``,
   ``send_signal``, ``terminate``, ``kill``, ``returncode``), for a child forked from the zygote. Its
   ``pid`` is the server's own, and signals go to it through a pidfd the zygote opened before the child
   could be reaped, so SIGKILL, SIGSTOP and SIGCONT reach the process itself and never a reused pid.
+  In an event loop, ``await forked.exited()`` waits for it without blocking the loop.
+
+Every forked child is a child of the zygote, not of the test's process: `zygote_pid()` says whose children
+to look at for leftovers (tests/chaos/harness.py's `live_children`).
 
 `start()` starts the zygote without waiting for it, `ready()` waits until it serves: tests/conftest.py
 starts it once collection found a test marked ``subprocess``, and waits for it in such a test's setup, so
@@ -350,6 +356,13 @@ def _socket_path() -> str:
     return path
 
 
+def zygote_pid() -> int | None:
+    """The pid of this process's zygote while it runs: the parent of every child it forked (for leak checks)."""
+    if _started is None or _started[0].poll() is not None:
+        return None
+    return _started[0].pid
+
+
 def _stop(process: subprocess.Popen[str]) -> None:
     if process.stdin is not None:
         process.stdin.close()
@@ -382,8 +395,8 @@ class Forked(subprocess.Popen[bytes]):
     """A child forked from the zygote, used as a `subprocess.Popen` of it (`spawn`).
 
     A Popen to the tests that take one (tests/fleet's), with what they use of it: ``pid``, ``stdout``,
-    ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill`` and ``with``. Popen's own ``__init__``
-    never runs (the zygote forked the child), and ``communicate`` is refused.
+    ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill`` and ``with``, and `exited` for an event
+    loop. Popen's own ``__init__`` never runs (the zygote forked the child), and ``communicate`` is refused.
     """
 
     def __init__(self, args: list[str], conn: socket.socket, stdout: IO[bytes] | None) -> None:
@@ -413,6 +426,16 @@ class Forked(subprocess.Popen[bytes]):
             readable, _, _ = select.select([self._conn], [], [], timeout)
             if not readable:
                 raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            self._finish()
+        assert self.returncode is not None
+        return self.returncode
+
+    async def exited(self) -> int:
+        """`wait`, in an anyio event loop (asyncio or trio) without blocking it: the child's return code."""
+        import anyio
+
+        if self.returncode is None:
+            await anyio.wait_readable(self._conn)
             self._finish()
         assert self.returncode is not None
         return self.returncode

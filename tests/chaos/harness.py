@@ -25,6 +25,7 @@ import os
 import pathlib
 import random
 import signal
+import subprocess
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,15 +34,17 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 import anyio.to_thread
-from mcp import Client, StdioServerParameters
+from mcp import Client
 
 import dispatcher
 from dispatcher import CallStatus, Dispatcher, ToolCall, ToolResult
+from tests import forkserver
 from tests.cuttable import CuttableTransport
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
+    from mcp import StdioServerParameters
     from mcp.server.mcpserver import MCPServer
 
     from dispatcher import CallEvent
@@ -293,22 +296,26 @@ def python_env() -> dict[str, str]:
 
 
 def workspace_stdio(ledger: pathlib.Path, *options: str) -> StdioServerParameters:
-    """The example workspace as a stdio subprocess of this checkout, writing its ledger to a file."""
-    return StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "dispatcher.examples.workspace", "--ledger", str(ledger), *options],
-        env=python_env(),
-    )
+    """The example workspace as a stdio server of this checkout, writing its ledger to a file.
+
+    A child forked from tests/forkserver.py's zygote, which imported the SDK once: a fresh process for a
+    tenth of a new interpreter's CPU. The pid in its ledger is its own, so a signal sent to it reaches it.
+    """
+    return forkserver.params(["-m", "dispatcher.examples.workspace", "--ledger", str(ledger), *options], python_env())
 
 
 def badserver_stdio() -> StdioServerParameters:
-    """The malformed-answer server (`tests/chaos/badserver.py`) as a stdio subprocess."""
-    return StdioServerParameters(command=sys.executable, args=[str(pathlib.Path(__file__).with_name("badserver.py"))])
+    """The malformed-answer server (`tests/chaos/badserver.py`) as a stdio server, forked from the zygote."""
+    return forkserver.params([str(pathlib.Path(__file__).with_name("badserver.py"))])
 
 
 def live_children() -> list[tuple[int, str, str]]:
-    """This process's child processes, as ``(pid, state, command line)``: zombies count (not reaped)."""
-    me = os.getpid()
+    """This process's child processes, as ``(pid, state, command line)``: zombies count (not reaped).
+
+    The children of tests/forkserver.py's zygote count as this process's own: each is a process a test
+    of this process asked for (a stdio server behind its launcher, an HTTP server).
+    """
+    parents = {os.getpid(), forkserver.zygote_pid()} - {None}
     children = []
     for entry in pathlib.Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -320,7 +327,7 @@ def live_children() -> list[tuple[int, str, str]]:
             continue  # it ended while we looked
         # The command name is in parentheses and may hold spaces: the fields after it are fixed.
         state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-        if int(ppid) == me:
+        if int(ppid) in parents:
             children.append((int(entry.name), state, cmdline))
     return children
 
@@ -416,15 +423,17 @@ def check_server_overlaps(
 
 
 class HttpWorkspace:
-    """The example workspace as an HTTP server subprocess that a test can kill, stall and restart.
+    """The example workspace as an HTTP server process that a test can kill, stall and restart.
 
-    Always used with `async with`: on exit the process is killed (if it still runs) and reaped.
+    A child forked from tests/forkserver.py's zygote (`forkserver.spawn`), which imported the SDK and
+    uvicorn once; its pid is its own, and signals reach it through a pidfd. Always used with `async
+    with`: on exit the process is killed (if it still runs) and reaped.
     """
 
     def __init__(self, ledger: pathlib.Path, *options: str) -> None:
         self.ledger = ledger
         self.options = options
-        self.process: anyio.abc.Process | None = None
+        self.process: forkserver.Forked | None = None
         self.url = ""
         self.port = 0
         self.starts = 0
@@ -443,16 +452,22 @@ class HttpWorkspace:
             str(self.ledger),
             *self.options,
         ]
-        process = await anyio.open_process(args, env={**os.environ, **python_env()}, stderr=None)
+        process = forkserver.spawn(
+            args, stdout=subprocess.PIPE, cwd=str(SOURCE_ROOT), env={**os.environ, **python_env()}
+        )
         self.process = process
         self.starts += 1
         assert process.stdout is not None
-        # Bounds a hang only: at load average 15 on two cores the interpreter took about 50 s to import
-        # the SDK and print its URL.
+        fd = process.stdout.fileno()
+        # Bounds a hang only: the zygote imported the SDK, so the child serves within a second or so, but
+        # a loaded machine can stall a process for many.
         with anyio.fail_after(120):
             buffer = b""
             while b"\n" not in buffer:
-                buffer += await process.stdout.receive()
+                await anyio.wait_readable(fd)
+                chunk = os.read(fd, 4096)
+                assert chunk, f"the workspace ended before it printed its URL: {buffer!r}"
+                buffer += chunk
         line = buffer.split(b"\n", 1)[0].decode()
         assert line.startswith("MCP_URL="), line
         self.url = line.removeprefix("MCP_URL=")
@@ -471,22 +486,28 @@ class HttpWorkspace:
         if process is None:
             return
         with anyio.CancelScope(shield=True):
-            if process.returncode is None:
-                os.kill(process.pid, signal.SIGCONT)  # a stalled process dies as well, but say it anyway
-                process.kill()
-            await process.wait()
-            await process.aclose()
+            process.send_signal(signal.SIGCONT)  # a stalled process dies as well, but say it anyway
+            process.kill()
+            await process.exited()
+            assert process.stdout is not None
+            process.stdout.close()
 
     def stall(self) -> None:
         """Stop the process (SIGSTOP): it keeps its connections but answers nothing."""
-        os.kill(self.pid, signal.SIGSTOP)
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
 
     def resume(self) -> None:
         """Let a stalled process go on (SIGCONT)."""
-        os.kill(self.pid, signal.SIGCONT)
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
 
     async def __aenter__(self) -> HttpWorkspace:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            await self.kill()  # a server that never printed its URL is not left behind
+            raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

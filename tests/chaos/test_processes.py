@@ -300,3 +300,24 @@ async def test_servers_failing_mid_batch(
             await play(seed, transport, fault, folder)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{r.where(request.node.name)}") from exc
+
+
+@pytest.mark.subprocess
+async def test_the_leftover_check_sees_forked_children(anyio_backend: Any) -> None:
+    """A process forked from the zygote (as every server of this suite is) counts as left behind until it is reaped."""
+    import subprocess
+    import sys
+
+    from tests import forkserver
+
+    before = [pid for pid, _, _ in harness.live_children()]
+    child = forkserver.spawn([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.DEVNULL)
+    saved = FIGURES.snapshot()
+    try:
+        assert child.pid in [pid for pid, _, _ in harness.live_children()]
+        assert any(str(child.pid) in problem for problem in harness.check_children(before))
+    finally:
+        FIGURES.restore(saved)  # a leak on purpose: not the suite's figures
+        child.kill()
+        assert await child.exited() == -9
+    assert await harness.reaped(before) == []
