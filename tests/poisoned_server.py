@@ -14,12 +14,10 @@ import base64
 import os
 import pathlib
 import struct
-import sys
 import zlib
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
-from mcp import StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 from mcp.types import (
     BlobResourceContents,
@@ -31,6 +29,9 @@ from mcp.types import (
     ToolAnnotations,
 )
 from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from mcp import StdioServerParameters
 
 _SOURCE_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -112,9 +113,11 @@ def build() -> MCPServer[Any]:
 
 
 def stdio() -> StdioServerParameters:
-    """This server as a stdio subprocess of this checkout."""
+    """This server as a stdio subprocess of this checkout, forked from tests/forkserver.py's zygote."""
+    from tests import forkserver
+
     pythonpath = os.pathsep.join(p for p in (str(_SOURCE_ROOT), os.environ.get("PYTHONPATH")) if p)
-    return StdioServerParameters(command=sys.executable, args=[__file__], env={"PYTHONPATH": pythonpath})
+    return forkserver.params([__file__], {"PYTHONPATH": pythonpath})
 
 
 if __name__ == "__main__":

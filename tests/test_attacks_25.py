@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
-from mcp import StdioServerParameters
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 
 from dispatcher import Answer, ApprovalPolicy, CallEvent, CallStatus, Dispatcher, Question, ToolCall
 
+from . import forkserver
 from .asking_server import asking_server
 from .test_person import Screen as PersonScreen
 
@@ -347,7 +346,8 @@ async def test_over_stdio_a_question_of_a_call_that_ask_user_dispatched_nests_in
             return Answer.accept({"name": "Ada"}) if inner.status is CallStatus.OK else Answer.decline()
         return Answer.accept({"name": "Bob"})
 
-    params = StdioServerParameters(command=sys.executable, args=["-m", "tests.asking_server"], cwd=str(ROOT))
+    # Forked from tests/forkserver.py's zygote, in ROOT (where `-m tests.asking_server` is found).
+    params = forkserver.params(["-m", "tests.asking_server"]).model_copy(update={"cwd": str(ROOT)})
     dispatcher = Dispatcher(ask_user=ask, call_timeout=60)
     async with dispatcher:
         await dispatcher.connect("travel", params, trusted=True, connect_timeout=60, mode="legacy")

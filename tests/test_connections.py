@@ -7,7 +7,6 @@ import os
 import pathlib
 import re
 import socket
-import sys
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -29,6 +28,7 @@ from dispatcher import (
 )
 from dispatcher.examples import Workspace, serve_http
 
+from . import forkserver
 from .cuttable import CuttableTransport
 
 if TYPE_CHECKING:
@@ -54,13 +54,9 @@ SOURCE_ROOT = str(pathlib.Path(dispatcher.__file__).resolve().parents[1])
 
 
 def workspace_command(*options: str) -> StdioServerParameters:
-    """The example workspace as a stdio subprocess of this checkout."""
+    """The example workspace as a stdio subprocess of this checkout, forked from tests/forkserver.py's zygote."""
     pythonpath = os.pathsep.join(p for p in (SOURCE_ROOT, os.environ.get("PYTHONPATH")) if p)
-    return StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "dispatcher.examples.workspace", *options],
-        env={"PYTHONPATH": pythonpath},
-    )
+    return forkserver.params(["-m", "dispatcher.examples.workspace", *options], {"PYTHONPATH": pythonpath})
 
 
 def text(result: ToolResult) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 
 from dispatcher.examples.demo import SCRIPT, ScriptedModel, run, waves
 from dispatcher.timeline import Timeline
+from tests import forked
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,15 +109,10 @@ async def test_demo_writes_the_session_as_a_chrome_trace(tmp_path: Path) -> None
 @pytest.mark.subprocess
 def test_make_demo_runs_the_module() -> None:
     """`python -m dispatcher.examples.demo` runs to the model's last word, on either backend."""
-    done = subprocess.run(
-        [sys.executable, "-m", "dispatcher.examples.demo", "--latency", "0.01", "--backend", "trio"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        check=False,
+    done = forked.run(
+        [sys.executable, "-m", "dispatcher.examples.demo", "--latency", "0.01", "--backend", "trio"], cwd=ROOT
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, "the demo failed: its traceback is in the captured stderr"
     assert "wave 3 (together): toolu_07 read_note, toolu_08 search_notes, toolu_09 read_note" in done.stdout
     assert "toolu_12 send_message" in done.stdout and "never ran  denied" in done.stdout
     assert "\x1b[" not in done.stdout  # not a terminal: no colour

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import os
 import pathlib
-import sys
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
-from mcp import StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_PARAMS, ToolAnnotations
@@ -26,11 +24,14 @@ from dispatcher.examples import Workspace
 from dispatcher.formats import UNKNOWN_EFFECT_NOTE, anthropic_results, openai_chat_results
 from dispatcher.timeline import Timeline
 
+from . import forkserver
 from .chaos.harness import HttpWorkspace
 from .ledger import Ledger
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from mcp import StdioServerParameters
 
 pytestmark = pytest.mark.anyio
 
@@ -39,13 +40,13 @@ WRITE = ToolCall("w", "append_note", {"name": "a", "text": "x"})
 
 
 def workspace_command(ledger: pathlib.Path, *options: str) -> StdioServerParameters:
-    """The example workspace as a stdio subprocess of this checkout, writing its ledger to `ledger`."""
+    """The example workspace as a stdio subprocess of this checkout, writing its ledger to `ledger`.
+
+    Forked from tests/forkserver.py's zygote: a fresh process whose pid (in the ledger) is its own.
+    """
     pythonpath = os.pathsep.join(p for p in (_SOURCE_ROOT, os.environ.get("PYTHONPATH")) if p)
-    return StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "dispatcher.examples.workspace", "--ledger", str(ledger), *options],
-        env={"PYTHONPATH": pythonpath},
-    )
+    args = ["-m", "dispatcher.examples.workspace", "--ledger", str(ledger), *options]
+    return forkserver.params(args, {"PYTHONPATH": pythonpath})
 
 
 def started(ledger: pathlib.Path) -> list[str]:

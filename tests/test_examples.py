@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 import pytest
-from anyio.streams.buffered import BufferedByteReceiveStream
-from mcp import Client, MCPError, StdioServerParameters
+from mcp import Client, MCPError
 from mcp.types import INTERNAL_ERROR, REQUEST_TIMEOUT, CallToolResult, TextContent
 
 import dispatcher.examples
@@ -26,6 +25,8 @@ from dispatcher.examples import (
 )
 from dispatcher.examples.workspace import main
 from dispatcher.testing import FaultInjector, FaultKind
+
+from . import forkserver
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -393,10 +394,10 @@ def test_cli_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.subprocess
 async def test_stdio_subprocess(tmp_path: pathlib.Path) -> None:
     """The workspace runs as a stdio subprocess, with its knobs and folder set from the command line."""
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "dispatcher.examples.workspace", "--root", str(tmp_path), "--latency", "0.01"],
-        env=_subprocess_env(),
+    # Forked from tests/forkserver.py's zygote: the module runs as `python -m` would run it, in a fresh
+    # process, without importing the SDK again.
+    params = forkserver.params(
+        ["-m", "dispatcher.examples.workspace", "--root", str(tmp_path), "--latency", "0.01"], _subprocess_env()
     )
     async with Client(params) as client:
         assert {tool.name for tool in (await client.list_tools()).tools} == set(_EXPECTED_HINTS)
@@ -474,23 +475,27 @@ async def test_http_subprocess_prints_its_url() -> None:
     """With --http --port 0 the process prints MCP_URL=... and serves there until terminated."""
     command = [sys.executable, "-m", "dispatcher.examples.workspace", "--http", "--port", "0"]
     env = {**os.environ, **_subprocess_env()}
-    process = await anyio.open_process(command, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    async with process:
-        try:
-            assert process.stdout is not None
-            # Bounds a hang only: at load average 15 on two cores the interpreter took about 50 s to
-            # import the SDK and print its URL.
-            with anyio.fail_after(120):
-                line = await BufferedByteReceiveStream(process.stdout).receive_until(b"\n", 1000)
-            key, _, url = line.decode().partition("=")
-            assert key == "MCP_URL"
-            async with Client(url) as client:
-                await _ok(client, "set_note", name="a", text="over http")
-                assert await _ok(client, "read_note", name="a") == "over http"
-        finally:
-            process.terminate()
+    # Forked from tests/forkserver.py's zygote (a process of its own, its pid its own, so SIGTERM reaches it).
+    process = forkserver.spawn(
+        command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    assert process.stdout is not None
+    try:
+        # Bounds a hang only: at load average 15 on two cores a fresh interpreter took about 50 s to import
+        # the SDK and print its URL.
+        with anyio.fail_after(120):
+            line = await anyio.to_thread.run_sync(process.stdout.readline, abandon_on_cancel=True)
+        key, _, url = line.decode().partition("=")
+        assert key == "MCP_URL"
+        async with Client(url.strip()) as client:
+            await _ok(client, "set_note", name="a", text="over http")
+            assert await _ok(client, "read_note", name="a") == "over http"
+    finally:
+        process.terminate()
+        returncode = await anyio.to_thread.run_sync(process.wait, 60)
+        process.stdout.close()
     # SIGTERM is handled: the server shuts down cleanly instead of dying.
-    assert process.returncode == 0
+    assert returncode == 0
 
 
 def test_the_examples_use_the_one_fault_injector() -> None:

@@ -6,8 +6,6 @@ import json
 import os
 import pathlib
 import re
-import shlex
-import subprocess
 import sys
 import tomllib
 from typing import Any
@@ -27,10 +25,15 @@ from dispatcher.examples import Workspace, serve_http
 from dispatcher.testing import HostileServer
 from dispatcher.testing._hostile import POISON
 
+from . import forked, forkserver
 from .test_connections import HTTP_MODES, SOURCE_ROOT, Mode
 
-WORKSPACE = f"{shlex.quote(sys.executable)} -m dispatcher.examples.workspace"
 PYTHONPATH = f"PYTHONPATH={SOURCE_ROOT}"
+
+
+def workspace() -> str:
+    """The example workspace as a `--stdio` command line, forked from tests/forkserver.py's zygote."""
+    return forkserver.command(["-m", "dispatcher.examples.workspace"])
 
 
 def entry(tool: str, declared: ToolAnnotations | None, *, trusted: bool = False, name: str | None = None) -> ToolEntry:
@@ -207,7 +210,7 @@ async def test_the_conflict_domain_shows_in_the_report() -> None:
 @pytest.mark.subprocess
 def test_cli_domain_option(capsys: pytest.CaptureFixture[str]) -> None:
     """`inspect --domain D --json` registers the server under that domain and says so for every tool."""
-    argv = ["inspect", "--stdio", WORKSPACE, "--env", PYTHONPATH, "--domain", "notes", "--json"]
+    argv = ["inspect", "--stdio", workspace(), "--env", PYTHONPATH, "--domain", "notes", "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["domain"] == "notes"
@@ -233,7 +236,7 @@ def test_table_rendering() -> None:
 @pytest.mark.subprocess
 def test_cli_stdio_json(capsys: pytest.CaptureFixture[str]) -> None:
     """`inspect --stdio CMD --json` prints a JSON report of the subprocess server's tools."""
-    status = main(["inspect", "--stdio", WORKSPACE, "--env", PYTHONPATH, "--trusted", "--json", "--mode", "legacy"])
+    status = main(["inspect", "--stdio", workspace(), "--env", PYTHONPATH, "--trusted", "--json", "--mode", "legacy"])
     report = json.loads(capsys.readouterr().out)
     assert status == 0
     assert report["trusted"] is True and report["protocol"] == "2025-11-25"
@@ -311,15 +314,12 @@ def test_console_script_and_module_entry_point() -> None:
     """`dispatcher` is a console script for the same main, and `python -m dispatcher` runs it too."""
     pyproject = tomllib.loads((pathlib.Path(SOURCE_ROOT) / "pyproject.toml").read_text())
     assert pyproject["project"]["scripts"] == {"dispatcher": "dispatcher.cli:main"}
-    done = subprocess.run(
-        [sys.executable, "-m", "dispatcher", "inspect", "--stdio", WORKSPACE, "--env", PYTHONPATH, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    done = forked.run(
+        [sys.executable, "-m", "dispatcher", "inspect", "--stdio", workspace(), "--env", PYTHONPATH, "--json"],
         env={**os.environ, "PYTHONPATH": SOURCE_ROOT},
-        check=False,
+        timeout=60,
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, "`python -m dispatcher` failed: its traceback is in the captured stderr"
     assert len(json.loads(done.stdout)["tools"]) == len(Workspace.tool_names)
 
 
@@ -470,7 +470,7 @@ async def test_against_an_earlier_report_says_which_parts_changed() -> None:
 def test_cli_pins_between_runs_over_stdio(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A stdio server that adds a poisoned tool on its second run: inspect --pins says so and exits 3."""
     state, report = tmp_path / "runs", tmp_path / "report.json"
-    hostile = f"{shlex.quote(sys.executable)} -m dispatcher.testing --state {shlex.quote(str(state))}"
+    hostile = forkserver.command(["-m", "dispatcher.testing", "--state", str(state)])
     argv = ["inspect", "--stdio", hostile, "--env", PYTHONPATH, "--name", "hostile"]
     assert main([*argv, "--json"]) == 0
     report.write_text(capsys.readouterr().out)
@@ -586,7 +586,7 @@ def test_override_items_parse_into_add_mcp_server_overrides() -> None:
 @pytest.mark.subprocess
 def test_cli_override_for_inspect(capsys: pytest.CaptureFixture[str]) -> None:
     """`inspect --override` over stdio: the JSON shows the tool concurrent; a bad item exits 2."""
-    argv = ["inspect", "--stdio", WORKSPACE, "--env", PYTHONPATH, "--json"]
+    argv = ["inspect", "--stdio", workspace(), "--env", PYTHONPATH, "--json"]
     assert main([*argv, "--override", "append_note=readOnly"]) == 0
     report = json.loads(capsys.readouterr().out)
     append = next(tool for tool in report["tools"] if tool["tool"] == "append_note")

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mcp import Client, StdioServerParameters
+from mcp import Client
 from mcp.types import ToolAnnotations
 
 from benchmarks import keys as bench
@@ -20,7 +19,7 @@ from dispatcher._core._lifecycle import FailFast
 from dispatcher.examples import Workspace
 from dispatcher.testing import inject_faults
 
-from . import flip_server
+from . import flip_server, forkserver
 from .recording import Recorder, recording_server
 from .test_connections import SOURCE_ROOT
 
@@ -364,9 +363,7 @@ async def test_a_queued_read_whose_tool_turns_destructive_waits_its_exclusive_tu
     if transport == "in-process":
         target = flip_server.build(tmp_path)
     else:
-        target = StdioServerParameters(
-            command=sys.executable, args=["-m", "tests.flip_server", str(tmp_path)], env={"PYTHONPATH": SOURCE_ROOT}
-        )
+        target = forkserver.params(["-m", "tests.flip_server", str(tmp_path)], {"PYTHONPATH": SOURCE_ROOT})
     on_change = (lambda change: True) if how == "on_definition_change" else None
     async with Dispatcher(approve=approve) as d:
         await d.connect("flip", target, trusted=True, follow_changes=False, on_definition_change=on_change)

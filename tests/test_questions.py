@@ -7,18 +7,17 @@ result), and over stdio. Times are checked on trio's virtual clock.
 
 from __future__ import annotations
 
-import sys
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import pytest
-from mcp import StdioServerParameters
 
 from dispatcher import Answer, CallStatus, ConfigurationError, Dispatcher, Question, QuestionPolicy, ToolCall
 from dispatcher._driver import _person
 from dispatcher._driver._clock import CallClock
 
+from . import forkserver
 from .asking_server import INJECTION, asking_server
 
 if TYPE_CHECKING:
@@ -287,7 +286,8 @@ async def test_over_stdio_each_question_names_the_calls_it_may_be(
         pytest.skip("a subprocess's output is not a task: the virtual clock would jump past it")
     if (mode == "legacy") != (anyio_backend_name == "asyncio"):
         pytest.skip("a subprocess per case costs seconds: legacy runs on asyncio, 2026-07-28 on trio")
-    params = StdioServerParameters(command=sys.executable, args=["-m", "tests.asking_server"], cwd=str(ROOT))
+    # Forked from tests/forkserver.py's zygote, in ROOT (where `-m tests.asking_server` is found).
+    params = forkserver.params(["-m", "tests.asking_server"]).model_copy(update={"cwd": str(ROOT)})
     person = Person(wait=0.2)
     async with Dispatcher(ask_user=person, call_timeout=60) as dispatcher:
         await dispatcher.connect("travel", params, trusted=True, connect_timeout=60, mode=mode)

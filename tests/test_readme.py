@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import anyio
 import pytest
 import trio.testing
+
+from tests import forked
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -22,15 +23,8 @@ def test_readme_agent_turn_runs() -> None:
     text = README.read_text()
     match = re.search(r"## An agent turn\n\n```python\n(.*?)```", text, re.S)
     assert match is not None, "the README lost its agent-turn example"
-    done = subprocess.run(
-        [sys.executable, "-c", match.group(1)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=README.parent,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+    done = forked.run([sys.executable, "-c", match.group(1)], cwd=README.parent)
+    assert done.returncode == 0, "the example failed: its traceback is in the captured stderr"
     lines = done.stdout.splitlines()
     assert lines[-6:] == [
         "call_1 ok created note 'todo'",
@@ -67,16 +61,8 @@ def test_readme_timeline_example_prints_what_the_readme_shows(
     threads = [event["args"]["name"] for event in trace["traceEvents"] if event["name"] == "thread_name"]
     assert threads == ["c1 set_note", "c2 read_note", "c3 search_notes", "c4 read_note", "c5 append_note"]
     # On the real clock, as written, it runs too.
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(README.parent)},
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+    done = forked.run([sys.executable, "-c", code], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(README.parent)})
+    assert done.returncode == 0, "the example failed: its traceback is in the captured stderr"
     assert "for the write before it (c1)" in done.stdout
 
 

@@ -18,13 +18,15 @@ import threading
 from typing import TYPE_CHECKING, ClassVar
 
 import pytest
-from mcp import StdioServerParameters
 
 from dispatcher import CallStatus, Dispatcher, ToolCall
+from tests import forked, forkserver
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
+
+    from mcp import StdioServerParameters
 
     from dispatcher import ToolResult
 
@@ -34,8 +36,9 @@ pytestmark = [pytest.mark.reference_servers, pytest.mark.anyio]
 def _server(module: str, *args: str) -> StdioServerParameters:
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not installed: pip install -e '.[reference-servers]'")
-    # The server runs with this interpreter: the one whose environment has the package installed.
-    return StdioServerParameters(command=sys.executable, args=["-m", module, *args])
+    # The server runs with this interpreter, the one whose environment has the package installed: forked
+    # from tests/forkserver.py's zygote, which imported the SDK (`python -m module` in a process of its own).
+    return forkserver.params(["-m", module, *args])
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -137,14 +140,8 @@ def test_inspect_command_reads_the_time_server() -> None:
     """`python -m dispatcher inspect --stdio ... --json` lists mcp-server-time's tools as concurrent when trusted."""
     params = _server("mcp_server_time", "--local-timezone", "UTC")
     command = shlex.join([params.command, *params.args])
-    done = subprocess.run(
-        [sys.executable, "-m", "dispatcher", "inspect", "--stdio", command, "--trusted", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = forked.run([sys.executable, "-m", "dispatcher", "inspect", "--stdio", command, "--trusted", "--json"])
+    assert done.returncode == 0, "`python -m dispatcher inspect` failed: its stderr is in the captured stderr"
     report = json.loads(done.stdout)
     tools = {tool["name"]: tool for tool in report["tools"]}
     assert set(tools) == {"get_current_time", "convert_time"}
