@@ -231,12 +231,14 @@ async def test_a_process_killed_mid_setting_fails_the_sweep_saying_so(
 
 @pytest.mark.anyio
 async def test_a_fleet_setting_cut_short_by_max_time_is_kept_as_partial(
-    redis_server: RedisServer, workspace: tuple[str, pathlib.Path]
+    redis_server: RedisServer, slow_workspace: tuple[str, pathlib.Path]
 ) -> None:
     """--max-time mid-setting: the fleet's processes close their windows there and the setting is kept, partial."""
     import anyio
 
-    url, _ = workspace
+    # 0.2 s calls, so that a call is running at the deadline (with 30 ms calls, one run of the suite on a
+    # loaded machine had none there to cut off).
+    url, _ = slow_workspace
     began = anyio.current_time()
     # A window of 600 s: only the budget can close it. 60 s: on a loaded machine the processes take 20 s and more
     # to import what they need and connect, before they measure anything.
