@@ -64,6 +64,8 @@ __all__ = ["Executor"]
 # tasks run, so time alone would never end the window there.
 _FOLLOW = 0.0002
 _FOLLOW_CALLS = 32
+# With no limit: the tasks `_pump` may start in one loop turn while no call waits (see `_pump_unlimited`).
+_SPAWN = 16
 
 
 class Executor(Submission):
@@ -112,6 +114,11 @@ class Executor(Submission):
         self._cancel_scope: Callable[..., anyio.CancelScope] = anyio.CancelScope
         self._checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint
         self._strays = True
+        # With no limit: the task starts this loop turn still allows, whether `_feed` runs, and how many
+        # times `_pump` ran (calls carried on with, mostly) since its last turn (`_pump_unlimited`).
+        self._spawn = _SPAWN
+        self._feeding = False
+        self._progress = 0
         # The call timeout of the calls running their one attempt (`_deadlines`).
         self._deadlines = Deadlines(self._now, None)
 
@@ -202,8 +209,11 @@ class Executor(Submission):
     # Running ---------------------------------------------------------------------------------------
 
     def _pump(self) -> None:
-        """Start a task for each call the gate admits now."""
+        """Start a task for each call the gate admits now (with no limit: as many as this loop turn allows)."""
         gate = self.gate
+        if gate.limit is None:
+            self._pump_unlimited()
+            return
         ticket = gate.take()
         if ticket is None:
             return
@@ -216,6 +226,71 @@ class Executor(Submission):
             work.admit()
             start(run, work, ticket)
             ticket = gate.take()
+
+    def _pump_unlimited(self) -> None:
+        """With no limit: start tasks for the calls the gate admits, at most `_spawn` more this loop turn.
+
+        The gate admits every call at once, and a task per call costs more than a call that does not
+        wait (`_run`). So the calls beyond the turn's allowance stay queued in the gate, where a call's
+        task takes them as its own call ends (`_next`), and the feeder (`_feed`) lets more tasks start
+        at the next turn: as many as the tasks whose calls did not end meanwhile (they wait), and enough
+        to keep `_SPAWN` tasks going. A waiting call is thus held back by no call that waits (each turn
+        starts a task for every call still in its wait), only by what the calls ahead of it cost to run.
+        """
+        gate = self.gate
+        self._progress += 1  # (`_next` calls this each time a task carries on with a call)
+        allowance = self._spawn
+        if allowance <= 0:
+            if not self._feeding and gate.may_take:
+                self._start_feeder()
+            return
+        ticket = gate.take()
+        if ticket is None:
+            return
+        tg = self._tg
+        assert tg is not None
+        start = tg.start_soon
+        run = self._run
+        while ticket is not None:
+            work = ticket.item
+            work.admit()
+            start(run, work, ticket)
+            allowance -= 1
+            if not allowance:
+                break
+            ticket = gate.take()
+        if allowance or self._feeding:
+            self._spawn = allowance
+        elif gate.may_take:
+            self._spawn = 0
+            self._start_feeder()
+        # (else every admitted call has its task: the allowance stays whole for the next call admitted)
+
+    def _start_feeder(self) -> None:
+        tg = self._tg
+        assert tg is not None
+        self._feeding = True
+        tg.start_soon(self._feed)
+
+    async def _feed(self) -> None:
+        """Once per loop turn while the gate holds calls it admits and no limit applies: give the turn its
+        allowance of task starts (`_pump_unlimited`) and start them."""
+        gate = self.gate
+        try:
+            while True:
+                self._progress = 0
+                await self._checkpoint()
+                if not self._open or not gate.may_take or gate.limit is not None:
+                    return
+                running = gate.running  # with no limit, each taken call is one task's (`_next` included)
+                waiting = max(running - self._progress, 0)  # tasks no call of which ended since the last turn
+                self._spawn = waiting + max(_SPAWN - running, 0)
+                self._pump_unlimited()
+                if not gate.may_take:
+                    return
+        finally:
+            self._feeding = False
+            self._spawn = _SPAWN
 
     async def _run(self, work: PendingCall, ticket: Ticket[PendingCall]) -> None:
         """An admitted call's task: run it, tell the gate it ended, and carry on with the next admitted call.
