@@ -115,7 +115,7 @@ class Executor(Submission):
         self._checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint
         self._strays = True
         # With no limit: the task starts this loop turn still allows, whether `_feed` runs, and how many
-        # times `_pump` ran (calls carried on with, mostly) since its last turn (`_pump_unlimited`).
+        # calls tasks took as their own call ended (`_next`) since its last turn (`_pump_unlimited`).
         self._spawn = _SPAWN
         self._feeding = False
         self._progress = 0
@@ -238,7 +238,6 @@ class Executor(Submission):
         starts a task for every call still in its wait), only by what the calls ahead of it cost to run.
         """
         gate = self.gate
-        self._progress += 1  # (`_next` calls this each time a task carries on with a call)
         allowance = self._spawn
         if allowance <= 0:
             if not self._feeding and gate.may_take:
@@ -393,6 +392,9 @@ class Executor(Submission):
         gate = self.gate
         following = gate.take()
         if following is not None:  # (if the gate admits none now, `_pump` would start none either)
+            # A task whose call ended this turn (`_feed`): counted here, never in `_pump`, which a caller
+            # submitting calls runs too, as often as it likes, while every task waits.
+            self._progress += 1
             following.item.admit()
             if following.exclusive and self._strays:
                 # A tool can leave a cancellation on its task to land later (asyncio: `call_later(delay,
