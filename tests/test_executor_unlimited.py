@@ -1,8 +1,8 @@
 """With `max_concurrency=None` every call that waits runs at once, and calls that never wait share a few tasks.
 
 The gate admits every call at once when there is no limit; the executor starts a bounded number of tasks
-per loop turn (`_execution._SPAWN`), the calls' tasks carry on with the calls still queued, and every
-loop turn starts a task for each call whose task is in a wait (`Executor._pump_unlimited`).
+per loop turn (`_unlimited.SPAWN`), the calls' tasks carry on with the calls still queued, and every
+loop turn starts a task for each call whose task is in a wait (`_unlimited.UnlimitedStarts`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
 
 from dispatcher import ApprovalPolicy, ApprovalRequest, CallStatus, Dispatcher, Effect, ToolCall, ToolResult
-from dispatcher._driver._execution import _SPAWN
+from dispatcher._driver._unlimited import SPAWN as _SPAWN
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,8 @@ may run, nothing clever around it.
   a long batch is submitted in slices of a few milliseconds, letting the loop run between them.
 - Whenever the gate may admit calls (a call queued, ended, approved or withdrawn) the driver takes
   every call it admits and starts a task for each (`_pump`). Only admitted calls have a task, so the
-  number of tasks is bounded by the concurrency limit however long the batch.
+  number of tasks is bounded by the concurrency limit however long the batch. With no limit, a loop turn
+  starts a few tasks more than those whose calls wait (`_unlimited`): the others' tasks carry on with the rest.
 - A call's task runs its one attempt, or the retrier's attempts, under one cancel scope of the call's
   own (cancelled by `cancel` and at the call timeout), settles the call through its lifecycle, and
   tells the gate it ended. It then lets the loop run once and, if the gate admitted another call at
@@ -46,6 +47,7 @@ from ._coordination import admitted_runner, budget_factory
 from ._deadlines import Deadlines
 from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible
 from ._submission import Submission
+from ._unlimited import UnlimitedStarts
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable
@@ -64,8 +66,6 @@ __all__ = ["Executor"]
 # tasks run, so time alone would never end the window there.
 _FOLLOW = 0.0002
 _FOLLOW_CALLS = 32
-# With no limit: the tasks `_pump` may start in one loop turn while no call waits (see `_pump_unlimited`).
-_SPAWN = 16
 
 
 class Executor(Submission):
@@ -114,11 +114,8 @@ class Executor(Submission):
         self._cancel_scope: Callable[..., anyio.CancelScope] = anyio.CancelScope
         self._checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint
         self._strays = True
-        # With no limit: the task starts this loop turn still allows, whether `_feed` runs, and how many
-        # calls tasks took as their own call ended (`_next`) since its last turn (`_pump_unlimited`).
-        self._spawn = _SPAWN
-        self._feeding = False
-        self._progress = 0
+        # With no limit: how many tasks each loop turn starts (`_pump`).
+        self._unlimited = UnlimitedStarts(self.gate, self._accepting)
         # The call timeout of the calls running their one attempt (`_deadlines`).
         self._deadlines = Deadlines(self._now, None)
 
@@ -148,6 +145,10 @@ class Executor(Submission):
         # `time` (what anyio's asyncio backend reads), trio's run clock (what `trio.current_time` reads).
         self._now = _loop_clock(token.native_token, self._strays) or backend.current_time
         self._deadlines = Deadlines(self._now, tg.start_soon)
+        self._unlimited.start(tg.start_soon, self._run, self._checkpoint)
+
+    def _accepting(self) -> bool:
+        return self._open
 
     def close(self) -> None:
         """Take no more calls; the outstanding ones end as CANCELLED."""
@@ -212,7 +213,7 @@ class Executor(Submission):
         """Start a task for each call the gate admits now (with no limit: as many as this loop turn allows)."""
         gate = self.gate
         if gate.limit is None:
-            self._pump_unlimited()
+            self._unlimited.pump()
             return
         ticket = gate.take()
         if ticket is None:
@@ -226,70 +227,6 @@ class Executor(Submission):
             work.admit()
             start(run, work, ticket)
             ticket = gate.take()
-
-    def _pump_unlimited(self) -> None:
-        """With no limit: start tasks for the calls the gate admits, at most `_spawn` more this loop turn.
-
-        The gate admits every call at once, and a task per call costs more than a call that does not
-        wait (`_run`). So the calls beyond the turn's allowance stay queued in the gate, where a call's
-        task takes them as its own call ends (`_next`), and the feeder (`_feed`) lets more tasks start
-        at the next turn: as many as the tasks whose calls did not end meanwhile (they wait), and enough
-        to keep `_SPAWN` tasks going. A waiting call is thus held back by no call that waits (each turn
-        starts a task for every call still in its wait), only by what the calls ahead of it cost to run.
-        """
-        gate = self.gate
-        allowance = self._spawn
-        if allowance <= 0:
-            if not self._feeding and gate.may_take:
-                self._start_feeder()
-            return
-        ticket = gate.take()
-        if ticket is None:
-            return
-        tg = self._tg
-        assert tg is not None
-        start = tg.start_soon
-        run = self._run
-        while ticket is not None:
-            work = ticket.item
-            work.admit()
-            start(run, work, ticket)
-            allowance -= 1
-            if not allowance:
-                break
-            ticket = gate.take()
-        if allowance or self._feeding:
-            self._spawn = allowance
-        elif gate.may_take:
-            self._spawn = 0
-            self._start_feeder()
-        # (else every admitted call has its task: the allowance stays whole for the next call admitted)
-
-    def _start_feeder(self) -> None:
-        tg = self._tg
-        assert tg is not None
-        self._feeding = True
-        tg.start_soon(self._feed)
-
-    async def _feed(self) -> None:
-        """Once per loop turn while the gate holds calls it admits and no limit applies: give the turn its
-        allowance of task starts (`_pump_unlimited`) and start them."""
-        gate = self.gate
-        try:
-            while True:
-                self._progress = 0
-                await self._checkpoint()
-                if not self._open or not gate.may_take or gate.limit is not None:
-                    return
-                running = gate.running  # with no limit, each taken call is one task's (`_next` included)
-                waiting = max(running - self._progress, 0)  # tasks no call of which ended since the last turn
-                self._spawn = waiting + max(_SPAWN - running, 0)
-                self._pump_unlimited()
-                if not gate.may_take:
-                    return
-        finally:
-            self._feeding = False
-            self._spawn = _SPAWN
 
     async def _run(self, work: PendingCall, ticket: Ticket[PendingCall]) -> None:
         """An admitted call's task: run it, tell the gate it ended, and carry on with the next admitted call.
@@ -392,9 +329,7 @@ class Executor(Submission):
         gate = self.gate
         following = gate.take()
         if following is not None:  # (if the gate admits none now, `_pump` would start none either)
-            # A task whose call ended this turn (`_feed`): counted here, never in `_pump`, which a caller
-            # submitting calls runs too, as often as it likes, while every task waits.
-            self._progress += 1
+            self._unlimited.carried_on()  # (a task whose call did not wait: `_unlimited`)
             following.item.admit()
             if following.exclusive and self._strays:
                 # A tool can leave a cancellation on its task to land later (asyncio: `call_later(delay,
