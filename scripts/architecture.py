@@ -100,6 +100,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "dispatcher._driver._asking",
             "dispatcher._driver._submission",
             "dispatcher._driver._execution",
+            "dispatcher._driver._unlimited",
             "dispatcher._driver._lifetime",
         ),
     ),

@@ -9,7 +9,8 @@ may run, nothing clever around it.
   a long batch is submitted in slices of a few milliseconds, letting the loop run between them.
 - Whenever the gate may admit calls (a call queued, ended, approved or withdrawn) the driver takes
   every call it admits and starts a task for each (`_pump`). Only admitted calls have a task, so the
-  number of tasks is bounded by the concurrency limit however long the batch.
+  number of tasks is bounded by the concurrency limit however long the batch. With no limit, a loop turn
+  starts a few tasks more than those whose calls wait (`_unlimited`): the others' tasks carry on with the rest.
 - A call's task runs its one attempt, or the retrier's attempts, under one cancel scope of the call's
   own (cancelled by `cancel` and at the call timeout), settles the call through its lifecycle, and
   tells the gate it ended. It then lets the loop run once and, if the gate admitted another call at
@@ -46,6 +47,7 @@ from ._coordination import admitted_runner, budget_factory
 from ._deadlines import Deadlines
 from ._retry import Attempt, Retrier, RetryBudget, RetryPolicy, eligible
 from ._submission import Submission
+from ._unlimited import UnlimitedStarts
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable
@@ -112,6 +114,8 @@ class Executor(Submission):
         self._cancel_scope: Callable[..., anyio.CancelScope] = anyio.CancelScope
         self._checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint
         self._strays = True
+        # With no limit: how many tasks each loop turn starts (`_pump`).
+        self._unlimited = UnlimitedStarts(self.gate, self._accepting)
         # The call timeout of the calls running their one attempt (`_deadlines`).
         self._deadlines = Deadlines(self._now, None)
 
@@ -141,6 +145,10 @@ class Executor(Submission):
         # `time` (what anyio's asyncio backend reads), trio's run clock (what `trio.current_time` reads).
         self._now = _loop_clock(token.native_token, self._strays) or backend.current_time
         self._deadlines = Deadlines(self._now, tg.start_soon)
+        self._unlimited.start(tg.start_soon, self._run, self._checkpoint)
+
+    def _accepting(self) -> bool:
+        return self._open
 
     def close(self) -> None:
         """Take no more calls; the outstanding ones end as CANCELLED."""
@@ -202,8 +210,11 @@ class Executor(Submission):
     # Running ---------------------------------------------------------------------------------------
 
     def _pump(self) -> None:
-        """Start a task for each call the gate admits now."""
+        """Start a task for each call the gate admits now (with no limit: as many as this loop turn allows)."""
         gate = self.gate
+        if gate.limit is None:
+            self._unlimited.pump()
+            return
         ticket = gate.take()
         if ticket is None:
             return
@@ -318,6 +329,7 @@ class Executor(Submission):
         gate = self.gate
         following = gate.take()
         if following is not None:  # (if the gate admits none now, `_pump` would start none either)
+            self._unlimited.carried_on()  # (a task whose call did not wait: `_unlimited`)
             following.item.admit()
             if following.exclusive and self._strays:
                 # A tool can leave a cancellation on its task to land later (asyncio: `call_later(delay,
