@@ -231,8 +231,9 @@ CALL_PATH: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("Gate.submit", "Gate.finish"),
     ),
     (
-        "starts one task per admitted call; runs one attempt, or the retrier when the tool may be retried,"
-        " under the call's deadline",
+        "runs each admitted call in a task: a task whose call has ended carries on with the next call the gate"
+        " admits, the others get tasks of their own (a write always does, under asyncio); runs one attempt, or"
+        " the retrier when the tool may be retried, under the call's deadline",
         "dispatcher._driver._execution",
         ("Executor._pump", "Executor._run", "Executor._execute", "Executor._attempt"),
     ),
