@@ -41,6 +41,20 @@ class Barrier:
         await self.met.wait()
 
 
+def add_meet_and_quick(dispatcher: Dispatcher, barrier: Barrier) -> None:
+    """Two read-only tools: `meet` waits at `barrier`, `quick` returns at once; both return their `i`."""
+
+    async def meet(i: int) -> int:
+        await barrier.wait()
+        return i
+
+    async def quick(i: int) -> int:
+        return i
+
+    dispatcher.add_function(meet, annotations=READ_ONLY)
+    dispatcher.add_function(quick, annotations=READ_ONLY)
+
+
 def values(results: list[ToolResult]) -> list[object]:
     """What each call's function returned (its structured result)."""
     return [
@@ -185,16 +199,7 @@ async def test_waiting_calls_of_batches_submitted_from_many_tasks_all_run_at_onc
     barrier = Barrier(tasks * per)
     out: dict[int, list[ToolResult]] = {}
     async with Dispatcher(max_concurrency=None) as dispatcher:
-
-        async def meet(i: int) -> int:
-            await barrier.wait()
-            return i
-
-        async def quick(i: int) -> int:
-            return i
-
-        dispatcher.add_function(meet, annotations=READ_ONLY)
-        dispatcher.add_function(quick, annotations=READ_ONLY)
+        add_meet_and_quick(dispatcher, barrier)
 
         async def one(k: int) -> None:
             for _ in range(k):
@@ -219,16 +224,7 @@ async def test_a_caller_submitting_calls_every_loop_turn_holds_back_no_waiting_c
     barrier = Barrier(n)
     turns = 0
     async with Dispatcher(max_concurrency=None) as dispatcher:
-
-        async def meet(i: int) -> int:
-            await barrier.wait()
-            return i
-
-        async def quick(i: int) -> int:
-            return i
-
-        dispatcher.add_function(meet, annotations=READ_ONLY)
-        dispatcher.add_function(quick, annotations=READ_ONLY)
+        add_meet_and_quick(dispatcher, barrier)
         with anyio.fail_after(30):
             async with dispatcher.batch() as batch:
                 batch.submit_all([ToolCall(f"m{i}", "meet", {"i": i}) for i in range(n)])
