@@ -103,6 +103,20 @@ def test_explanations_for_the_edges_of_the_range() -> None:
     _, _, stopped = recommend([setting(1, 20), setting(2, 40)], planned_top=8)
     assert stopped.endswith("the sweep stopped before the larger settings were measured.")
     assert "wider" not in stopped
+    # Cut short with the last setting measured only in part, no better than the one before: the sentence
+    # speaks of the settings measured, never of "larger settings" the sweep did not reach.
+    part = replace(setting(4, 40.1, calls=4), partial=True)
+    assert recommend([setting(1, 20), setting(2, 40), part], planned_top=8)[2] == (
+        "2 gives the best throughput to within 1% (40.1 calls/s at 4); the settings above it (up to 4, measured "
+        "only in part) give no more throughput, and the sweep stopped before the larger settings were measured."
+    )
+    slower = replace(setting(4, 40.1, 0.1, calls=4), partial=True)
+    assert recommend([setting(1, 20), setting(2, 40), slower], planned_top=8)[2].endswith(
+        "without more throughput; the sweep stopped before the larger settings were measured."
+    )
+    assert recommend([setting(1, 20), setting(2, 40), setting(4, 40.1)])[2].endswith(
+        "larger settings give no more throughput."
+    )
     assert recommend([setting(8, 0, calls=0)])[:2] == (None, None)
     # A sweep cut short after one setting says it compared nothing, not that 1 gives the best throughput.
     assert recommend([setting(1, 20)], planned_top=64) == (

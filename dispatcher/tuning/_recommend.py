@@ -229,15 +229,26 @@ def _recommend(
         return chosen.limit, best.limit, head + "."
     gain = best.throughput / chosen.throughput - 1
     same = chosen.throughput >= 0.995 * best.throughput
+    # A sweep cut short speaks only of the settings it measured, and says the rest were not.
+    stopped = planned_top is not None and planned_top > top.limit
+    upto = f"up to {top.limit}{', measured only in part' if top.partial else ''}"
     if top.run_p95 > 1.1 * chosen.run_p95:
         more = "without more throughput" if same else f"for at most {_percent(gain)} more throughput"
         return (
             chosen.limit,
             best.limit,
             f"{head}; beyond it, each call's p95 run time grows from {format_ms(chosen.run_p95)} to "
-            f"{format_ms(top.run_p95)} (at {top.limit}) {more}.",
+            f"{format_ms(top.run_p95)} (at {top.limit}) {more}"
+            + ("; the sweep stopped before the larger settings were measured." if stopped else "."),
         )
     more = "no more throughput" if same else f"at most {_percent(gain)} more throughput"
+    if stopped:
+        return (
+            chosen.limit,
+            best.limit,
+            f"{head}; the settings above it ({upto}) give {more}, and the sweep stopped before the larger "
+            "settings were measured.",
+        )
     return chosen.limit, best.limit, f"{head}; larger settings give {more}."
 
 
