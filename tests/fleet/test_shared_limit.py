@@ -17,7 +17,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
-from dispatcher import AdaptiveLimit, CallEvent, CallStatus, Dispatcher, ToolCall
+from dispatcher import AdaptiveLimit, CallEvent, CallStatus, Dispatcher, ToolCall, ToolResult
 from dispatcher.fleet import FleetServer, RedisCoordinator
 
 if TYPE_CHECKING:
@@ -162,10 +162,19 @@ async def _grown(redis_server: RedisServer, namespace: str, processes: int, tota
     service = Service(delay=0.05)
     setting = AdaptiveLimit(initial=2, ceiling=64, tolerance=3.0)
     async with AsyncExitStack() as stack:
-        dispatchers = await fleet_of(stack, redis_server, namespace, service, setting, processes)
+        # Leases of 3 s, as in the test of the cut: a loaded machine's stalled loop must not lose a hold (its
+        # call would fail, and answers that fail grow nothing), which this test is not about.
+        dispatchers = await fleet_of(stack, redis_server, namespace, service, setting, processes, lease_ttl=3.0)
+        results: list[list[ToolResult]] = []
+
+        async def run(dispatcher: Dispatcher, prefix: str) -> None:
+            results.append(await dispatcher.dispatch(calls(total // processes, prefix)))
+
         async with anyio.create_task_group() as tg:
             for index, dispatcher in enumerate(dispatchers):
-                tg.start_soon(dispatcher.dispatch, calls(total // processes, f"p{index}-"))
+                tg.start_soon(run, dispatcher, f"p{index}-")
+        failed = [(r.status.value, r.error) for batch in results for r in batch if not r.ok]
+        assert not failed, failed
         # The last answers' moves may still be on their way to Redis: compare with the level as it is now.
         await until(
             lambda: all(d.server_limit("svc") == min(64, int(level(redis_server, namespace)[0])) for d in dispatchers),
