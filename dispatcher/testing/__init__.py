@@ -445,5 +445,5 @@ class FencedResource:
             return self._refused
 
 
-# The classes exported here report this module as their home (`dispatcher.ToolResult`, not its private one).
+# The classes exported here report this module as their home (`dispatcher.testing.HostileServer`, not a private module).
 _rehome(globals())

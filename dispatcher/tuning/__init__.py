@@ -37,5 +37,5 @@ __all__ = [
 ]
 
 
-# The classes exported here report this module as their home (`dispatcher.ToolResult`, not its private one).
+# The classes exported here report this module as their home (`dispatcher.tuning.TuneReport`, not a private module).
 _rehome(globals())
