@@ -43,6 +43,7 @@ import atexit
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -333,7 +334,7 @@ def start() -> None:
         cwd=root,
         env={**os.environ, "PYTHONPATH": pythonpath},
     )
-    atexit.register(_stop, process)
+    atexit.register(_stop, process, directory)
     _started, _ready = (process, path), False
 
 
@@ -363,7 +364,8 @@ def zygote_pid() -> int | None:
     return _started[0].pid
 
 
-def _stop(process: subprocess.Popen[str]) -> None:
+def _stop(process: subprocess.Popen[str], directory: str) -> None:
+    """End the zygote (its stdin closes: it exits) and remove the directory of its socket."""
     if process.stdin is not None:
         process.stdin.close()
     try:
@@ -373,6 +375,7 @@ def _stop(process: subprocess.Popen[str]) -> None:
         process.wait()
     if process.stdout is not None:
         process.stdout.close()
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def params(args: list[str], env: dict[str, str] | None = None) -> StdioServerParameters:
