@@ -2,13 +2,15 @@
 # tests that start no process, need no Redis and are not slow: the edit loop), `make package-check`
 # (the wheel, installed into a clean venv and run), `make demo` (a scripted agent loop against the example
 # server) and `make architecture` (docs/architecture.md, regenerated from the code).
-# Each creates .venv on first use and reinstalls only when pyproject.toml changes.
+# Each creates .venv on first use and reinstalls only when pyproject.toml or constraints/ changes. The
+# versions installed are those of constraints/dev.txt (constraints/adk.txt for .venv-adk); `make lock`
+# moves them to the newest that pyproject.toml allows.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: architecture bench bench-quick demo test test-quick lint typecheck pytest stress package-check node-servers adk clean
+.PHONY: architecture bench bench-quick demo test test-quick lint typecheck pytest stress package-check node-servers adk lock clean
 
 # pytest-xdist workers for the suite. Most tests wait (servers starting, processes, timeouts) rather than
 # compute, so four workers beat two on a 2-core machine; `worksteal` evens out the files of long tests.
@@ -16,10 +18,10 @@ STAMP := $(VENV)/.installed
 WORKERS ?= 4
 PYTEST := $(BIN)/python -m pytest -q -rfE -n $(WORKERS) --dist worksteal
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints/dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -c constraints/dev.txt -e ".[dev]"
 	@touch $(STAMP)
 
 # Each run writes benchmarks/results/<time>.json and latest.json (ignored by git); the published figures
@@ -86,11 +88,11 @@ package-check: $(STAMP)
 	rm -rf dist .venv-smoke
 	$(BIN)/python -m build --quiet --outdir dist .
 	$(PYTHON) -m venv .venv-smoke
-	.venv-smoke/bin/python -m pip install --quiet dist/*.whl
+	.venv-smoke/bin/python -m pip install --quiet -c constraints/dev.txt dist/*.whl
 	cd /tmp && $(CURDIR)/.venv-smoke/bin/python $(CURDIR)/.ci/smoke.py
 	.venv-smoke/bin/dispatcher --version
 	set -e; for extra in $(SMOKE_EXTRAS); do \
-		.venv-smoke/bin/python -m pip install --quiet "$$(ls dist/*.whl)[$$extra]"; \
+		.venv-smoke/bin/python -m pip install --quiet -c constraints/dev.txt "$$(ls dist/*.whl)[$$extra]"; \
 		(cd /tmp && $(CURDIR)/.venv-smoke/bin/python $(CURDIR)/.ci/smoke_integrations.py $$extra); \
 	done
 
@@ -98,11 +100,22 @@ package-check: $(STAMP)
 # would downgrade opentelemetry, tenacity and websockets in .venv (see the `adk` extra in pyproject.toml).
 ADK_VENV := .venv-adk
 
-$(ADK_VENV)/.installed: pyproject.toml
+$(ADK_VENV)/.installed: pyproject.toml constraints/adk.txt
 	@test -x $(ADK_VENV)/bin/python || $(PYTHON) -m venv $(ADK_VENV)
 	$(ADK_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(ADK_VENV)/bin/python -m pip install --quiet -e ".[adk,test]"
+	$(ADK_VENV)/bin/python -m pip install --quiet -c constraints/adk.txt -e ".[adk,test]"
 	@touch $@
+
+# Move constraints/ to the newest versions pyproject.toml allows, in both venvs; then run make test and
+# make adk, and update the "Versions tested" table of docs/integrations.md (a test checks it).
+lock: $(STAMP) $(ADK_VENV)/.installed
+	$(BIN)/python -m pip install --quiet --upgrade --upgrade-strategy eager -e ".[dev]"
+	$(ADK_VENV)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -e ".[adk,test]"
+	{ sed -n '/^#/p' constraints/dev.txt; $(BIN)/python -m pip freeze --exclude-editable; } > constraints/dev.txt.new
+	{ sed -n '/^#/p' constraints/adk.txt; $(ADK_VENV)/bin/python -m pip freeze --exclude-editable; } > constraints/adk.txt.new
+	mv constraints/dev.txt.new constraints/dev.txt
+	mv constraints/adk.txt.new constraints/adk.txt
+	@touch $(STAMP) $(ADK_VENV)/.installed
 
 adk: $(ADK_VENV)/.installed
 	$(ADK_VENV)/bin/python -m pytest -q tests/test_integrations_google_adk.py tests/test_integrations_docs.py
