@@ -66,6 +66,8 @@ __all__ = ["Executor"]
 # tasks run, so time alone would never end the window there.
 _FOLLOW = 0.0002
 _FOLLOW_CALLS = 32
+# Read once (an Enum class's attribute costs a hook call on Python 3.11: see `_lifecycle`).
+_OK = CallStatus.OK
 
 
 class Executor(Submission):
@@ -458,7 +460,7 @@ class Executor(Submission):
                 work.failed_attempt(error)
                 work.finished(CallStatus.TOOL_ERROR, error, self._now(), result, False)
             else:
-                work.finished(CallStatus.OK, None, self._now(), result, False)
+                work.finished(_OK, None, self._now(), result, False)
             return
         work.waiting(cut)
         if recheck:
