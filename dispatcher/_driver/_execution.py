@@ -66,8 +66,7 @@ __all__ = ["Executor"]
 # tasks run, so time alone would never end the window there.
 _FOLLOW = 0.0002
 _FOLLOW_CALLS = 32
-# Read once (an Enum class's attribute costs a hook call on Python 3.11: see `_lifecycle`).
-_OK = CallStatus.OK
+_OK = CallStatus.OK  # read once (an Enum class's attribute costs a hook call on Python 3.11: see `_lifecycle`)
 
 
 class Executor(Submission):
