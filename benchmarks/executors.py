@@ -5,11 +5,14 @@ whichever `dispatcher` Python imports, in one process, on asyncio and trio, inte
 repetition with the reference: 16 worker tasks written by hand that pull the same calls in order and do
 the same SDK work (`_tools.workers`: validate, call, convert, through the dispatcher's own adapter).
 
-Cases (every one at the default ``max_concurrency=16``):
+Cases (every one but the unlimited one at the default ``max_concurrency=16``):
 
 - zero latency: one batch of 1,000 calls of a tool that returns without waiting (us per call);
 - 1 ms reads: one batch of 2,000 reads that each sleep 1 ms (makespan, ms; ideal 125 ms);
 - 5 ms reads: one batch of 400 reads that each sleep 5 ms (makespan, ms; ideal 125 ms);
+- 1 ms reads, no limit: the 2,000 reads of 1 ms through a dispatcher with ``max_concurrency=None``, against
+  one task per call written by hand in one task group (`_tools.task_per_call`, the same adapter): with no
+  limit there are no 16 workers to compare with (makespan, ms; ideal 1 ms);
 - many calls: one batch of 100,000 zero-latency calls (20,000 with ``--quick``; us per call), with
   the longest stall of a ticker that sleeps 1 ms at a time in the same loop, and the longest pause of
   the interpreter's garbage collector during the same batch (ms).
@@ -25,7 +28,7 @@ checkout's `dispatcher` and this `benchmarks`, then render both runs together::
 
 Each run records which `dispatcher` it imported. The table printed is the one in docs/benchmarks.md
 ("Choosing the executor"): medians with their min-max, and the median (min-max) of the paired ratios
-dispatcher / workers of each run.
+dispatcher / reference by hand of each run (a case the other run lacks shows as not measured there).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from dispatcher import Dispatcher, ToolCall
 
 from ._measure import Stat, interleave, paired_ratios
 from ._report import Progress
-from ._tools import READ_ONLY, Adapter, dispatch_once, lookup, sleep_read, workers, zero_calls
+from ._tools import READ_ONLY, Adapter, dispatch_once, lookup, sleep_read, task_per_call, workers, zero_calls
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator
@@ -55,6 +58,8 @@ __all__ = ["Config", "main", "measure", "stall_while"]
 
 DISPATCHER = "dispatcher"
 WORKERS = "16 workers by hand"
+# The column of the references by hand: the 16 workers, or with no limit a task per call.
+BY_HAND = "by hand (16 workers; no limit: a task per call)"
 VARIANTS = [DISPATCHER, WORKERS]
 
 
@@ -155,6 +160,21 @@ async def _measure(config: Config, progress: Progress) -> dict[str, dict[str, li
                 progress,
                 label=f"{label} reads",
             )
+        async with Dispatcher(max_concurrency=None) as unlimited:
+            unlimited.add_function(sleep_read, annotations=READ_ONLY)
+            reads, read_arguments = _read_calls(config.reads_1ms, 0.001, prefix="u-")
+            # The reference's samples stand under WORKERS, the column of every case's reference by hand.
+            out[
+                f"{config.reads_1ms:,} reads of 1 ms, no limit, against a task per call, makespan (ms)"
+            ] = await interleave(
+                {
+                    DISPATCHER: _per(dispatch_once(unlimited, reads), 1e3),
+                    WORKERS: _per(task_per_call(slow, read_arguments), 1e3),
+                },
+                max(3, config.repeat // 2),
+                progress,
+                label="1 ms reads, no limit",
+            )
         big, big_arguments = zero_calls(config.big, prefix="x")
         big_case = f"{config.big:,} calls (us/call)"
         stall_case = f"{config.big:,} calls: longest loop stall (ms)"
@@ -204,7 +224,7 @@ def render(run: dict[str, Any], against: dict[str, Any] | None = None) -> str:
     with `against`, the other run's dispatcher and ratio beside them."""
     if against is None:
         lines = [
-            f"| backend | case | {WORKERS} | {DISPATCHER} | {DISPATCHER} / workers |",
+            f"| backend | case | {BY_HAND} | {DISPATCHER} | {DISPATCHER} / by hand |",
             "|---|---|---:|---:|---|",
         ]
         for backend, case, ours, reference, ratio in _rows(run):
@@ -215,18 +235,19 @@ def render(run: dict[str, Any], against: dict[str, Any] | None = None) -> str:
         return "\n".join(lines)
     theirs = {(backend, case): (ours, ratio) for backend, case, ours, _, ratio in _rows(against)}
     lines = [
-        "| backend | case | 16 workers by hand | this run | / workers | other run | / workers |",
+        f"| backend | case | {BY_HAND} | this run | / by hand | other run | / by hand |",
         "|---|---|---:|---:|---|---:|---|",
     ]
     for backend, case, ours, reference, ratio in _rows(run):
         other = theirs.get((backend, case))
         if other is None:
-            continue
-        before, before_ratio = other
+            beside = "not measured | |"  # (a case the other run did not have)
+        else:
+            before, before_ratio = other
+            beside = f"{_figure(before)} | {before_ratio.median:.2f} ({before_ratio.min:.2f}-{before_ratio.max:.2f}) |"
         lines.append(
             f"| {backend} | {case} | {_figure(reference)} | {_figure(ours)} | "
-            f"{ratio.median:.2f} ({ratio.min:.2f}-{ratio.max:.2f}) | {_figure(before)} | "
-            f"{before_ratio.median:.2f} ({before_ratio.min:.2f}-{before_ratio.max:.2f}) |"
+            f"{ratio.median:.2f} ({ratio.min:.2f}-{ratio.max:.2f}) | {beside}"
         )
     load = ", ".join(f"{value:.1f}" for value in run["load"])
     other_load = ", ".join(f"{value:.1f}" for value in against["load"])

@@ -171,15 +171,19 @@ def test_executors_compares_with_the_workers_and_with_another_run(tmp_path: Path
     run = executors.measure(config, QUIET)
     assert set(run["samples"]) == {"asyncio", "trio"}
     for cases in run["samples"].values():
-        assert len(cases) == 6
+        assert len(cases) == 7
         for samples in cases.values():
             assert set(samples) == {executors.DISPATCHER, executors.WORKERS}
     first = executors.render(run)
-    assert first.count("\n") == 1 + 12
+    assert first.count("\n") == 1 + 14
     out = tmp_path / "run.json"
     out.write_text(json.dumps(run))
     beside = executors.render(run, json.loads(out.read_text()))
-    assert beside.count("| asyncio |") == 6 and "Other run:" in beside
+    assert beside.count("| asyncio |") == 7 and "Other run:" in beside
+    older = json.loads(out.read_text())  # a run from before the unlimited case
+    for cases in older["samples"].values():
+        del cases[next(case for case in cases if "no limit" in case)]
+    assert executors.render(run, older).count("not measured") == 2
 
 
 @pytest.mark.slow

@@ -47,6 +47,7 @@ def test_the_executor_builds_results_equal_to_the_constructor() -> None:
         effect=Effect.RAN,
         mutating=False,
     )
+    assert type(fast) is ToolResult and not hasattr(fast, "__dict__")
     assert fast == built and dataclasses.astuple(fast) == dataclasses.astuple(built)
     assert fast.run_time == 1.0 and fast.queue_time == 0.5
     with pytest.raises(dataclasses.FrozenInstanceError):

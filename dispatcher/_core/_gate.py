@@ -84,7 +84,14 @@ class TicketState(enum.Enum):
     WITHDRAWN = "withdrawn"
 
 
-_WAITING = (TicketState.PENDING, TicketState.HELD)
+# The states, read once here: on Python 3.11 each read of an Enum class's attribute (`TicketState.RUNNING`) goes
+# through the metaclass's `__getattr__` hook (about 45 ns), several times per call in `submit`, `take` and `finish`.
+_HELD = TicketState.HELD
+_PENDING = TicketState.PENDING
+_RUNNING = TicketState.RUNNING
+_DONE = TicketState.DONE
+_WITHDRAWN = TicketState.WITHDRAWN
+_WAITING = (_PENDING, _HELD)
 
 
 def _segments(key: str) -> tuple[str, ...]:
@@ -270,7 +277,7 @@ class Gate(Generic[T]):
             normal, nodes = self._locks(keys, exclusive)
         seq = self._seq
         self._seq = seq + 1
-        ticket = Ticket(item, exclusive, server, normal, nodes, seq, TicketState.HELD if held else TicketState.PENDING)
+        ticket = Ticket(item, exclusive, server, normal, nodes, seq, _HELD if held else _PENDING)
         self._open[seq] = ticket
         self._enter(ticket)  # type: ignore[arg-type]
         if not held and not ticket._blocked:
@@ -298,7 +305,7 @@ class Gate(Generic[T]):
     def _enter(self, ticket: Ticket[object]) -> None:
         """Add a ticket's locks behind every unfinished ticket, counting the nodes where it is blocked."""
         tree = self._tree
-        waits = ticket.state is not TicketState.RUNNING
+        waits = ticket.state is not _RUNNING
         for path, mode in ticket._nodes:
             node = tree.get(path)
             if node is None:
@@ -339,13 +346,13 @@ class Gate(Generic[T]):
                 ticket = heapq.heappop(heap)[1]
             else:
                 ticket = fifo.popleft()
-            if ticket.state is not TicketState.PENDING or ticket._blocked:
+            if ticket.state is not _PENDING or ticket._blocked:
                 continue  # withdrawn after it became ready
             server = ticket.server
             if server is not None and server in limits and self._server_running.get(server, 0) >= limits[server]:
                 heapq.heappush(self._parked.setdefault(server, []), (ticket._seq, ticket))
                 continue
-            ticket.state = TicketState.RUNNING
+            ticket.state = _RUNNING
             self.running += 1
             if server is not None:
                 self._server_running[server] = self._server_running.get(server, 0) + 1
@@ -354,9 +361,9 @@ class Gate(Generic[T]):
 
     def finish(self, ticket: Ticket[T]) -> None:
         """Mark a running call as ended, freeing its place."""
-        if ticket.state is not TicketState.RUNNING:
+        if ticket.state is not _RUNNING:
             raise RuntimeError(f"finish() on a ticket that is {ticket.state.value}, not running")
-        ticket.state = TicketState.DONE
+        ticket.state = _DONE
         self.running -= 1
         server = ticket.server
         if server is not None:
@@ -372,9 +379,9 @@ class Gate(Generic[T]):
 
     def release(self, ticket: Ticket[T]) -> None:
         """Make a held call admissible; it keeps its original place in the order."""
-        if ticket.state is not TicketState.HELD:
+        if ticket.state is not _HELD:
             raise RuntimeError(f"release() on a ticket that is {ticket.state.value}, not held")
-        ticket.state = TicketState.PENDING
+        ticket.state = _PENDING
         if not ticket._blocked:
             self._ready(ticket)
 
@@ -382,7 +389,7 @@ class Gate(Generic[T]):
         """Remove a call that has not started; returns False if it already started or ended."""
         if ticket.state not in _WAITING:
             return False
-        ticket.state = TicketState.WITHDRAWN
+        ticket.state = _WITHDRAWN
         # Left in the ready and parked queues and in the nodes' blocked queues: skipped when reached.
         self._close(ticket)
         if ticket.server is not None:
@@ -412,7 +419,7 @@ class Gate(Generic[T]):
             ticket.exclusive = exclusive
         ticket.keys, ticket._nodes = self._locks(ticket.keys if keys is None else keys, ticket.exclusive)
         if held is not None:
-            ticket.state = TicketState.HELD if held else TicketState.PENDING
+            ticket.state = _HELD if held else _PENDING
         self._rebuild()
         return True
 
@@ -427,7 +434,7 @@ class Gate(Generic[T]):
             if queue[0] is not ticket:
                 continue  # an older ticket of its mode is still there: nothing changes here yet
             queue.popleft()
-            while queue and queue[0].state not in _WAITING and queue[0].state is not TicketState.RUNNING:
+            while queue and queue[0].state not in _WAITING and queue[0].state is not _RUNNING:
                 queue.popleft()
             if not (queues[0] or queues[1] or queues[2] or queues[3]):
                 # Nothing unfinished is left here; what the blocked queues still hold was withdrawn.
@@ -448,7 +455,7 @@ class Gate(Generic[T]):
         if ticket.state not in _WAITING:
             return
         ticket._blocked -= 1
-        if not ticket._blocked and ticket.state is TicketState.PENDING:
+        if not ticket._blocked and ticket.state is _PENDING:
             self._ready(ticket)
 
     def _unpark(self, server: Hashable) -> None:
@@ -461,7 +468,7 @@ class Gate(Generic[T]):
         # The server has room: its oldest parked call still waiting goes back among the ready ones.
         while parked:
             ticket = heapq.heappop(parked)[1]
-            if ticket.state is TicketState.PENDING and not ticket._blocked:
+            if ticket.state is _PENDING and not ticket._blocked:
                 self._ready(ticket)
                 break
         if not parked:
@@ -482,7 +489,7 @@ class Gate(Generic[T]):
         # A running ticket later than a waiting one it conflicts with (possible only after a
         # reclassify): the waiting one must not start before it ends.
         for running in tickets:
-            if running.state is not TicketState.RUNNING:
+            if running.state is not _RUNNING:
                 continue
             waiters: list[Ticket[object]] = []
             for path, mode in running._nodes:
@@ -497,5 +504,5 @@ class Gate(Generic[T]):
             if waiters:
                 running._waiters = waiters
         for ticket in tickets:
-            if ticket.state is TicketState.PENDING and not ticket._blocked:
+            if ticket.state is _PENDING and not ticket._blocked:
                 self._ready(ticket)

@@ -98,6 +98,21 @@ __all__ = [
 
 _sending: ContextVar[CallRecord | None] = ContextVar("dispatcher_sending", default=None)
 
+# The members the transitions compare with and set, read once here: on Python 3.11 each read of an Enum class's
+# attribute (`Phase.SETTLED`) goes through the metaclass's `__getattr__` hook, about 45 ns, and a call's
+# usual path through its transitions read some twenty of them.
+_QUEUED = Phase.QUEUED
+_AWAITING_APPROVAL = Phase.AWAITING_APPROVAL
+_ADMITTED = Phase.ADMITTED
+_RUNNING = Phase.RUNNING
+_SETTLED = Phase.SETTLED
+_BEFORE_SEND = Moment.BEFORE_SEND
+_SENT = Moment.SENT
+_GOT_ANSWER = Moment.ANSWERED
+_ANSWERED = Ending.ANSWERED
+_OK = CallStatus.OK
+_TOOL_ERROR = CallStatus.TOOL_ERROR
+
 
 def mark_sent() -> None:
     """The request of the call this task runs may reach its tool from now on (see `Moment.SENT`).
@@ -177,7 +192,7 @@ class CallRecord:
 
     def __init__(self, call: ToolCall, owner: Owner, hooks: CallHooks | None, queued_at: float) -> None:
         self.call = call
-        self.phase = Phase.QUEUED
+        self.phase = _QUEUED
         self.queued_at = queued_at
         self.started_at: float | None = None
         self.owner: Owner | None = owner
@@ -203,7 +218,7 @@ class CallRecord:
         self.depends_on: str | None = None
         self.cancel_requested = False
         self.attempts = 0
-        self.moment = Moment.BEFORE_SEND
+        self.moment = _BEFORE_SEND
         self.errors: list[str] | None = None
         # Whether an error quotes text a server wrote, so far (see `ToolResult.untrusted_content`).
         self.untrusted = False
@@ -217,7 +232,7 @@ class CallRecord:
 
     def resolve(self, entry: ToolEntry, impl: ToolImpl | None = None) -> None:
         """Take the catalogue entry (and tool) the call resolved to, or follow its entry's new definition."""
-        if self.phase is not Phase.QUEUED:
+        if self.phase is not _QUEUED:
             self._expect(Phase.QUEUED, Phase.AWAITING_APPROVAL, what="resolve")
         self.entry = entry
         # Until its own keys are known (its ticket's), a call's keys are its tool's whole domain: a
@@ -230,7 +245,7 @@ class CallRecord:
 
     def prepare(self, prepared: Any) -> None:
         """Keep the call's arguments, checked and converted for its tool."""
-        if self.phase is not Phase.QUEUED:
+        if self.phase is not _QUEUED:
             self._expect(Phase.QUEUED, what="prepare")
         self.prepared = prepared
 
@@ -248,41 +263,41 @@ class CallRecord:
         submitted): a skipped call that may mutate is a failure in turn, and what conflicts with it is
         what its own keys conflict with, not everything.
         """
-        if self.phase is not Phase.SETTLED:
+        if self.phase is not _SETTLED:
             self.keys = keys
             self.depends_on = dependency.call_id
         return self.settle(Ending.SKIPPED, now, dependency.why)
 
     def enter(self, ticket: Ticket[Any], *, held: bool) -> None:
         """Take the call's place in the gate: waiting its turn, or `held` while its approval is asked."""
-        if self.phase is not Phase.QUEUED:
+        if self.phase is not _QUEUED:
             self._expect(Phase.QUEUED, what="enter")
         self.ticket = ticket
         if held:
-            self.phase = Phase.AWAITING_APPROVAL
+            self.phase = _AWAITING_APPROVAL
 
     def hold(self) -> None:
         """A queued call waits again for an approval (its definition changed while it waited)."""
         self._expect(Phase.QUEUED, Phase.AWAITING_APPROVAL, what="hold")
-        self.phase = Phase.AWAITING_APPROVAL
+        self.phase = _AWAITING_APPROVAL
 
     def release(self) -> None:
         """Its approval was given: the call waits for its turn."""
         self._expect(Phase.AWAITING_APPROVAL, what="release")
-        self.phase = Phase.QUEUED
+        self.phase = _QUEUED
 
     def admit(self) -> None:
         """The gate let the call start."""
-        if self.phase is not Phase.QUEUED:
+        if self.phase is not _QUEUED:
             self._expect(Phase.QUEUED, what="admit")
-        self.phase = Phase.ADMITTED
+        self.phase = _ADMITTED
 
     def waiting(self, interrupt: Interrupt | None) -> None:
         """What to cancel to interrupt what the call waits for or runs under (None: nothing any more).
 
         A settled call waits for nothing: given one, it interrupts it at once.
         """
-        if self.phase is Phase.SETTLED:
+        if self.phase is _SETTLED:
             if interrupt is not None:
                 interrupt.cancel()
             return
@@ -290,7 +305,7 @@ class CallRecord:
 
     def request_cancel(self) -> None:
         """The caller cancels an admitted or running call: interrupt it; it settles where it was."""
-        if self.phase is Phase.SETTLED:
+        if self.phase is _SETTLED:
             return
         self.cancel_requested = True
         interrupt = self.interrupt
@@ -304,11 +319,11 @@ class CallRecord:
 
         An admitted call can settle before it starts, from outside its task: its fleet hold lost.
         """
-        if self.phase is Phase.SETTLED:
+        if self.phase is _SETTLED:
             return False
-        if self.phase is not Phase.ADMITTED:
+        if self.phase is not _ADMITTED:
             self._expect(Phase.ADMITTED, what="start")
-        self.phase = Phase.RUNNING
+        self.phase = _RUNNING
         self.started_at = now
         # The tool's implementation, awaited in this task, marks the send through this (`mark_sent`);
         # the driver clears it when the call's task is done with it (`done_sending`).
@@ -319,13 +334,13 @@ class CallRecord:
         """`waiting(interrupt)`, `start(now)` and `attempted()` in one step, for a call that waits for nothing
         between them: False if the call settled before (its interrupt is cancelled at once, nothing starts)."""
         phase = self.phase
-        if phase is Phase.SETTLED:
+        if phase is _SETTLED:
             interrupt.cancel()
             return False
-        if phase is not Phase.ADMITTED:
+        if phase is not _ADMITTED:
             self._expect(Phase.ADMITTED, what="start")
         self.interrupt = interrupt
-        self.phase = Phase.RUNNING
+        self.phase = _RUNNING
         self.started_at = now
         self.attempts += 1
         _sending.set(self)  # see `start`
@@ -333,7 +348,7 @@ class CallRecord:
 
     def attempted(self) -> None:
         """An attempt starts (the first one with `start`)."""
-        if self.phase is not Phase.RUNNING:
+        if self.phase is not _RUNNING:
             self._expect(Phase.RUNNING, what="attempt")
         self.attempts += 1
 
@@ -347,13 +362,13 @@ class CallRecord:
         Raises:
             ToolUnavailableError: The attempt is a repeat the call may no longer make; nothing was sent.
         """
-        if self.phase is Phase.RUNNING:
+        if self.phase is _RUNNING:
             check = self.repeat_check
             if check is not None and self.attempts > 1:
                 why = check()
                 if why is not None:
                     raise ToolUnavailableError(f"not repeated: {why}, so repeating it could apply it twice")
-            self.moment = Moment.SENT
+            self.moment = _SENT
 
     def failed_attempt(self, error: str) -> bool:
         """An attempt ended without success, for `error`; False (nothing changes) once the call settled.
@@ -362,7 +377,7 @@ class CallRecord:
         failure came back before the cancellation landed, or `Lease.confirm` settled it right before the
         send, then raised): like a late answer, it changes nothing.
         """
-        if self.phase is Phase.SETTLED:
+        if self.phase is _SETTLED:
             return False
         self._expect(Phase.RUNNING, what="fail an attempt")
         if self.errors is None:
@@ -375,8 +390,8 @@ class CallRecord:
 
     def answered(self, result: CallToolResult, error: str | None, now: float) -> bool:
         """The call's only (or last) attempt got the tool's answer: OK, or TOOL_ERROR with `error`."""
-        status = CallStatus.OK if error is None else CallStatus.TOOL_ERROR
-        return self._settle(Ending.ANSWERED, status, error, result, now)
+        status = _OK if error is None else _TOOL_ERROR
+        return self._settle(_ANSWERED, status, error, result, now)
 
     def ended(
         self,
@@ -389,23 +404,23 @@ class CallRecord:
     ) -> bool:
         """The call's last attempt ended with this status (see `Ending.ANSWERED`); `untrusted`: its error
         quotes a server."""
-        if untrusted and self.phase is not Phase.SETTLED:
+        if untrusted and self.phase is not _SETTLED:
             self.untrusted = True
-        return self._settle(Ending.ANSWERED, status, error, result, now)
+        return self._settle(_ANSWERED, status, error, result, now)
 
     def finished(
         self, status: CallStatus, error: str | None, now: float, result: CallToolResult | None, untrusted: bool
     ) -> bool:
         """`waiting(None)` and `ended` in one step: the call waits for nothing any more, its last attempt ended."""
         phase = self.phase
-        if phase is Phase.SETTLED:
+        if phase is _SETTLED:
             return False
-        if phase is not Phase.RUNNING:  # refused before anything changes: the interrupt is still cancelled later
+        if phase is not _RUNNING:  # refused before anything changes: the interrupt is still cancelled later
             raise LifecycleError(f"call {self.call.id!r} cannot be answered while {phase.name}")
         self.interrupt = None
         if untrusted:
             self.untrusted = True
-        return self._settle(Ending.ANSWERED, status, error, result, now)
+        return self._settle(_ANSWERED, status, error, result, now)
 
     def settle(self, ending: Ending, now: float, detail: object = "", *, untrusted: bool = False) -> bool:
         """End the call as `ending`, read in its current phase (`OUTCOMES`).
@@ -416,7 +431,7 @@ class CallRecord:
         Raises:
             LifecycleError: `ending` cannot happen in the call's phase.
         """
-        if self.phase is Phase.SETTLED:
+        if self.phase is _SETTLED:
             return False
         found = OUTCOMES.get((ending, self.phase))
         if found is None:
@@ -432,14 +447,14 @@ class CallRecord:
         self, ending: Ending, status: CallStatus, error: str | None, result: CallToolResult | None, now: float
     ) -> bool:
         phase = self.phase
-        if phase is Phase.SETTLED:
+        if phase is _SETTLED:
             return False
-        if ending is Ending.ANSWERED and phase is not Phase.RUNNING:
+        if ending is _ANSWERED and phase is not _RUNNING:
             raise LifecycleError(f"call {self.call.id!r} cannot be answered while {phase.name}")
         errors = self.errors
         if errors is None:
             earlier: tuple[str, ...] = ()
-        elif ending is Ending.ANSWERED and error is not None:
+        elif ending is _ANSWERED and error is not None:
             earlier = tuple(errors[:-1])  # the last attempt's error is the call's
         else:
             earlier = tuple(errors)
@@ -451,9 +466,9 @@ class CallRecord:
             # Anything an open-world tool sent back, errors included, may carry instructions.
             self.attempts > 0 and entry is not None and bool(entry.annotations.open_world_hint)
         )
-        if result is not None and phase is Phase.RUNNING:
-            self.moment = Moment.ANSWERED
-        self.phase = Phase.SETTLED
+        if result is not None and phase is _RUNNING:
+            self.moment = _GOT_ANSWER
+        self.phase = _SETTLED
         self.outcome = outcome = build_result(
             self.call,
             status,

@@ -14,8 +14,9 @@ call's server stops the call's deadlines (`_clock`): the call's clock hands the 
 itself then (`Watch.take`), and the watcher no longer cuts it.
 
 Cost: O(1) per call (an append, and a pop at the head or at the back later); the watcher wakes at most once per
-deadline it sleeps for. An entry holds its scope only while its call runs, and the watcher holds no entry
-while it sleeps, so a settled call is freed at once.
+deadline it sleeps for. With no entry left it sleeps until the latest deadline ever watched (no later call's can
+be earlier), and waits to be woken only once that has passed. An entry holds its scope only while its call runs,
+and the watcher holds no entry while it sleeps, so a settled call is freed at once.
 """
 
 from __future__ import annotations
@@ -121,6 +122,12 @@ class Deadlines:
             while watches and watches[0].scope is None:
                 watches.popleft()
             if not watches:
+                last = self._last
+                if last > now():
+                    # Every deadline watched from now on is at least the latest one watched: sleep until
+                    # then rather than be woken by the next call (one wake per loop turn of calls that end at once).
+                    await anyio.sleep_until(last)
+                    continue
                 wake = self._wake = anyio.Event()
                 await wake.wait()
                 del wake

@@ -66,6 +66,7 @@ __all__ = ["Executor"]
 # tasks run, so time alone would never end the window there.
 _FOLLOW = 0.0002
 _FOLLOW_CALLS = 32
+_OK = CallStatus.OK  # read once (an Enum class's attribute costs a hook call on Python 3.11: see `_lifecycle`)
 
 
 class Executor(Submission):
@@ -290,7 +291,7 @@ class Executor(Submission):
                                 gate.finish(ticket)
                         following = self._next()
                         del work, ticket  # hold no finished call while the loop runs
-                        if shared.spent or scope.deadline != math.inf:
+                        if shared.spent:
                             break  # cancelled as its call ended, or given a deadline: not for the next call
                         if following is not None and not self._strays and follows and self._now() < until:
                             follows -= 1
@@ -329,7 +330,8 @@ class Executor(Submission):
         gate = self.gate
         following = gate.take()
         if following is not None:  # (if the gate admits none now, `_pump` would start none either)
-            self._unlimited.carried_on()  # (a task whose call did not wait: `_unlimited`)
+            if gate.limit is None:
+                self._unlimited.carried_on()  # (a task whose call did not wait: `_unlimited`)
             following.item.admit()
             if following.exclusive and self._strays:
                 # A tool can leave a cancellation on its task to land later (asyncio: `call_later(delay,
@@ -458,7 +460,7 @@ class Executor(Submission):
                 work.failed_attempt(error)
                 work.finished(CallStatus.TOOL_ERROR, error, self._now(), result, False)
             else:
-                work.finished(CallStatus.OK, None, self._now(), result, False)
+                work.finished(_OK, None, self._now(), result, False)
             return
         work.waiting(cut)
         if recheck:
@@ -562,7 +564,9 @@ class Executor(Submission):
 class _Shared:
     """A task's cancel scope as the calls it carries see it: their lifecycle and deadline cancel it (or set its
     deadline) through this, which notes it, so that the task knows whether the scope may carry its next call
-    without asking the scope (trio's `cancel_called` reads the clock to see whether a deadline passed)."""
+    without asking the scope (trio's `cancel_called` reads the clock to see whether a deadline passed). Nothing
+    else changes the task's scope: a call that could (a server's clock, an approval asked at the start) gets
+    a scope of its own (`_shares_scope`)."""
 
     __slots__ = ("_scope", "spent")
 
