@@ -14,5 +14,5 @@ from ._redis import RedisCoordinator as RedisCoordinator
 __all__ = ["CoordinationError", "Coordinator", "FleetServer", "LocalCoordinator", "RedisCoordinator"]
 
 
-# The classes exported here report this module as their home (`dispatcher.fleet.RedisCoordinator`, not a private module).
+# The classes exported here report this module as their home (`dispatcher.fleet.RedisCoordinator`, not its private one).
 _rehome(globals())
