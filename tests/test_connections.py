@@ -30,6 +30,7 @@ from dispatcher.examples import Workspace, serve_http
 
 from . import forkserver
 from .cuttable import CuttableTransport
+from .httpx_generators import HTTPX_GENERATORS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -40,14 +41,8 @@ pytestmark = pytest.mark.anyio
 Mode = Literal["auto", "legacy"]
 MODES = pytest.mark.parametrize("mode", ["auto", "legacy"])
 
-# Under trio, the SDK's legacy HTTP client leaves httpx async generators unclosed even when it exits
-# normally (a plain `async with Client(url, mode="legacy")` shows it too); they surface as unraisable
-# ResourceWarnings at garbage collection. Not ours to fix: ignore exactly those.
-_HTTPX_GENERATORS = pytest.mark.filterwarnings(
-    r"ignore:Exception ignored in. <async_generator object "
-    r"(EventSource|PoolByteStream|Response)\.\w+:pytest.PytestUnraisableExceptionWarning"
-)
-HTTP_MODES = pytest.mark.parametrize("mode", ["auto", pytest.param("legacy", marks=_HTTPX_GENERATORS)])
+# Under trio, the SDK's legacy HTTP client leaves httpx async generators unclosed (tests/httpx_generators.py).
+HTTP_MODES = pytest.mark.parametrize("mode", ["auto", pytest.param("legacy", marks=HTTPX_GENERATORS)])
 
 # The folder holding the `dispatcher` package, so subprocesses import this checkout.
 SOURCE_ROOT = str(pathlib.Path(dispatcher.__file__).resolve().parents[1])

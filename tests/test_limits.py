@@ -18,6 +18,7 @@ from dispatcher._mcp._session import MAX_TOOLS
 from dispatcher._mcp._transport import DEFAULT_MAX_ANSWER_BYTES
 from dispatcher.examples import serve_http
 
+from .httpx_generators import HTTPX_GENERATORS
 from .limits_server import LimitsServer, stdio
 
 pytestmark = pytest.mark.anyio
@@ -25,13 +26,9 @@ pytestmark = pytest.mark.anyio
 Mode = Literal["auto", "legacy"]
 MODES = pytest.mark.parametrize("mode", ["auto", "legacy"])
 
-_HTTPX_GENERATORS = pytest.mark.filterwarnings(
-    r"ignore:Exception ignored in. <async_generator object "
-    r"(EventSource|PoolByteStream|Response)\.\w+:pytest.PytestUnraisableExceptionWarning"
-)
 # A storm also leaves the SDK's 2026-07-28 HTTP client with unclosed generators under trio.
 HTTP_MODES = pytest.mark.parametrize(
-    "mode", [pytest.param("auto", marks=_HTTPX_GENERATORS), pytest.param("legacy", marks=_HTTPX_GENERATORS)]
+    "mode", [pytest.param("auto", marks=HTTPX_GENERATORS), pytest.param("legacy", marks=HTTPX_GENERATORS)]
 )
 
 

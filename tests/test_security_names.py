@@ -30,6 +30,7 @@ from dispatcher.formats import anthropic_results, mark_untrusted, openai_chat_re
 from dispatcher.testing import HostileServer
 
 from . import forkserver
+from .httpx_generators import HTTPX_GENERATORS
 from .test_connections import SOURCE_ROOT
 
 if TYPE_CHECKING:
@@ -369,10 +370,7 @@ async def test_hostile_storm_garbage_and_enormous_output_fail_or_answer_per_call
     assert all(result.untrusted_content for result in results)
 
 
-@pytest.mark.filterwarnings(
-    r"ignore:Exception ignored in. <async_generator object "
-    r"(EventSource|PoolByteStream|Response)\.\w+:pytest.PytestUnraisableExceptionWarning"
-)
+@HTTPX_GENERATORS
 async def test_hostile_server_over_http_rug_pull_blocks_the_tool() -> None:
     """Served over streamable HTTP, the hostile server's title change is caught like in process."""
     hostile = HostileServer(late=True)

@@ -407,16 +407,18 @@ def check_server_overlaps(
             del running[other_key]
         me = call_key(entry.tool, entry.arguments)
         others = [call_key(other.tool, other.arguments) for other in running.values()]
-        clash = others and (me in exclusive or any(other in exclusive for other in others))
-        if clash:
-            given_up = all(other in abandoned or (other in retried and runs[other] > 1) for other in others)
-            in_order = all(gave_up.get(other, never) <= began.get(me, never) for other in others) if events else True
+        # The calls this one must not overlap: all of them if it is exclusive, else the exclusive ones. Two
+        # reads that overlap each other beside an abandoned write are the documented exception only.
+        clashing = [other for other in others if me in exclusive or other in exclusive]
+        if clashing:
+            given_up = all(other in abandoned or (other in retried and runs[other] > 1) for other in clashing)
+            in_order = all(gave_up.get(other, never) <= began.get(me, never) for other in clashing) if events else True
             if given_up and in_order:
                 FIGURES.server_overlaps_after_abandoned_calls += 1
             else:
                 why = "" if given_up else " (answered calls)"
                 why = why or " before the dispatcher gave them up"
-                problems.append(f"{me} started on the server while {others} ran{why}")
+                problems.append(f"{me} started on the server while {clashing} ran{why}")
                 FIGURES.exclusive_overlaps += 1
         running[key] = entry
     return problems

@@ -18,6 +18,7 @@ import anyio
 import pytest
 
 from dispatcher import CallStatus, Dispatcher, ReconnectPolicy, RetryPolicy, ToolCall
+from tests.httpx_generators import HTTPX_GENERATORS
 from tests.ledger import Ledger
 
 from . import harness
@@ -36,16 +37,9 @@ Transport = Literal["stdio", "http"]
 Fault = Literal["kill", "drop", "stall", "slow"]
 _HERE = "tests/chaos/test_processes.py"
 
-# Under trio, the SDK's HTTP client leaves httpx async generators unclosed when a connection breaks
-# (tests/test_connections.py ignores the same ones); they surface as unraisable ResourceWarnings at
-# garbage collection. Not ours to fix: ignore exactly those.
-_HTTPX_GENERATORS = pytest.mark.filterwarnings(
-    r"ignore:Exception ignored in. <async_generator object "
-    r"(EventSource|PoolByteStream|Response)\.\w+:pytest.PytestUnraisableExceptionWarning"
-)
 # (transport, fault): a stdio pipe cannot be dropped without killing the process, so "drop" is HTTP only.
 CASES = [
-    pytest.param(transport, fault, id=f"{transport}-{fault}", marks=[_HTTPX_GENERATORS] if transport == "http" else [])
+    pytest.param(transport, fault, id=f"{transport}-{fault}", marks=[HTTPX_GENERATORS] if transport == "http" else [])
     for transport, fault in [
         ("stdio", "kill"),
         ("stdio", "stall"),
